@@ -1,0 +1,1 @@
+"""The autonomous optimization loop: cost-model gaps, proposers, gates, memory."""

@@ -1,0 +1,1 @@
+"""Benchmarks: datasets, timing, end-to-end and kernel benches, reports."""

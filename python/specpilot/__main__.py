@@ -1,0 +1,3 @@
+from specpilot.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,46 @@
+"""`specpilot <command> ...`: each command is a module in specpilot.commands with
+`configure(parser)` and `run(args) -> int`; only the chosen one is imported."""
+import argparse
+import importlib
+import sys
+
+COMMANDS = {
+    "demo": "speculative decoding of a few prompts with the zoo pair (or a tiny random pair)",
+    "env": "versions, build flags, GPU, which implementation of each op is live",
+    "generate": "generate text with AR or speculative decoding",
+    "verify": "run stock DFlash and ours, token-force, exit 0 only if every prompt passes",
+    "bench": "the five benchmarks: tokens/s, tau, speedups; JSONL, markdown and a plot",
+    "pack": "convert a bf16 HF checkpoint folder to split12",
+    "unpack": "convert a split12 folder back to bf16 safetensors (bit-exact)",
+    "stats": "per-tensor exponent coverage, escapes and bits/weight of a checkpoint",
+    "cost": "per-component time against its ceiling, ranked by time lost per token",
+    "optimize": "the agent loop: search kernel variants and engine knobs, gate, integrate",
+    "memory": "show the agents' structured memory",
+}
+
+
+def _usage() -> str:
+    width = max(map(len, COMMANDS))
+    rows = "\n".join(f"  {name:<{width}}  {text}" for name, text in COMMANDS.items())
+    return f"usage: specpilot <command> [options]\n\ncommands:\n{rows}\n\n`specpilot <command> -h` for its options."
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"specpilot: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(f"specpilot.commands.{name}")
+    parser = argparse.ArgumentParser(prog=f"specpilot {name}", description=COMMANDS[name])
+    module.configure(parser)
+    args = parser.parse_args(rest)
+    try:
+        return int(module.run(args) or 0)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        # Bad input: one clear line naming the problem, no traceback.
+        print(f"specpilot {name}: error: {e}", file=sys.stderr)
+        return 2

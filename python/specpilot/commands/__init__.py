@@ -1,0 +1,1 @@
+"""One module per CLI subcommand: configure(parser) and run(args) -> exit code."""

@@ -1,0 +1,1 @@
+"""Kernel implementations: which one is live per op, and JIT-compiled variants from the agents."""
