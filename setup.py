@@ -17,42 +17,43 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 SUPPORTED_ARCHS = {"90a"}  # Hopper (H100/H200): the kernels use sm_90a-only features
 
 
+class BuildConfigError(SystemExit):
+    """A build that cannot work here: the message says what to do."""
+
+
 def fail(msg):
-    sys.exit(f"specpilot build error: {msg}")
+    raise BuildConfigError(f"specpilot build error: {msg}")
 
 
-def want_cuda(torch):
-    mode = os.environ.get("SPECPILOT_CUDA", "auto").lower()
+def want_cuda(torch_version, torch_cuda, mode):
+    """Whether to build the CUDA kernels, from torch's build and SPECPILOT_CUDA (auto|0|1)."""
+    mode = mode.lower()
     if mode not in ("auto", "0", "1"):
         fail(f"SPECPILOT_CUDA must be auto, 0 or 1, got {mode!r}")
     if mode == "0":
         return False
-    if torch.version.cuda is None:
+    if torch_cuda is None:
         if mode == "1":
-            fail("SPECPILOT_CUDA=1 but this torch has no CUDA support "
-                 f"(torch {torch.__version__}); install a CUDA build of torch or unset SPECPILOT_CUDA")
+            fail(f"SPECPILOT_CUDA=1 but torch {torch_version} has no CUDA support; install a CUDA "
+                 "build of torch or unset SPECPILOT_CUDA")
         return False
     return True
 
 
-def check_cuda_toolchain(torch):
-    from torch.utils.cpp_extension import CUDA_HOME
-
-    nvcc = shutil.which("nvcc") or (CUDA_HOME and os.path.join(CUDA_HOME, "bin", "nvcc"))
+def check_cuda_toolchain(torch_version, torch_cuda, nvcc, arch, capability, gpu_name):
+    """Refuses a CUDA build that cannot work: no nvcc, an arch the kernels are not written for,
+    or a GPU that is not Hopper. `capability` is None when no GPU is visible (compile only)."""
     if not nvcc or not os.path.exists(nvcc):
-        fail(f"torch {torch.__version__} has CUDA {torch.version.cuda} but nvcc was not found "
-             "(looked on PATH and in CUDA_HOME). Install the CUDA toolkit that matches, set "
-             "CUDA_HOME, or build the CPU path only with SPECPILOT_CUDA=0.")
-    arch = os.environ.get("SPECPILOT_CUDA_ARCH", "90a")
+        fail(f"torch {torch_version} has CUDA {torch_cuda} but nvcc was not found (looked on PATH "
+             "and in CUDA_HOME). Install the CUDA toolkit that matches, set CUDA_HOME, or build "
+             "the CPU path only with SPECPILOT_CUDA=0.")
     if arch not in SUPPORTED_ARCHS:
         fail(f"SPECPILOT_CUDA_ARCH={arch} is not supported; the CUDA kernels target "
              f"{sorted(SUPPORTED_ARCHS)} (H100/H200). Build the CPU path with SPECPILOT_CUDA=0.")
-    if torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability(0)
-        if (major, minor) != (9, 0):
-            fail(f"GPU 0 ({torch.cuda.get_device_name(0)}) is sm_{major}{minor}; the CUDA kernels "
-                 "need sm_90 (H100/H200). Build the CPU path only with SPECPILOT_CUDA=0.")
-    return arch
+    if capability is not None and tuple(capability) != (9, 0):
+        major, minor = capability
+        fail(f"GPU 0 ({gpu_name}) is sm_{major}{minor}; the CUDA kernels need sm_90 (H100/H200). "
+             "Build the CPU path only with SPECPILOT_CUDA=0.")
 
 
 def extensions():
@@ -65,17 +66,24 @@ def extensions():
     cxx_flags = ["-O3", "-std=c++17"]
     include_dirs = [os.path.join(ROOT, "csrc", "include")]
 
-    if not want_cuda(torch):
+    if not want_cuda(torch.__version__, torch.version.cuda, os.environ.get("SPECPILOT_CUDA", "auto")):
         return [CppExtension("specpilot._C", cpu_sources, include_dirs=include_dirs,
                              extra_compile_args={"cxx": cxx_flags})]
 
-    arch = check_cuda_toolchain(torch)
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    arch = os.environ.get("SPECPILOT_CUDA_ARCH", "90a")
+    nvcc = shutil.which("nvcc") or (CUDA_HOME and os.path.join(CUDA_HOME, "bin", "nvcc"))
+    gpu = torch.cuda.is_available()
+    check_cuda_toolchain(torch.__version__, torch.version.cuda, nvcc, arch,
+                         torch.cuda.get_device_capability(0) if gpu else None,
+                         torch.cuda.get_device_name(0) if gpu else None)
     cuda_sources = rel("csrc/cuda/*.cu") + [b for b in bindings if b.endswith("_cuda.cpp")]
     nvcc_flags = ["-O3", "-std=c++17", f"-gencode=arch=compute_{arch},code=sm_{arch}",
                   "--expt-relaxed-constexpr", "-lineinfo"]
     return [CUDAExtension("specpilot._C", cpu_sources + cuda_sources, include_dirs=include_dirs,
                           define_macros=[("SPECPILOT_WITH_CUDA", "1")],
-                          extra_compile_args={"cxx": cxx_flags + ["-DSPECPILOT_WITH_CUDA=1"],
+                          extra_compile_args={"cxx": cxx_flags,
                                               "nvcc": nvcc_flags})]
 
 
@@ -99,14 +107,15 @@ def build_ext_class():
     return BuildExtension.with_options(use_ninja=True)
 
 
-setup(
-    name="specpilot",
-    version="0.1.0",
-    description="Lossless speculative decoding with parallel drafters, split12 weights and an agent loop",
-    python_requires=">=3.10",
-    package_dir=PACKAGE_DIRS,
-    packages=packages(),
-    ext_modules=extensions(),
-    cmdclass={"build_ext": build_ext_class()},
-    entry_points={"console_scripts": ["specpilot=specpilot.cli:main"]},
-)
+if __name__ == "__main__":  # setuptools runs this file as __main__; tests import it
+    setup(
+        name="specpilot",
+        version="0.1.0",
+        description="Lossless speculative decoding with parallel drafters, split12 weights and an agent loop",
+        python_requires=">=3.10",
+        package_dir=PACKAGE_DIRS,
+        packages=packages(),
+        ext_modules=extensions(),
+        cmdclass={"build_ext": build_ext_class()},
+        entry_points={"console_scripts": ["specpilot=specpilot.cli:main"]},
+    )

@@ -15,3 +15,13 @@ def fresh_generator():
     g = torch.Generator().manual_seed(seed)
     g.seed_value = seed  # printed by failing tests so a failure can be reproduced
     return g
+
+
+def pytest_collection_modifyitems(config, items):
+    # Every test skipped for want of a GPU also carries the `gpu` marker, so the H200 check can
+    # select exactly the GPU tests with `pytest -m gpu`.
+    for item in items:
+        for mark in item.iter_markers("skipif"):
+            if "GPU" in str(mark.kwargs.get("reason", "")):
+                item.add_marker(pytest.mark.gpu)
+                break

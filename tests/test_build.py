@@ -36,3 +36,40 @@ def test_cuda_source_compiles_for_sm90a(cu, tmp_path):
            "-c", str(cu), "-o", str(tmp_path / (cu.stem + ".o"))]
     result = subprocess.run(cmd, capture_output=True, text=True)
     assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stderr}"
+
+
+def _setup_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("specpilot_setup", CSRC_DIR.parent / "setup.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # not __main__: setup() does not run
+    return module
+
+
+def test_build_refuses_cuda_torch_without_nvcc():
+    setup = _setup_module()
+    with pytest.raises(SystemExit, match="nvcc was not found.*SPECPILOT_CUDA=0"):
+        setup.check_cuda_toolchain("2.11.0", "13.0", None, "90a", (9, 0), "NVIDIA H200")
+
+
+def test_build_refuses_unsupported_gpu_and_arch(tmp_path):
+    setup = _setup_module()
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text("")
+    with pytest.raises(SystemExit, match="sm_80.*need sm_90"):
+        setup.check_cuda_toolchain("2.11.0", "13.0", str(nvcc), "90a", (8, 0), "NVIDIA A100")
+    with pytest.raises(SystemExit, match="SPECPILOT_CUDA_ARCH=86 is not supported"):
+        setup.check_cuda_toolchain("2.11.0", "13.0", str(nvcc), "86", None, None)
+    setup.check_cuda_toolchain("2.11.0", "13.0", str(nvcc), "90a", (9, 0), "NVIDIA H200")  # accepted
+
+
+def test_build_mode_switch():
+    setup = _setup_module()
+    assert setup.want_cuda("2.13.0+cpu", None, "auto") is False
+    assert setup.want_cuda("2.11.0", "13.0", "auto") is True
+    assert setup.want_cuda("2.11.0", "13.0", "0") is False
+    with pytest.raises(SystemExit, match="no CUDA support"):
+        setup.want_cuda("2.13.0+cpu", None, "1")
+    with pytest.raises(SystemExit, match="must be auto, 0 or 1"):
+        setup.want_cuda("2.11.0", "13.0", "yes")

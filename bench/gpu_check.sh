@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The H200 check: from a clean tree on a bare machine (no network), build the extension with CUDA
+# (sm_90a), run the GPU tests, run the kernel / engine / agent benchmarks, print a short table last.
+# Logs and JSON go to $OUT (the device tool's folder) or out/gpu_check.
+# Usage: bash bench/gpu_check.sh [build|tests|split12|engine|agents ...]   (default: all, in order)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out/gpu_check}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+steps=${*:-build tests split12 engine agents}
+summary="$OUT/summary.txt"
+: > "$summary"
+
+note() { printf '%-10s %s\n' "$1" "$2" | tee -a "$summary"; }
+
+# Stock dflash comes from the carried wheel (.whl/, fetched on a networked machine with pip download).
+if ! python3 -c "import dflash" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/dflash-*.whl \
+    || { echo "stock dflash is missing: put dflash-0.1.0-py3-none-any.whl in .whl/ (pip download --no-deps dflash==0.1.0)"; exit 1; }
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+# The zoo pair and datasets travel inside the checkout when ../shared is not there.
+[ -d shared/zoo ] && export SPECPILOT_ZOO=${SPECPILOT_ZOO:-shared/zoo}
+[ -d shared/datasets ] && export SPECPILOT_DATASETS=${SPECPILOT_DATASETS:-shared/datasets}
+
+run_step() {  # name, command...
+  local name=$1; shift
+  local t0=$(date +%s)
+  "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  local dt=$(( $(date +%s) - t0 ))
+  if [ $rc -eq 0 ]; then note "$name" "ok (${dt}s)"; else note "$name" "FAILED rc=$rc (${dt}s), see $name.log"; tail -30 "$OUT/$name.log"; fi
+  return $rc
+}
+
+for step in $steps; do
+  case $step in
+    build)   rm -rf build python/specpilot/_C*.so
+             run_step build python3 -m pip install --no-build-isolation --no-deps --no-index -e . || exit 1
+             python3 -m specpilot env | tail -1 > "$OUT/env.json" ;;
+    tests)   run_step tests python3 -m pytest -q -m gpu tests
+             tail -1 "$OUT/tests.log" | tee -a "$summary" ;;
+    split12) run_step split12 python3 -m specpilot.bench.split12_kernels --out "$OUT/split12.json" ;;
+    engine)  run_step engine python3 -m specpilot.bench.gpu_engine --out "$OUT" ;;
+    agents)  run_step agents python3 -m specpilot.bench.gpu_agents --out "$OUT" ;;
+    *)       echo "unknown step $step"; exit 2 ;;
+  esac
+done
+
+echo
+echo "== tables"
+for name in split12 engine agents; do
+  [ -f "$OUT/$name.log" ] && { echo "-- $name"; grep -E '^\|' "$OUT/$name.log" | tail -25; }
+done
+echo "== summary"
+cat "$summary"
