@@ -54,3 +54,44 @@ def integrated_variant(gpu: str, op: str, shape: tuple) -> dict | None:
         return None
     table = json.loads(path.read_text())
     return table.get(f"{gpu}|{op}|{'x'.join(map(str, shape))}")
+
+
+def variant_key(gpu: str, op: str, shape: tuple) -> str:
+    return f"{gpu}|{op}|{'x'.join(map(str, shape))}"
+
+
+def _write_table(table: dict) -> None:
+    """Atomic replace: a reader sees the old table or the new one, never half a file."""
+    import os
+    import tempfile
+
+    path = variants_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(table, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def integrate_variant(gpu: str, op: str, shape: tuple, record: dict) -> dict | None:
+    """Make `record` the integrated variant for (gpu, op, shape); returns the one it replaced.
+    The record names the variant (cand_id, label, params) and where its source is (source_path)."""
+    path = variants_file()
+    table = json.loads(path.read_text()) if path.exists() else {}
+    key = variant_key(gpu, op, shape)
+    previous = table.get(key)
+    table[key] = record
+    _write_table(table)
+    return previous
+
+
+def restore_variant(gpu: str, op: str, shape: tuple, previous: dict | None) -> None:
+    """Undo integrate_variant (token forcing failed): put back what was there, or nothing."""
+    path = variants_file()
+    table = json.loads(path.read_text()) if path.exists() else {}
+    key = variant_key(gpu, op, shape)
+    if previous is None:
+        table.pop(key, None)
+    else:
+        table[key] = previous
+    _write_table(table)

@@ -1,0 +1,75 @@
+"""Token forcing of the whole engine with a variant switched on: the last gate before integration.
+
+The engine provides `specpilot.verify.forcing.token_force` (docs/CONTRACTS.md). This module keeps
+the call behind one interface, `Forcer`: forcer(target_dir, drafter_dir, variant) -> ForcingOutcome.
+The variant is written into the registry (so the engine's dispatch picks it up) before forcing and
+taken out again if forcing fails. Tests pass a fake forcer; with no engine, `engine_forcer()` is
+None and the loop records the winner as kernel-validated only (not integrated).
+"""
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ForcingOutcome:
+    passed: bool
+    reason: str
+    report: dict = field(default_factory=dict)
+
+
+def engine_forcer(device: str, n_prompts: int = 3, max_new_tokens: int = 48, block_size: int | None = None):
+    """A Forcer backed by the engine's token_force (stock dflash vs our engine, split12 weights with
+    the registry's variants), or None when the engine does not provide it."""
+    try:
+        import torch
+
+        from specpilot.engine import Engine
+        from specpilot.models import load_drafter, load_target
+        from specpilot.verify.forcing import token_force
+        from specpilot.verify.stock import load_stock
+    except ImportError:
+        return None
+
+    def force(target_dir, drafter_dir, variant: dict) -> ForcingOutcome:
+        if not drafter_dir:
+            return ForcingOutcome(False, "token forcing needs a drafter: stock is dflash_generate")
+        dtype = torch.bfloat16  # split12 weights are bf16 by definition (the engine requires it)
+        try:
+            target = load_target(target_dir, device=device, dtype=dtype, weights="split12")
+            engine = Engine(target, load_drafter(drafter_dir, target))
+            stock = load_stock(target_dir, drafter_dir, device=device, dtype=dtype)
+            prompts = _prompts(target_dir, n_prompts)
+            report = token_force(engine, stock, prompts, max_new_tokens, block_size=block_size)
+        except Exception as e:
+            return ForcingOutcome(False, f"token forcing raised {type(e).__name__}: {e}")
+        summary = {k: _plain(getattr(report, k, None)) for k in ("prompts", "tokens", "mismatches", "tolerated")}
+        passed = bool(getattr(report, "passed", False))
+        return ForcingOutcome(passed, ("token forcing passed " if passed else "token forcing failed ") + str(summary),
+                              summary)
+
+    return force
+
+
+def _prompts(target_dir, n: int) -> list:
+    """The first n HumanEval prompts of the zoo, tokenized with the target's tokenizer."""
+    import json
+    from pathlib import Path
+
+    from specpilot import settings
+    from specpilot.models import load_tokenizer
+
+    tok = load_tokenizer(target_dir)
+    candidates = [settings.get().zoo / "prompts" / "humaneval.jsonl",
+                  Path(target_dir).resolve().parent / "prompts" / "humaneval.jsonl"]  # the zoo's own layout
+    path = next((p for p in candidates if p.exists()), None)
+    if path is None:
+        raise FileNotFoundError(f"token forcing prompts not found in {[str(p) for p in candidates]} (set SPECPILOT_ZOO)")
+    lines = path.read_text().splitlines()[:n]
+    return [tok.encode(json.loads(line)["prompt"], add_special_tokens=False) for line in lines]
+
+
+def _plain(v):
+    if isinstance(v, (int, float, str, bool)) or v is None:
+        return v
+    if isinstance(v, (list, tuple)):
+        return len(v)
+    return str(v)

@@ -1,0 +1,220 @@
+"""Where candidates run: never in the controller. One worker process per GPU (or a few on CPU);
+each candidate is a request with a deadline, and a worker that misses it is killed (a hung kernel
+dies with its process) and replaced. A worker is also replaced after a candidate that left state
+behind (threads, patched clocks, a faulted CUDA context). Ray is an optional backend.
+"""
+import multiprocessing as mp
+import os
+import time
+from multiprocessing.connection import wait
+
+_TIMERS = {}
+
+
+def evaluate_task(task: dict) -> dict:
+    """Runs inside a worker: build the candidate, gate it, time it. Returns plain data."""
+    import json
+
+    from specpilot.agents.candidates import Candidate, build_callable
+    from specpilot.agents.timing import make_timer
+
+    cand = Candidate.from_dict(task["candidate"])
+    device = task["device"]
+    if cand.op == "chain_accept":
+        from specpilot.agents.gate_accept import check_chain_accept
+
+        fn = build_callable(cand)
+        r = check_chain_accept(fn, device=device)
+        return {"verdicts": [vars(v) for v in r.verdicts], "time_s": None}
+    if cand.op != "split12_gemv":
+        return _fail("build", f"no worker evaluation for op {cand.op!r}")
+    if cand.kind == "cuda" and device != "cuda":
+        return _fail("build", "a CUDA candidate needs a GPU (this run is on the CPU)")
+    try:
+        fn = build_callable(cand)
+    except Exception as e:  # compile errors are verdicts
+        return _fail("build", f"{type(e).__name__}: {str(e)[:2000]}")
+    key = json.dumps(task["timer"], sort_keys=True)
+    if key not in _TIMERS:
+        _TIMERS[key] = make_timer(task["timer"])
+    timer = _TIMERS[key]
+    from specpilot.agents.gate import Split12GemvGate
+
+    bandwidth = task.get("copy_bandwidth") or getattr(timer, "bandwidth", None)
+    gate = Split12GemvGate(device, timer, copy_bandwidth=bandwidth)
+    r = gate.run(fn, tuple(cand.shape), cand)
+    out = {"verdicts": [vars(v) for v in r.verdicts], "restart": r.restart_worker, "time_s": None}
+    if r.passed and r.timing is not None:
+        out.update(time_s=r.timing.seconds, timing_label=r.timing.label, timing_extra=r.timing.extra)
+    compiled = getattr(fn, "compiled", None)
+    if compiled is not None:
+        out["cubin_key"] = compiled.key
+    return out
+
+
+def _fail(check: str, reason: str) -> dict:
+    return {"verdicts": [{"check": check, "passed": False, "reason": reason}], "time_s": None}
+
+
+def _worker_main(conn, gpu_index):
+    if gpu_index is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu_index)  # before CUDA is initialised here
+    import specpilot.agents.gate  # noqa: F401  (the heavy imports, before the first deadline starts)
+
+    conn.send("ready")
+    while True:
+        try:
+            task = conn.recv()
+        except EOFError:
+            return
+        if task is None:
+            return
+        try:
+            result = evaluate_task(task)
+        except BaseException as e:  # never let one candidate take the worker loop down silently
+            result = _fail("crash", f"{type(e).__name__}: {e}")
+            result["restart"] = True
+        conn.send(result)
+
+
+class _Worker:
+    STARTUP_S = 300.0  # importing torch on a busy machine; not charged to any candidate
+
+    def __init__(self, ctx, gpu_index):
+        self.gpu_index = gpu_index
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child, gpu_index), daemon=True)
+        self.proc.start()
+        child.close()
+        self.task_index = None
+        self.deadline = None
+        try:
+            ready = self.conn.poll(self.STARTUP_S) and self.conn.recv() == "ready"
+        except (EOFError, OSError):
+            ready = False
+        if not ready:
+            self.stop(kill=True)
+            raise RuntimeError(f"agent worker (gpu {gpu_index}) did not start within {self.STARTUP_S:.0f} s "
+                               f"(exit code {self.proc.exitcode})")
+
+    def stop(self, kill: bool = False):
+        if kill:
+            self.proc.kill()
+        else:
+            try:
+                self.conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        self.proc.join(timeout=5)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+
+
+class WorkerPool:
+    """run(tasks, on_result) evaluates tasks on n workers and calls on_result(i, result) as each
+    finishes (the loop records it at once), returning the results in task order."""
+
+    def __init__(self, n_workers: int, device: str, timeout_s: float = 120.0):
+        if n_workers < 1:
+            raise ValueError(f"need at least one worker, got {n_workers}")
+        self.device, self.timeout_s = device, timeout_s
+        # spawn, never fork: CUDA cannot be re-initialised in a forked child, and a fork taken after
+        # torch's CPU thread pool ran can deadlock in the child (seen here: every task timed out)
+        self.ctx = mp.get_context("spawn")
+        self.gpus = list(range(n_workers)) if device == "cuda" else [None] * n_workers
+        self.workers = [_Worker(self.ctx, g) for g in self.gpus]
+
+    def run(self, tasks: list, on_result=None) -> list:
+        results = [None] * len(tasks)
+        pending = list(range(len(tasks)))
+        while pending or any(w.task_index is not None for w in self.workers):
+            for w in self.workers:
+                if w.task_index is None and pending:
+                    i = pending.pop(0)
+                    try:
+                        w.conn.send(tasks[i])
+                    except (BrokenPipeError, OSError):  # the worker died while idle: replace, retry once
+                        w = self._replace(w, kill=True)
+                        w.conn.send(tasks[i])
+                    w.task_index, w.deadline = i, time.monotonic() + self.timeout_s
+            busy = [w for w in self.workers if w.task_index is not None]
+            next_deadline = min(w.deadline for w in busy)
+            ready = wait([w.conn for w in busy], timeout=max(0.0, next_deadline - time.monotonic()))
+            for w in busy:
+                if w.conn in ready:
+                    try:
+                        result = w.conn.recv()
+                    except (EOFError, OSError):
+                        result = _fail("crash", f"worker process died (exit code {w.proc.exitcode})")
+                        result["restart"] = True
+                elif time.monotonic() >= w.deadline:
+                    result = _fail("timeout", f"no result within {self.timeout_s:.0f} s: worker killed")
+                    result["restart"] = "kill"
+                else:
+                    continue
+                i, w.task_index = w.task_index, None
+                results[i] = result
+                if result.get("restart"):
+                    self._replace(w, kill=result["restart"] == "kill" or not w.proc.is_alive())
+                if on_result is not None:
+                    on_result(i, result)
+        return results
+
+    def _replace(self, w: _Worker, kill: bool) -> _Worker:
+        w.stop(kill=kill)
+        fresh = _Worker(self.ctx, w.gpu_index)
+        self.workers[self.workers.index(w)] = fresh
+        return fresh
+
+    def close(self):
+        for w in self.workers:
+            w.stop()
+
+
+class RayPool:
+    """The same interface on Ray (optional): one task per candidate, num_gpus=1 pins a GPU,
+    max_retries=0 (a benchmark is not idempotent), ray.cancel(force=True) kills a hung one."""
+
+    def __init__(self, n_workers: int, device: str, timeout_s: float = 120.0):
+        import ray  # optional dependency: ImportError tells the caller to use WorkerPool
+
+        if not ray.is_initialized():
+            ray.init(ignore_reinit_error=True, log_to_driver=False)
+        self.ray, self.device, self.timeout_s = ray, device, timeout_s
+        self.remote = ray.remote(num_gpus=1 if device == "cuda" else 0, max_retries=0)(evaluate_task)
+
+    def run(self, tasks: list, on_result=None) -> list:
+        ray = self.ray
+        refs = {self.remote.remote(t): i for i, t in enumerate(tasks)}
+        started = {ref: time.monotonic() for ref in refs}
+        results = [None] * len(tasks)
+        while refs:
+            done, _ = ray.wait(list(refs), num_returns=1, timeout=1.0)
+            for ref in done:
+                i = refs.pop(ref)
+                try:
+                    results[i] = ray.get(ref)
+                except Exception as e:
+                    results[i] = _fail("crash", f"{type(e).__name__}: {e}")
+                if on_result:
+                    on_result(i, results[i])
+            for ref in [r for r in refs if time.monotonic() - started[r] > self.timeout_s]:
+                ray.cancel(ref, force=True)
+                i = refs.pop(ref)
+                results[i] = _fail("timeout", f"no result within {self.timeout_s:.0f} s: task cancelled")
+                if on_result:
+                    on_result(i, results[i])
+        return results
+
+    def close(self):
+        pass
+
+
+def make_pool(n_workers: int, device: str, timeout_s: float, backend: str = "process"):
+    if backend == "ray":
+        try:
+            return RayPool(n_workers, device, timeout_s)
+        except ImportError:
+            pass  # Ray not installed: the process pool does the same job on one host
+    return WorkerPool(n_workers, device, timeout_s)

@@ -1,0 +1,29 @@
+"""`specpilot cost`: the gap table of a deployment; the last line is one JSON object."""
+import json
+
+import torch
+
+
+def configure(parser):
+    parser.add_argument("--target", required=True, help="target checkpoint folder (config.json)")
+    parser.add_argument("--drafter", default=None, help="drafter checkpoint folder (adds draft/verify steps)")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--block-size", type=int, default=None, help="default: the drafter's")
+    parser.add_argument("--tau", type=float, default=None, help="mean tokens per verify step (default 4.3, stated)")
+    parser.add_argument("--context", type=int, default=1024, help="KV length attention reads")
+    parser.add_argument("--weights", choices=("split12", "bf16"), default="split12")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None)
+    parser.add_argument("--quick", action="store_true", help="smaller ceiling probes (CPU)")
+    parser.add_argument("--limit", type=int, default=30, help="rows to print")
+
+
+def run(args) -> int:
+    from specpilot.cost import cost_report, format_table
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda but no CUDA device is visible")
+    report = cost_report(args.target, args.drafter, batch=args.batch, block_size=args.block_size, tau=args.tau,
+                         context=args.context, device=args.device, weights=args.weights, quick=args.quick)
+    print(format_table(report, args.limit))
+    print(json.dumps(report.to_dict()))
+    return 0

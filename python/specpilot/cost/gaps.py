@@ -1,0 +1,180 @@
+"""The gap table: each component's measured time against its ceiling, ranked by time lost per
+generated token. `cost_report(...)` is the API the agents read; `specpilot cost` prints it.
+
+measured: the live implementation timed on the device (bf16 matmul on the GPU, or the split12 op
+where it is built; fp32 on the CPU). ceiling: max(bytes / copy bandwidth, flops / matmul rate,
+one launch). lost per token = (measured - ceiling) * count / tokens the step produces.
+An AR decode step produces `batch` tokens; a draft + verify step `batch * tau` (tau is stated).
+"""
+import functools
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from specpilot.cost.ceilings import Ceilings, measure_ceilings
+from specpilot.cost.shapes import ModelShape, drafter_target_layers, step_components
+from specpilot.cost.timer import time_call
+
+SPLIT12_BYTES_PER_WEIGHT = 1.5  # 8-bit low byte + 4-bit code (escapes are a fraction of a percent)
+SPLIT12_OP_MAX_M = 32           # the CUDA split12_linear takes M <= 32 (kCudaMaxM); larger M: bf16 matmul
+
+
+@dataclass
+class CostReport:
+    deployment: dict
+    ceilings: Ceilings
+    rows: list = field(default_factory=list)   # dicts, ranked by lost_per_token_s
+
+    def actionable(self, ops=None) -> list:
+        return [r for r in self.rows if r["actionable"] and (not ops or r["op"] in ops)]
+
+    def to_dict(self) -> dict:
+        return {"deployment": self.deployment, "ceilings": self.ceilings.to_dict(), "rows": self.rows}
+
+
+def _elem(device: str) -> int:
+    return 2 if device == "cuda" else 4
+
+
+class _Measurer:
+    """Times each distinct shape once (a report has many repeats)."""
+
+    def __init__(self, device: str, weights: str, reps: int):
+        self.device, self.weights, self.reps = device, weights, reps
+        self.dtype = torch.bfloat16 if device == "cuda" else torch.float32
+        self.split12 = weights == "split12" and self._split12_available()
+
+    def _split12_available(self) -> bool:
+        if self.device != "cuda":
+            return False  # on the CPU every linear is timed as an fp32 matmul (labelled)
+        try:
+            from specpilot import _ext
+
+            return _ext.has_cuda_kernels()
+        except Exception:
+            return False
+
+    @functools.lru_cache(maxsize=None)
+    def linear(self, m: int, n: int, k: int) -> float:
+        x = torch.randn(m, k, device=self.device, dtype=self.dtype)
+        if self.split12 and self.device == "cuda" and m <= SPLIT12_OP_MAX_M:
+            from specpilot import _ext
+            from specpilot.kernels.variants.split12_args import pack
+
+            w = torch.randn(n, k, device=self.device, dtype=torch.bfloat16)
+            a = pack(w)
+            out = torch.empty(m, n, device=self.device, dtype=torch.bfloat16)
+            op = _ext.ops().split12_linear
+            return time_call(lambda: op(x, *a.tensors(), k, out), self.device, self.reps)
+        w = torch.randn(n, k, device=self.device, dtype=self.dtype)
+        return time_call(lambda: F.linear(x, w), self.device, self.reps)
+
+    @functools.lru_cache(maxsize=None)
+    def attention(self, batch: int, q_len: int, heads: int, context: int, head_dim: int) -> float:
+        q = torch.randn(batch, heads, q_len, head_dim, device=self.device, dtype=self.dtype)
+        kv = torch.randn(batch, heads, context, head_dim, device=self.device, dtype=self.dtype)
+        return time_call(lambda: F.scaled_dot_product_attention(q, kv, kv), self.device, self.reps)
+
+    @functools.lru_cache(maxsize=None)
+    def accept(self, m: int, vocab: int) -> float:
+        logits = torch.randn(m, vocab, device=self.device, dtype=self.dtype)
+        return time_call(lambda: logits.argmax(dim=-1), self.device, self.reps)
+
+
+def cost_report(target_dir, drafter_dir=None, batch: int = 1, block_size: int | None = None,
+                tau: float | None = None, context: int = 1024, device: str | None = None,
+                weights: str = "split12", quick: bool = False, ceilings: Ceilings | None = None) -> CostReport:
+    if batch < 1 or context < 1:
+        raise ValueError(f"need batch >= 1 and context >= 1, got batch={batch}, context={context}")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    target = ModelShape.from_dir(target_dir)
+    drafter = ModelShape.from_dir(drafter_dir) if drafter_dir else None
+    if drafter is not None:
+        block_size = block_size or _drafter_block_size(drafter_dir)
+        tau = tau if tau is not None else 4.3  # the zoo pair's measured tau (shared/zoo/README.md)
+        if block_size < 2 or not 1.0 <= tau <= block_size:
+            raise ValueError(f"need block_size >= 2 and 1 <= tau <= block_size, got {block_size}, {tau}")
+    feats = drafter_target_layers(drafter_dir) if drafter_dir else 0
+    comps = step_components(target, drafter, feats, batch, block_size or 1, context)
+    ceil = ceilings or measure_ceilings(device, quick=quick)
+    meas = _Measurer(device, weights, reps=3 if device == "cpu" else 20)
+    tokens = {"decode": float(batch), "draft": batch * (tau or 1.0), "verify": batch * (tau or 1.0)}
+    rows = [_row(c, ceil, meas, target, drafter, batch, context, tokens[c.step], weights) for c in comps]
+    if drafter is not None:
+        rows.append(_knob_row(rows, block_size, tau))
+    rows.sort(key=lambda r: r["lost_per_token_s"], reverse=True)
+    deployment = {"target": target.name, "drafter": drafter.name if drafter else None, "batch": batch,
+                  "block_size": block_size, "tau": tau, "tau_source": "stated" if drafter else None,
+                  "context": context, "device": device, "device_name": ceil.device_name, "weights": weights,
+                  "measured_dtype": ceil.dtype, "linear_impl": "split12_linear op" if meas.split12 else
+                  f"torch {ceil.dtype} matmul" + (" (split12 op not built: stand-in)" if weights == "split12" and device == "cuda" else "")}
+    return CostReport(deployment, ceil, rows)
+
+
+def _drafter_block_size(drafter_dir) -> int:
+    import json
+    from pathlib import Path
+
+    c = json.loads((Path(drafter_dir) / "config.json").read_text())
+    return int((c.get("dflash_config") or {}).get("block_size") or c.get("block_size") or 16)
+
+
+def _row(c, ceil: Ceilings, meas: _Measurer, target, drafter, batch, context, tokens_per_step, weights) -> dict:
+    elem = _elem(ceil.device)
+    shape = drafter if (c.step == "draft" and c.name.startswith("draft.") and c.name != "draft.lm_head") else target
+    if c.kind == "linear":
+        bpw = SPLIT12_BYTES_PER_WEIGHT if (weights == "split12" and ceil.device == "cuda") else elem
+        nbytes = c.n * c.k * bpw + (c.m * c.k + c.m * c.n) * elem
+        flops = 2.0 * c.m * c.n * c.k
+        measured = meas.linear(c.m, c.n, c.k)
+    elif c.kind == "attention":
+        nbytes, flops = c.extra[0] * elem / 2, 4.0 * batch * shape.heads * (c.m // batch) * context * shape.head_dim
+        measured = meas.attention(batch, max(1, c.m // batch), shape.heads, context, shape.head_dim)
+    elif c.kind == "accept":
+        nbytes, flops = c.m * c.n * elem, 0.0
+        measured = meas.accept(c.m, c.n)
+    else:  # launches: eager launch floor per kernel vs one graph launch
+        nbytes, flops = 0.0, 0.0
+        measured = c.extra[0] * ceil.launch_s
+    bounds = {"bandwidth": nbytes / ceil.copy_bandwidth, "compute": flops / ceil.matmul_flops, "launch": ceil.launch_s}
+    bound = max(bounds, key=bounds.get)
+    ceiling = bounds[bound]
+    lost = max(0.0, measured - ceiling) * c.count / tokens_per_step
+    agent_op = "split12_gemv" if (c.kind == "linear" and c.m == 1) else None
+    shape_of = {"linear": [c.n, c.k] if agent_op else [c.m, c.n, c.k], "accept": [c.m, c.n], "launches": [c.extra[0] if c.extra else 0],
+                "attention": [c.m, shape.heads, context, shape.head_dim]}
+    return {"key": f"{c.step}:{c.name}:{c.m}x{c.n}x{c.k}", "step": c.step, "name": c.name, "kind": c.kind,
+            "op": agent_op or c.kind, "shape": shape_of[c.kind], "count": c.count,
+            "measured_s": measured, "ceiling_s": ceiling, "bound": bound, "bytes": nbytes, "flops": flops,
+            "lost_per_token_s": lost, "tokens_per_step": tokens_per_step, "actionable": agent_op is not None}
+
+
+def _knob_row(rows, block_size, tau) -> dict:
+    """The draft + verify step as a whole: what the block size trades (longer blocks, more accepted)."""
+    spec = [r for r in rows if r["step"] in ("draft", "verify")]
+    lost = sum(r["lost_per_token_s"] for r in spec)
+    return {"key": f"engine:block_size:{block_size}", "step": "spec", "name": "block_size", "kind": "knob",
+            "op": "engine.block_size", "shape": [], "count": 1,
+            "measured_s": sum(r["measured_s"] * r["count"] for r in spec),
+            "ceiling_s": sum(r["ceiling_s"] * r["count"] for r in spec), "bound": "mixed", "bytes": 0.0,
+            "flops": 0.0, "lost_per_token_s": lost, "tokens_per_step": None, "actionable": True, "block_size": block_size, "tau": tau}
+
+
+def format_table(report: CostReport, limit: int = 30) -> str:
+    d, c = report.deployment, report.ceilings
+    total = sum(r["lost_per_token_s"] for r in report.rows if r["kind"] != "knob") or 1.0
+    lines = [f"# cost model: {d['target']} + {d['drafter'] or 'no drafter'}, batch {d['batch']}, block "
+             f"{d['block_size']}, tau {d['tau']} ({d['tau_source'] or 'AR'}), context {d['context']}",
+             f"# device {c.device} ({c.device_name}), measured {c.dtype}: copy {c.copy_bandwidth / 1e9:.1f} GB/s, "
+             f"matmul {c.matmul_flops / 1e9:.1f} GFLOP/s, launch {c.launch_s * 1e6:.2f} us"
+             + ("  [CPU times against CPU ceilings]" if c.device == "cpu" else ""),
+             f"{'#':>3} {'step':<7} {'component':<15} {'shape':<18} {'cnt':>4} {'meas us':>9} {'ceil us':>9} "
+             f"{'bound':<9} {'lost us/tok':>11} {'share':>6} act"]
+    for i, r in enumerate(report.rows[:limit], 1):
+        shape = "x".join(map(str, r["shape"])) or "-"
+        share = "" if r["kind"] == "knob" else f"{100 * r['lost_per_token_s'] / total:5.1f}%"
+        lines.append(f"{i:>3} {r['step']:<7} {r['name']:<15} {shape:<18} {r['count']:>4} {r['measured_s'] * 1e6:>9.2f} "
+                     f"{r['ceiling_s'] * 1e6:>9.2f} {r['bound']:<9} {r['lost_per_token_s'] * 1e6:>11.2f} {share:>6} "
+                     f"{'yes' if r['actionable'] else ''}")
+    return "\n".join(lines)

@@ -1,0 +1,89 @@
+"""The work of one decode / draft / verify step, from the checkpoints' config.json files.
+
+Every GEMM is listed by shape (M rows of activations, N out features, K in features) with how many
+times a step runs it; attention by the KV bytes it must read; acceptance by the logits it scans.
+"""
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Component:
+    step: str        # decode | draft | verify
+    name: str        # qkv, o, gate_up, down, lm_head, fc, draft.qkv, ..., attention, accept, launches
+    kind: str        # linear | attention | accept | launches
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    count: int = 1   # instances per step
+    extra: tuple = ()  # kind-specific: attention (kv_bytes,), launches (n_launches,)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    layers: int
+    vocab: int
+    name: str
+
+    @staticmethod
+    def from_dir(path) -> "ModelShape":
+        cfg_path = Path(path) / "config.json"
+        if not cfg_path.exists():
+            raise FileNotFoundError(f"no config.json in {path}")
+        c = json.loads(cfg_path.read_text())
+        try:
+            h, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
+            return ModelShape(h, heads, int(c.get("num_key_value_heads", heads)), int(c.get("head_dim", h // heads)),
+                              int(c["intermediate_size"]), int(c["num_hidden_layers"]), int(c["vocab_size"]),
+                              Path(path).resolve().name)
+        except KeyError as e:
+            raise ValueError(f"{cfg_path}: missing {e.args[0]} (need a Qwen3/LLaMA-style config)") from None
+
+    def layer_gemms(self, m: int, prefix: str = ""):
+        qkv = (self.heads + 2 * self.kv_heads) * self.head_dim
+        return [(prefix + "qkv", m, qkv, self.hidden), (prefix + "o", m, self.hidden, self.heads * self.head_dim),
+                (prefix + "gate_up", m, 2 * self.intermediate, self.hidden), (prefix + "down", m, self.hidden, self.intermediate)]
+
+    def kv_bytes(self, batch: int, context: int, elem: int = 2) -> int:
+        return batch * context * 2 * self.kv_heads * self.head_dim * elem  # K and V of one layer
+
+
+def drafter_target_layers(drafter_dir) -> int:
+    c = json.loads((Path(drafter_dir) / "config.json").read_text())
+    ids = (c.get("dflash_config") or {}).get("target_layer_ids") or c.get("target_layer_ids") or []
+    return max(1, len(ids))
+
+
+def step_components(target: ModelShape, drafter: ModelShape | None, n_target_feats: int, batch: int,
+                    block_size: int, context: int) -> list:
+    """Components of an AR decode step, and with a drafter, of a draft and a verify step."""
+    out = []
+
+    def layers(step, shape, m, prefix=""):
+        for name, mm, n, k in shape.layer_gemms(m, prefix):
+            out.append(Component(step, name, "linear", mm, n, k, shape.layers))
+        out.append(Component(step, prefix + "attention", "attention", m, count=shape.layers,
+                             extra=(shape.kv_bytes(batch, context),)))
+
+    layers("decode", target, batch)
+    out.append(Component("decode", "lm_head", "linear", batch, target.vocab, target.hidden))
+    out.append(Component("decode", "sample", "accept", batch, target.vocab))
+    out.append(Component("decode", "launches", "launches", extra=(target.layers * 14 + 6,)))
+    if drafter is None:
+        return out
+    mb = batch * block_size
+    out.append(Component("draft", "fc", "linear", batch, drafter.hidden, n_target_feats * target.hidden))
+    layers("draft", drafter, mb, "draft.")
+    out.append(Component("draft", "draft.lm_head", "linear", batch * (block_size - 1), target.vocab, target.hidden))
+    out.append(Component("draft", "launches", "launches", extra=(drafter.layers * 14 + 8,)))
+    layers("verify", target, mb)
+    out.append(Component("verify", "lm_head", "linear", mb, target.vocab, target.hidden))
+    out.append(Component("verify", "accept", "accept", mb, target.vocab))
+    out.append(Component("verify", "launches", "launches", extra=(target.layers * 14 + 8,)))
+    return out

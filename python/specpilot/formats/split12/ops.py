@@ -1,0 +1,106 @@
+"""split12 / bf16 linear ops and the C++ packer, choosing CUDA or CPU by the tensors' device.
+
+Exactness contracts:
+- `pack` / `unpack`: bit-exact (C++ packer, planes byte-identical to reference.pack).
+- `split12_linear(x, p)` and `bf16_linear(x, unpack(p))`: bit-identical to each other, on CPU and
+  CUDA and for every M (fixed reduction order, split12_format.h); against the fp64 reference within
+  fp32 accumulation error: |y - ref| <= 2^-8 |ref| + (ceil(K/1024)*32 + 5) 2^-24 sum_k |x_k w_k|
+  (a lane chains <= ceil(K/1024)*32 fmaf, the tree adds 5; then one bf16 rounding).
+- kernel="tc" (CUDA only, tensor cores, mma.sync): split12 == bf16 twin bit for bit and each
+  token's output is independent of M, but the order is the mma's, not the CPU's: against the
+  fp64 reference |y - ref| <= 2^-8 |ref| + (34 ceil(K/128) + 8) 2^-24 sum_k |x_k w_k| (a warp
+  chains ceil(K/128) mma, each adding 16 products with at most 17 truncations of <= 2^-23; then
+  8 fp32 adds over warps).
+"""
+import torch
+
+from specpilot import _ext
+from specpilot.kernels import registry
+
+from .reference import Split12Tensor
+
+CUDA_MAX_M = 32  # rows per CUDA launch; larger M is split into chunks (rows are independent)
+KERNELS = ("simt", "tc")  # CUDA-core lane-tree order (CPU-identical) / tensor cores
+
+
+def _cuda_live() -> bool:
+    return _ext.has_cuda_kernels() and torch.cuda.is_available()
+
+
+def _cpu_live() -> bool:
+    _ext.load()
+    return True
+
+
+for _op in ("split12_linear", "bf16_linear"):
+    registry.register(_op, "cuda-sm90a", _cuda_live)
+    registry.register(_op, "cpu-ref", _cpu_live)
+    registry.register(_op + "_tc", "cuda-sm90a-mma", _cuda_live)
+
+
+def _op(name: str, kernel: str, x: torch.Tensor):
+    if kernel not in KERNELS:
+        raise ValueError(f"{name}: kernel must be one of {KERNELS}, got {kernel!r}")
+    if kernel == "tc":
+        if x.device.type != "cuda":
+            raise ValueError(f"{name}: kernel='tc' runs on CUDA only, x is on {x.device}")
+        name += "_tc"
+    return getattr(_ext.ops(), name)
+
+
+def pack(w: torch.Tensor) -> Split12Tensor:
+    """bf16 [N, K] -> Split12Tensor on w's device (packed by the C++ packer on the CPU)."""
+    if w.dim() != 2 or w.dtype != torch.bfloat16:
+        raise ValueError(f"split12 pack: expected a 2-D bfloat16 matrix, got {w.dtype} {list(w.shape)}")
+    planes = _ext.ops().split12_pack(w.detach().cpu().contiguous())
+    p = Split12Tensor(*planes, N=w.shape[0], K=w.shape[1])
+    return p.to(w.device) if w.device.type != "cpu" else p
+
+
+def unpack(p: Split12Tensor) -> torch.Tensor:
+    """Split12Tensor -> bf16 [N, K] on the planes' device. Bit-exact."""
+    cpu = p.to("cpu") if p.lo.device.type != "cpu" else p
+    w = _ext.ops().split12_unpack(*cpu.planes().values(), p.K)
+    return w.to(p.lo.device)
+
+
+def _out(x: torch.Tensor, N: int, out):
+    M = x.shape[0]
+    if out is None:
+        return torch.empty(M, N, dtype=torch.bfloat16, device=x.device)
+    if out.shape != (M, N) or out.dtype != torch.bfloat16 or out.device != x.device:
+        raise ValueError(f"out must be bfloat16 [{M}, {N}] on {x.device}, got {out.dtype} {list(out.shape)} "
+                         f"on {out.device}")
+    return out
+
+
+def _chunks(x: torch.Tensor, out: torch.Tensor):
+    """(x rows, out rows) pieces the kernels accept (CUDA takes M <= 32)."""
+    if x.device.type != "cuda" or x.shape[0] <= CUDA_MAX_M:
+        return [(x, out)]
+    return [(x[i:i + CUDA_MAX_M], out[i:i + CUDA_MAX_M]) for i in range(0, x.shape[0], CUDA_MAX_M)]
+
+
+def split12_linear(x: torch.Tensor, p: Split12Tensor, out: torch.Tensor | None = None,
+                   kernel: str = "simt") -> torch.Tensor:
+    """y = x @ W.T: x bf16 [M, K] contiguous, W = p [N, K] -> y bf16 [M, N] (written into out if given)."""
+    if x.dim() != 2 or x.shape[1] != p.K:
+        raise ValueError(f"split12_linear: x must be [M, K={p.K}], got {list(x.shape)}")
+    op = _op("split12_linear", kernel, x)
+    out = _out(x, p.N, out)
+    planes = list(p.planes().values())
+    for xs, ys in _chunks(x, out):
+        op(xs, *planes, p.K, ys)
+    return out
+
+
+def bf16_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
+                kernel: str = "simt") -> torch.Tensor:
+    """y = x @ w.T in split12's reduction order: x bf16 [M, K], w bf16 [N, K] -> y bf16 [M, N]."""
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"bf16_linear: need x [M, K] and w [N, K], got {list(x.shape)} and {list(w.shape)}")
+    op = _op("bf16_linear", kernel, x)
+    out = _out(x, w.shape[0], out)
+    for xs, ys in _chunks(x, out):
+        op(xs, w, ys)
+    return out

@@ -1,0 +1,1 @@
+"""Kernel variants the agents search over: templates (CUDA and CPU twins) under the launch contract."""

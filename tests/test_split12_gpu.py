@@ -1,0 +1,143 @@
+"""split12 on the H200: CUDA split12_linear == CUDA bf16_linear == the CPU kernels bit for bit,
+within the fp64 tolerance, batch-invariant, graph-capturable; odd shapes and Qwen3-8B shapes.
+The tensor-core twins (kernel="tc"): split12 == bf16 bit for bit, M-invariant, within tolerance."""
+import os
+
+import pytest
+import torch
+from conftest import requires_gpu
+
+from specpilot import _ext
+from specpilot.formats.split12 import ops, reference as ref
+
+pytestmark = [requires_gpu, pytest.mark.gpu]
+
+QWEN3_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),
+            "lm_head": (151936, 4096)}
+
+
+@pytest.fixture(autouse=True)
+def needs_cuda_build():
+    if not _ext.has_cuda_kernels():
+        pytest.fail("a GPU is present but specpilot._C was built without CUDA kernels (SPECPILOT_CUDA=1 rebuild)")
+
+
+@pytest.fixture
+def gen():
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"seed {seed}")
+    return torch.Generator(device="cuda").manual_seed(seed)
+
+
+def weights(N, K, g, escape_share=0.002):
+    w = (torch.randn(N, K, generator=g, device="cuda") * 0.02).to(torch.bfloat16)
+    hit = torch.rand(N, K, generator=g, device="cuda") < escape_share
+    vals = torch.tensor([0.0, -0.0, 1e-30, -3e-39, 40.0, -1e4], device="cuda")
+    pick = vals[torch.randint(0, 6, (N, K), generator=g, device="cuda")].to(torch.bfloat16)
+    return torch.where(hit, pick, w)
+
+
+def poisoned(M, N):
+    return torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+
+
+def same_bits(a, b):
+    return torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def within_tolerance(y, x, w, kernel="simt"):
+    """The bounds of ops.py: 2^-8 |ref| + c 2^-24 sum|x w|, c = ceil(K/1024)*32 + 5 (CUDA cores)
+    or 34 ceil(K/128) + 8 (tensor cores)."""
+    K = x.shape[1]
+    c = (-(-K // 1024) * 32 + 5) if kernel == "simt" else (34 * -(-K // 128) + 8)
+    exact = x.double() @ w.double().T
+    mag = x.double().abs() @ w.double().abs().T
+    tol = 2.0 ** -8 * exact.abs() + c * 2.0 ** -24 * mag + 2.0 ** -133
+    return bool(((y.double() - exact).abs() <= tol).all())
+
+
+@pytest.mark.parametrize("M", [1, 2, 7, 16, 32])
+@pytest.mark.parametrize("N,K", [(37, 133), (300, 1000), (129, 4100), (64, 1)])
+def test_cuda_equals_cpu_and_twin(M, N, K, gen):
+    w = weights(N, K, gen, escape_share=0.02)
+    x = torch.randn(M, K, generator=gen, device="cuda").to(torch.bfloat16)
+    p = ops.pack(w)
+    y12 = ops.split12_linear(x, p, out=poisoned(M, N))
+    y16 = ops.bf16_linear(x, w, out=poisoned(M, N))
+    torch.cuda.synchronize()
+    assert not torch.isnan(y12).any()
+    assert same_bits(y12, y16)
+    cpu = ops.split12_linear(x.cpu(), p.to("cpu"), out=poisoned(M, N).cpu())
+    assert same_bits(y12.cpu(), cpu)
+    assert within_tolerance(y12, x, w)
+
+
+@pytest.mark.parametrize("N,K", [(37, 133), (300, 1000), (129, 4100), (64, 1)])
+def test_tensor_core_twins_agree_and_are_m_invariant(N, K, gen):
+    w = weights(N, K, gen, escape_share=0.02)
+    p = ops.pack(w)
+    x = torch.randn(32, K, generator=gen, device="cuda").to(torch.bfloat16)
+    full = ops.split12_linear(x, p, out=poisoned(32, N), kernel="tc")
+    assert same_bits(full, ops.bf16_linear(x, w, out=poisoned(32, N), kernel="tc"))
+    assert within_tolerance(full, x, w, kernel="tc")
+    for M in (1, 2, 7, 16):
+        y12 = ops.split12_linear(x[:M].contiguous(), p, out=poisoned(M, N), kernel="tc")
+        assert same_bits(y12, full[:M])
+        assert same_bits(y12, ops.bf16_linear(x[:M].contiguous(), w, out=poisoned(M, N), kernel="tc"))
+
+
+def test_escape_heavy_rows_and_unaligned_x(gen):
+    N, K = 70, 2048
+    w = weights(N, K, gen)
+    w[3, ::3] = 0.0          # a third of a row escapes
+    w[5, :] = 1e-38          # a whole row outside any normal window: its base moves there
+    w[6, 1000:1100] = -0.0
+    p = ops.pack(w)
+    buf = torch.randn(K + 1, generator=gen, device="cuda").to(torch.bfloat16)
+    x = buf[1:].view(1, K)   # 2-byte offset: the kernels must take the unaligned path
+    assert x.data_ptr() % 16 != 0
+    y12 = ops.split12_linear(x, p, out=poisoned(1, N))
+    assert same_bits(y12, ops.bf16_linear(x, w, out=poisoned(1, N)))
+    assert same_bits(y12.cpu(), ops.split12_linear(x.cpu().contiguous(), p.to("cpu")))
+    tc = ops.split12_linear(x, p, out=poisoned(1, N), kernel="tc")
+    assert same_bits(tc, ops.bf16_linear(x, w, out=poisoned(1, N), kernel="tc"))
+    assert within_tolerance(tc, x, w, kernel="tc")
+
+
+def test_batch_invariant_and_graph_capturable(gen):
+    N, K = 512, 4096
+    w = weights(N, K, gen)
+    p = ops.pack(w)
+    x = torch.randn(32, K, generator=gen, device="cuda").to(torch.bfloat16)
+    full = ops.split12_linear(x, p)
+    for M in (1, 2, 7, 16):
+        assert same_bits(ops.split12_linear(x[:M].contiguous(), p), full[:M])
+    out = poisoned(16, N)
+    xs = x[:16].contiguous()
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        ops.split12_linear(xs, p, out=out)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert same_bits(out, full[:16])
+
+
+@pytest.mark.parametrize("name", list(QWEN3_8B))
+def test_qwen3_8b_shapes(name, gen):
+    N, K = QWEN3_8B[name]
+    w = weights(N, K, gen, escape_share=1e-4)
+    p = ops.pack(w)
+    rows = torch.randperm(N, device="cuda")[:64].sort().values
+    p_rows = ops.pack(w[rows].contiguous()).to("cpu")  # rows pack independently: same planes as in p
+    for M in (1, 16):
+        x = torch.randn(M, K, generator=gen, device="cuda").to(torch.bfloat16)
+        y12 = ops.split12_linear(x, p, out=poisoned(M, N))
+        y16 = ops.bf16_linear(x, w, out=poisoned(M, N))
+        assert same_bits(y12, y16)
+        assert within_tolerance(y12, x, w)
+        assert same_bits(y12[:, rows].cpu(), ops.split12_linear(x.cpu(), p_rows))
+        tc = ops.split12_linear(x, p, out=poisoned(M, N), kernel="tc")
+        assert same_bits(tc, ops.bf16_linear(x, w, out=poisoned(M, N), kernel="tc"))
+        assert within_tolerance(tc, x, w, kernel="tc")

@@ -1,0 +1,125 @@
+"""split12_linear / bf16_linear on the CPU: within the stated fp32 tolerance of the fp64
+reference, bit-identical to each other, batch-invariant; the modules and swap_linears."""
+import os
+
+import pytest
+import torch
+from torch import nn
+
+from specpilot.formats.split12 import ops, reference as ref
+from specpilot.formats.split12.linear import Bf16Linear, Split12Linear, swap_linears
+
+
+@pytest.fixture
+def gen():
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"seed {seed}")  # shown by pytest when a test fails
+    return torch.Generator().manual_seed(seed)
+
+
+def weights(N, K, g, escapes=True):
+    w = (torch.randn(N, K, generator=g) * 0.02).to(torch.bfloat16)
+    if escapes:  # zeros, tiny and huge values land outside the row windows
+        idx = torch.randint(0, N * K, (max(1, N * K // 50),), generator=g)
+        vals = torch.tensor([0.0, -0.0, 1e-30, -3e-39, 40.0, -1e4])[torch.randint(0, 6, idx.shape, generator=g)]
+        w.view(-1)[idx] = vals.to(torch.bfloat16)
+    return w
+
+
+def tolerance(x, w):
+    """fp32 chain of <= ceil(K/1024)*32 fmaf + 5 tree adds, then one bf16 rounding:
+    |y - ref| <= 2^-8 |ref| + (chain + 5) 2^-24 sum_k |x_k w_k| (+ the smallest bf16 subnormal)."""
+    chain = -(-x.shape[1] // 1024) * 32
+    mag = x.double().abs() @ w.double().abs().T
+    exact = x.double() @ w.double().T
+    return 2.0 ** -8 * exact.abs() + (chain + 5) * 2.0 ** -24 * mag + 2.0 ** -133
+
+
+def poisoned(M, N):
+    return torch.full((M, N), float("nan"), dtype=torch.bfloat16)
+
+
+def same_bits(a, b):
+    return torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+@pytest.mark.parametrize("M", [1, 3, 16])
+@pytest.mark.parametrize("N,K", [(37, 133), (5, 1), (64, 1024), (9, 2085)])
+def test_linear_matches_fp64_and_bf16_twin(M, N, K, gen):
+    w = weights(N, K, gen)
+    x = torch.randn(M, K, generator=gen).to(torch.bfloat16)
+    p = ops.pack(w)
+    assert p.escapes > 0 or N * K < 50
+    y12 = ops.split12_linear(x, p, out=poisoned(M, N))
+    y16 = ops.bf16_linear(x, w, out=poisoned(M, N))
+    assert not torch.isnan(y12).any()
+    assert same_bits(y12, y16)
+    err = (y12.double() - ref.gemv_reference(x, p)).abs()
+    assert (err <= tolerance(x, w)).all(), f"max error {err.max().item()}"
+
+
+def test_rows_are_batch_invariant(gen):
+    # Row m of an M-row call equals the same x row alone: verification at M=k matches decoding at M=1.
+    N, K = 29, 300
+    w = weights(N, K, gen)
+    p = ops.pack(w)
+    x = torch.randn(16, K, generator=gen).to(torch.bfloat16)
+    full = ops.split12_linear(x, p, out=poisoned(16, N))
+    for m in (0, 7, 15):
+        assert same_bits(ops.split12_linear(x[m:m + 1].contiguous(), p, out=poisoned(1, N)), full[m:m + 1])
+
+
+def test_order_is_the_documented_lane_tree(gen):
+    # Python re-statement of split12_format.h's order: one fma chain per lane, butterfly tree.
+    N, K = 3, 2100
+    w = weights(N, K, gen)
+    x = torch.randn(1, K, generator=gen).to(torch.bfloat16)
+    y = ops.bf16_linear(x, w)
+    xs, ws = x[0].float(), w.float()
+    for n in range(N):
+        acc = []
+        for lane in range(32):
+            a = torch.zeros((), dtype=torch.float32)
+            for c0 in range(lane * 32, K, 1024):
+                for k in range(c0, min(c0 + 32, K)):
+                    a = (a.double() + xs[k].double() * ws[n, k].double()).float()  # exact product, one rounding
+            acc.append(a)
+        off = 16
+        while off:
+            acc = [acc[i] + acc[i + off] for i in range(off)]
+            off //= 2
+        assert same_bits(acc[0].to(torch.bfloat16).view(1), y[0, n].view(1))
+
+
+def test_modules_and_swap(gen):
+    model = nn.Sequential(nn.Linear(96, 64, bias=False), nn.GELU(), nn.Linear(64, 72, bias=False),
+                          nn.Linear(72, 8, bias=True)).to(torch.bfloat16)
+    twin = Bf16Linear(model[0].weight.data)
+    s12 = Split12Linear.from_weight(model[0].weight.data)
+    x = torch.randn(2, 5, 96, generator=gen).to(torch.bfloat16)  # any leading dims
+    assert s12(x).shape == (2, 5, 64) and same_bits(s12(x), twin(x))
+
+    expect = model[3](model[2](model[1](twin(x))))
+    report = swap_linears(model, max_bits_per_weight=13.0)  # K=64: 12 + 40/64 bits/weight
+    assert report.swapped == ["0", "2"] and "3" in report.kept and "bias" in report.kept["3"]
+    assert isinstance(model[0], Split12Linear) and isinstance(model[3], nn.Linear)
+    assert same_bits(model(x), expect)
+    assert report.summary()["tensors"] == 2
+
+    tight = nn.Sequential(nn.Linear(64, 16, bias=False)).to(torch.bfloat16)
+    kept = swap_linears(tight, max_bits_per_weight=12.0)  # 40 bits/row on K=64 > 12 bits/weight
+    assert kept.swapped == [] and "budget" in kept.kept["0"]
+
+
+def test_bad_inputs_name_the_problem(gen):
+    w = weights(8, 40, gen)
+    p = ops.pack(w)
+    with pytest.raises(ValueError, match="K=40"):
+        ops.split12_linear(torch.zeros(2, 41, dtype=torch.bfloat16), p)
+    with pytest.raises(ValueError, match="bfloat16"):
+        Split12Linear(p)(torch.zeros(2, 40))
+    with pytest.raises(RuntimeError, match="out must have shape"):
+        torch.ops.specpilot.split12_linear(torch.zeros(2, 40, dtype=torch.bfloat16), *p.planes().values(), 40,
+                                           torch.empty(3, 8, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="bf16_linear|x must be"):
+        torch.ops.specpilot.bf16_linear(torch.zeros(2, 40, dtype=torch.float32), w, torch.empty(2, 8, dtype=torch.bfloat16))
