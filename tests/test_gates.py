@@ -5,6 +5,7 @@ import time
 
 import pytest
 import torch
+from conftest import requires_gpu
 
 from specpilot.agents.candidates import build_callable, gemv_candidate
 from specpilot.agents.gate import Split12GemvGate, tamper_check
@@ -49,9 +50,11 @@ def test_faster_than_the_roofline_is_rejected_as_suspect():
 class _HiddenWorkTimer:
     label = "cuda-events"
 
-    def measure(self, run, n_inputs, candidate=None, shape=None):
+    def measure(self, run, n_inputs, candidate=None, shape=None, hooks=None):
         for i in range(n_inputs):
+            hooks.stage(i)
             run(i)
+            hooks.collect(i)
         return Timing(2e-6, self.label, 1, {"synced_s": 60e-6, "sync_overhead_s": 5e-6})
 
 
@@ -111,3 +114,56 @@ def test_builtin_candidates_build_on_cpu(seed):
     shape = _shape(seed)
     c = gemv_candidate(shape, {"threads_per_row": 16, "rows_per_block": 2, "vec_groups": 4, "unroll": 1}, "builtin", "cpu")
     assert Split12GemvGate("cpu").run(build_callable(c), shape).passed
+
+
+def test_work_hidden_on_a_thread_only_while_timed_is_rejected():
+    # honest through the cascade (at most 11 calls), then the output is left to a thread: the
+    # timed runs' outputs, as read back right after each run, are not there
+    from specpilot.agents.exploits import cpu_honest_then_thread
+
+    gate = Split12GemvGate("cpu", timer=FakeTimer(lambda c, s: 1.0, reps=4), copy_bandwidth=1e12)
+    r = gate.run(cpu_honest_then_thread(None), (96, 320))
+    assert not r.passed
+    assert [v.check for v in r.verdicts if not v.passed] == ["timing"], r.reason
+    time.sleep(0.1)  # let the daemon threads finish before the next test counts threads
+
+
+def _gpu_exploit_fn(launcher):
+    from specpilot.agents.candidates import Candidate
+    from specpilot.agents.exploits import GEMV_PARAMS
+    from specpilot.kernels.variants.split12_gemv_cuda import render
+
+    cand = Candidate("split12_gemv", (1024, 1024), "cuda", "test", {**GEMV_PARAMS.to_dict(), "launcher": launcher},
+                     render(GEMV_PARAMS), launcher)
+    return build_callable(cand)
+
+
+@requires_gpu
+@pytest.mark.parametrize("launcher", ["side_stream", "side_stream_after_input"])
+def test_gpu_work_off_the_callers_stream_is_rejected_before_timing(launcher, tmp_path, monkeypatch):
+    pytest.importorskip("cupy")
+    monkeypatch.setenv("SPECPILOT_KERNEL_CACHE", str(tmp_path / "k"))
+    from specpilot.agents.timing import CudaTimer
+
+    gate = Split12GemvGate("cuda", timer=CudaTimer(reps=5))
+    r = gate.run(_gpu_exploit_fn(launcher), (1024, 1024))
+    # side_stream: its work runs while the caller's stream is held, on the NaN input (deterministic);
+    # side_stream_after_input: the caller's read-back is queued first at a higher priority
+    assert not r.passed and "stream" in r.reason, r.reason
+    if launcher == "side_stream":
+        assert r.verdicts[-1].check == "decode" and "stream_order" in r.reason, r.reason
+
+
+@requires_gpu
+def test_gpu_honest_launch_passes_with_pure_device_time(tmp_path, monkeypatch):
+    pytest.importorskip("cupy")
+    monkeypatch.setenv("SPECPILOT_KERNEL_CACHE", str(tmp_path / "k"))
+    from specpilot.agents.timing import CudaTimer
+
+    timer = CudaTimer(reps=10)
+    gate = Split12GemvGate("cuda", timer=timer, copy_bandwidth=timer.bandwidth)
+    r = gate.run(_gpu_exploit_fn("default"), (4096, 4096))
+    # the honest launcher is not mistaken for hidden work, and its device time (held to the measured
+    # copy bandwidth by the roofline check) was taken with the stream held across the host's queueing
+    assert r.passed, r.reason
+    assert r.timing.label == "cuda-events" and r.timing.extra["hold_s"] > 0

@@ -3,8 +3,11 @@ and (lightly rewritten) split12_tc.cu against small shims where each GPU thread 
 meeting at barriers for shuffles, __syncwarp/__syncthreads and an emulated mma.m16n8k16 (PTX
 fragment layout, fp64 sums). CPU CI then checks the indexing, escape cursors, tails and fragment
 mapping that the H200 run checks for real:
-  CUDA-core kernel == cpu_split12_linear bit for bit (split12 and bf16 sources, aligned / not);
-  tensor-core kernel: split12 == bf16 bit for bit, within rounding of the CPU result."""
+  CUDA-core kernel == cpu_split12_linear bit for bit (split12 and bf16 sources, aligned / not,
+  every rows-per-warp R / chunks-in-flight U the launchers use);
+  tensor-core kernel: split12 == bf16 bit for bit, within rounding of the CPU result; the
+  pipelined tensor-core kernel == the one-span kernel bit for bit. cp.async copies at once on the
+  host, so this checks the ring's indexing and wrap-around, not the wait_group timing."""
 import shutil
 import subprocess
 
@@ -21,7 +24,7 @@ SHIM = r"""
 #define __device__
 #define __forceinline__ inline
 #define __global__
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 #define __shared__ static
 struct uint4 { uint32_t x, y, z, w; };
 struct Dim { unsigned x; };
@@ -40,6 +43,8 @@ struct Barrier {
 };
 Barrier* g_block_bar; Barrier* g_warp_bar[8];
 float g_shfl[8][32]; uint32_t g_a[8][32][4], g_b[8][32][2];
+uint4 g_ring[8 * 4 * 2 * 4 * 32];  // the pipelined tc kernel's dynamic shared memory (<= 4 stages)
+inline uint4* split12_host_dynamic_smem() { return g_ring; }
 inline void __syncthreads() { g_block_bar->wait(); }
 inline void __syncwarp() { g_warp_bar[threadIdx.x / 32]->wait(); }
 inline float __shfl_xor_sync(unsigned, float v, int off) {
@@ -91,10 +96,10 @@ void run_threads(int n, const std::function<void(int)>& body) {
   for (auto& t : ts) t.join();
   for (int i = 0; i < 8; ++i) delete g_warp_bar[i];
 }
-template <class Src, int MT, int R>
+template <class Src, int MT, int R, int U = 1>
 void simt(const Src& src, const uint16_t* x, int M, uint16_t* y, int N, int K, bool xvec) {
   for (int row0 = 0; row0 < N; row0 += R)
-    run_threads(32, [&](int) { linear_warp<Src, MT, R>(src, x, M, y, N, K, row0, xvec); });
+    run_threads(32, [&](int) { linear_warp<Src, MT, R, U>(src, x, M, y, N, K, row0, xvec); });
 }
 template <class Src, int NT>
 void tc(const Src& src, const uint16_t* x, int M, uint16_t* y, int N, int K, bool xvec) {
@@ -103,11 +108,26 @@ void tc(const Src& src, const uint16_t* x, int M, uint16_t* y, int N, int K, boo
     run_threads(256, [&](int) { tcemu::tc_linear_kernel<Src, NT>(src, x, M, y, N, K, xvec); });
   }
 }
+// The pipelined kernel with the launcher's token tiles for this M and its stage count.
+template <class Src, int S>
+void tc_pipelined(const Src& src, const uint16_t* x, int M, uint16_t* y, int N, int K, bool xvec) {
+  for (int b = 0; b < (N + 15) / 16; ++b) {
+    blockIdx.x = b;
+    run_threads(256, [&](int) {
+      if (M <= 8) tcemu::tc_pipelined_kernel<Src, 1, S>(src, x, M, y, N, K, xvec);
+      else if (M <= 16) tcemu::tc_pipelined_kernel<Src, 2, S>(src, x, M, y, N, K, xvec);
+      else tcemu::tc_pipelined_kernel<Src, 4, S>(src, x, M, y, N, K, xvec);
+    });
+  }
+}
 int main(int argc, char** argv) {
   std::mt19937 rng(std::stoul(argv[1]));
   std::normal_distribution<float> nd(0.0f, 0.02f);
   int fails = 0;
-  const int shapes[][3] = {{37, 133, 1}, {37, 133, 3}, {37, 133, 16}, {9, 2085, 1}, {9, 2085, 16}, {5, 1, 2}, {20, 1024, 32}};
+  // K = 5000: 40 spans, so tc_pipelined's 4-stage ring wraps; lanes hold 4-5 chunks (U batches).
+  const int shapes[][3] = {{37, 133, 1}, {37, 133, 3}, {37, 133, 16}, {9, 2085, 1}, {9, 2085, 16}, {5, 1, 2},
+                           {20, 1024, 32}, {6, 5000, 1}, {6, 5000, 12}};
+  const int nshapes = sizeof(shapes) / sizeof(shapes[0]);
   for (auto& s : shapes) {
     const int N = s[0], K = s[1], M = s[2];
     std::vector<uint16_t> w(N * K), x(M * K);
@@ -119,7 +139,8 @@ int main(int argc, char** argv) {
                             (const uint16_t*)p.val.data(), (int)round_up_kpad(K)};
     const Bf16Source b16{w.data(), K, K % 8 == 0};
     const bool xvec = K % 8 == 0;
-    std::vector<uint16_t> ref(M * N), a(M * N, 0x7FC0), b(M * N, 0x7FC0), c(M * N, 0x7FC0), t1(M * N, 0x7FC0), t2(M * N, 0x7FC0);
+    const std::vector<uint16_t> nan(M * N, 0x7FC0);
+    std::vector<uint16_t> ref(M * N), a = nan, b = nan, c = nan, t1 = nan, t2 = nan;
     cpu_split12_linear(x.data(), M, p.lo.data(), p.codes.data(), p.base.data(), p.rowptr.data(), p.col.data(),
                        p.val.data(), N, K, 0, N, ref.data());
     if (M <= 16) {  // the launcher's buckets: MT >= M
@@ -130,8 +151,24 @@ int main(int argc, char** argv) {
       simt<Bf16Source, 32, 1>(b16, x.data(), M, b.data(), N, K, xvec);
     }
     simt<Split12Source, 32, 1>(s12, x.data(), M, c.data(), N, K, false);  // the unaligned-x path
+    // The latency-hiding CUDA-core variants (the M = 1 launchers' R / U, here for every M): same bits.
+    bool unrolled_ok = true;
+    auto expect_ref = [&](const std::vector<uint16_t>& got) { unrolled_ok = unrolled_ok && got == ref; };
+    if (M <= 16) {
+      std::vector<uint16_t> u = nan; simt<Split12Source, 16, 1, 4>(s12, x.data(), M, u.data(), N, K, xvec); expect_ref(u);
+      u = nan; simt<Split12Source, 16, 1, 2>(s12, x.data(), M, u.data(), N, K, xvec); expect_ref(u);
+      u = nan; simt<Split12Source, 16, 2, 2>(s12, x.data(), M, u.data(), N, K, xvec); expect_ref(u);
+      u = nan; simt<Bf16Source, 16, 1, 4>(b16, x.data(), M, u.data(), N, K, xvec); expect_ref(u);
+      u = nan; simt<Bf16Source, 16, 2, 2>(b16, x.data(), M, u.data(), N, K, xvec); expect_ref(u);
+      u = nan; simt<Split12Source, 16, 1, 4>(s12, x.data(), M, u.data(), N, K, false); expect_ref(u);
+    }
     tc<Split12Source, 4>(s12, x.data(), M, t1.data(), N, K, xvec);
     tc<Bf16Source, 4>(b16, x.data(), M, t2.data(), N, K, xvec);
+    // Pipelined tensor-core kernel: the same mma sequence, so the same bits as tc_linear_kernel.
+    std::vector<uint16_t> p1 = nan, p2 = nan;
+    tc_pipelined<Split12Source, 4>(s12, x.data(), M, p1.data(), N, K, xvec);
+    tc_pipelined<Bf16Source, 3>(b16, x.data(), M, p2.data(), N, K, xvec);
+    const bool pipelined_ok = p1 == t1 && p2 == t2;
     double worst = 0;  // tensor cores vs the CPU: a few ulps of fp32 on the row's magnitude + bf16 rounding
     for (int m = 0; m < M; ++m)
       for (int n = 0; n < N; ++n) {
@@ -140,11 +177,13 @@ int main(int argc, char** argv) {
         const double got = bf(t1[m * N + n], 0), want = bf(ref[m * N + n], 0);
         worst = std::max(worst, std::fabs(got - want) / (std::fabs(want) / 128.0 + mag * 1e-6 + 1e-37));
       }
-    const bool ok = a == ref && b == ref && c == ref && t1 == t2 && worst <= 1.0;
-    std::printf("N=%d K=%d M=%d escapes=%d simt=%d/%d/%d tc_twin=%d tc_err/tol=%.3f %s\n", N, K, M, p.rowptr[N],
-                a == ref, b == ref, c == ref, t1 == t2, worst, ok ? "ok" : "FAIL");
+    const bool ok = a == ref && b == ref && c == ref && unrolled_ok && t1 == t2 && pipelined_ok && worst <= 1.0;
+    std::printf("N=%d K=%d M=%d escapes=%d simt=%d/%d/%d unrolled=%d tc_twin=%d tc_pipelined=%d tc_err/tol=%.3f %s\n",
+                N, K, M, p.rowptr[N], a == ref, b == ref, c == ref, unrolled_ok, t1 == t2, pipelined_ok, worst,
+                ok ? "ok" : "FAIL");
     fails += !ok;
   }
+  std::printf("shapes %d\n", nshapes);
   return fails ? 1 : 0;
 }
 """
@@ -157,7 +196,7 @@ def tc_kernel_for_host(path) -> str:
     src = (src[:start] + "inline void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, "
            "uint32_t b0, uint32_t b1) { mma_emul(c, a0, a1, a2, a3, b0, b1); }\n\n" + src[end:])
     src = src[:src.index("template <class Source>\nint launch_tc")] + "}  // namespace tcemu\n}  // namespace split12\n}  // namespace specpilot\n"
-    src = src.replace("#include <cuda_runtime.h>", "").replace("namespace {\n\nconstexpr int kWarps", "namespace tcemu {\n\nconstexpr int kWarps")
+    src = src.replace("#include <cuda_runtime.h>", "").replace('#include "split12_launch.h"', "").replace("namespace {\n\nconstexpr int kWarps", "namespace tcemu {\n\nconstexpr int kWarps")
     return src
 
 
@@ -177,4 +216,5 @@ def test_cuda_kernel_bodies_on_the_host(tmp_path):
     seed = str(int.from_bytes(os.urandom(4), "little"))
     result = subprocess.run([str(exe), seed], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, f"seed {seed}\n{result.stdout}{result.stderr}"
-    assert result.stdout.count(" ok") == 7
+    shapes = int(result.stdout.split("shapes ")[-1])
+    assert shapes == 9 and result.stdout.count(" ok\n") == shapes, result.stdout

@@ -123,3 +123,19 @@ def test_bad_inputs_name_the_problem(gen):
                                            torch.empty(3, 8, dtype=torch.bfloat16))
     with pytest.raises(RuntimeError, match="bf16_linear|x must be"):
         torch.ops.specpilot.bf16_linear(torch.zeros(2, 40, dtype=torch.float32), w, torch.empty(2, 8, dtype=torch.bfloat16))
+
+
+def test_kernel_variant_knob_round_trips_and_rejects_bad_values():
+    start = ops.kernel_variant()
+    assert start == ops.LATEST_VARIANT  # the shipped kernels unless a benchmark changed it
+    try:
+        for v in sorted(ops.KERNEL_VARIANTS):
+            ops.kernel_variant(v)
+            assert ops.kernel_variant() == v
+    finally:
+        ops.kernel_variant(start)
+    assert ops.kernel_variant() == start
+    with pytest.raises(ValueError, match="got 7"):
+        ops.kernel_variant(7)
+    with pytest.raises(RuntimeError, match="got 9"):
+        torch.ops.specpilot.split12_kernel_variant(9)

@@ -1,0 +1,240 @@
+"""End-to-end runs: every selected method on every prompt of a benchmark -> JSONL rows.
+
+Methods (greedy, the same prompt ids for all):
+  hf_ar     stock dflash_generate with block_size=1 (stock's own target-only baseline)
+  hf_static HF generate with a static KV cache
+  our_ar    Engine.generate_ar
+  stock     stock dflash_generate with block_size=B
+  our_spec  Engine.generate_spec (with an AcceptanceReplay in the scale tier)
+MT-Bench's second turn is asked after the first turn's answer of the reference method (stock when
+it runs, as DFlash's harness uses its spec output; else our_spec, our_ar, hf_ar, hf_static), so
+every method sees the very same second-turn prompt.
+"""
+import sys
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from . import datasets, hf_baseline, random_pair
+from .rows import MethodRun, make_row
+from .traces import Trace
+
+METHODS = ("hf_ar", "hf_static", "our_ar", "stock", "our_spec")  # also the run order per prompt
+DEFAULT_METHODS = ("hf_ar", "our_ar", "stock", "our_spec")
+REFERENCE_ORDER = ("stock", "our_spec", "our_ar", "hf_ar", "hf_static")
+WARMUP_TOKENS = 64  # dflash's warm-up length
+
+
+@dataclass
+class BenchConfig:
+    target_dir: str
+    drafter_dir: str | None
+    device: torch.device
+    dtype: torch.dtype
+    max_new_tokens: int = 2048
+    block_size: int | None = None          # None: the drafter's own
+    methods: tuple[str, ...] = DEFAULT_METHODS
+    replay: Trace | None = None            # scale tier: replay this acceptance trace in our_spec
+    weights: str = "bf16"                  # our engine's weight format: bf16 | split12
+    max_seq_len: int = 4096
+    cuda_graphs: bool = True
+
+
+def parse_methods(text: str) -> tuple[str, ...]:
+    names = tuple(m.strip() for m in text.split(",") if m.strip())
+    bad = [m for m in names if m not in METHODS]
+    if bad or not names:
+        raise ValueError(f"unknown method(s) {bad or text!r}; choose from {','.join(METHODS)}")
+    return tuple(m for m in METHODS if m in names)
+
+
+def stop_ids_for(target_dir, tokenizer) -> list[int]:
+    """The target's generation_config eos ids, else the tokenizer's eos (dflash's stop_token_ids)."""
+    from transformers import GenerationConfig
+
+    try:
+        eos = GenerationConfig.from_pretrained(target_dir).eos_token_id
+    except OSError:
+        eos = None
+    eos = eos if eos is not None else tokenizer.eos_token_id
+    if eos is None:
+        return []
+    return [eos] if isinstance(eos, int) else list(eos)
+
+
+def _from_engine(r, spec: bool, replayed: bool = False) -> MethodRun:
+    return MethodRun(tokens=list(r.tokens), prefill_s=float(r.prefill_s), decode_s=float(r.decode_s),
+                     acceptance_lengths=list(r.acceptance_lengths) if spec else None,
+                     replay_shortfalls=int(getattr(r, "replay_shortfalls", 0)) if replayed else None)
+
+
+@dataclass
+class Runners:
+    """name -> fn(prompt_ids, max_new_tokens, prompt_index, transcript) -> MethodRun.
+    `transcript` is the target's greedy tokens for that prompt (our_ar's), used only by replay."""
+    fns: dict[str, Callable] = field(default_factory=dict)
+    block_size: int = 1
+    needs_transcript: bool = False
+    ar_for_transcript: Callable | None = None
+
+
+def build_runners(cfg: BenchConfig, stop_ids: list[int], engine=None, hf_pair=None) -> Runners:
+    """Load what the chosen methods need (or take the given engine / HF pair, for tests)."""
+    wants_hf = any(m in cfg.methods for m in ("hf_ar", "hf_static", "stock"))
+    wants_ours = any(m in cfg.methods for m in ("our_ar", "our_spec"))
+    wants_drafter = any(m in cfg.methods for m in ("stock", "our_spec"))
+    if random_pair.is_random(cfg.target_dir) and wants_hf:
+        raise ValueError(f"--target {cfg.target_dir} builds our models only; hf_ar/hf_static/stock need a "
+                         "checkpoint folder (specpilot.models.random_ckpt.write_pair writes one)")
+    if (cfg.drafter_dir is None and not random_pair.is_random(cfg.target_dir)
+            and ((wants_drafter and engine is None) or ("hf_ar" in cfg.methods and hf_pair is None))):
+        raise ValueError(f"methods {cfg.methods} need --drafter (hf_ar is dflash_generate at block 1, "
+                         "which takes the drafter object)")
+    if wants_hf and hf_pair is None:  # dflash_generate needs the drafter object even at block_size=1
+        needs_hf_drafter = any(m in cfg.methods for m in ("hf_ar", "stock"))
+        hf_pair = hf_baseline.load_hf_pair(cfg.target_dir, cfg.drafter_dir if needs_hf_drafter else None,
+                                           cfg.device, cfg.dtype)
+    if wants_ours and engine is None:
+        engine = load_engine(cfg, with_drafter=wants_drafter)
+    block_size = cfg.block_size or _drafter_block_size(hf_pair, engine, wants_drafter)
+    if cfg.replay is not None and block_size < cfg.replay.block_size:
+        raise ValueError(f"replayed trace has block size {cfg.replay.block_size} > run block size {block_size}")
+
+    run = Runners(block_size=block_size, needs_transcript=cfg.replay is not None and "our_spec" in cfg.methods)
+    table = {
+        "hf_ar": lambda ids, n, i, t: hf_baseline.run_dflash(hf_pair, ids, n, stop_ids, 1),
+        "hf_static": lambda ids, n, i, t: hf_baseline.run_hf_static(hf_pair, ids, n, stop_ids, cfg.max_seq_len),
+        "stock": lambda ids, n, i, t: hf_baseline.run_dflash(hf_pair, ids, n, stop_ids, block_size),
+        "our_ar": lambda ids, n, i, t: _from_engine(engine.generate_ar(ids, n, stop_ids=tuple(stop_ids)), False),
+        "our_spec": lambda ids, n, i, t: _from_engine(engine.generate_spec(
+            ids, n, stop_ids=tuple(stop_ids), block_size=block_size,
+            replay=_replay(cfg.replay, i, t, n)), True, cfg.replay is not None),
+    }
+    run.fns = {m: table[m] for m in cfg.methods}
+    if engine is not None:
+        run.ar_for_transcript = lambda ids, n: list(engine.generate_ar(ids, n, stop_ids=tuple(stop_ids)).tokens)
+    return run
+
+
+def _replay(trace: Trace | None, index: int, transcript, max_new_tokens: int):
+    if trace is None:
+        return None
+    from specpilot.engine.replay import AcceptanceReplay
+
+    return AcceptanceReplay(transcript, trace.steps_for(index, max_new_tokens))
+
+
+def drafter_block_size(drafter_dir) -> int:
+    """The drafter's trained block size (dflash_config.block_size, else config.block_size)."""
+    import json
+    from pathlib import Path
+
+    path = Path(drafter_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"drafter config {path} does not exist")
+    config = json.loads(path.read_text())
+    bs = (config.get("dflash_config") or {}).get("block_size", config.get("block_size"))
+    if not isinstance(bs, int) or bs < 2:
+        raise ValueError(f"{path}: no usable block_size (got {bs!r}); pass --block-size")
+    return bs
+
+
+def _drafter_block_size(hf_pair, engine, wants_drafter) -> int:
+    if not wants_drafter:
+        return 1
+    for owner in (getattr(hf_pair, "drafter", None), getattr(engine, "drafter", None)):
+        bs = getattr(owner, "block_size", None)
+        if bs:
+            return int(bs)
+    raise RuntimeError("could not read the drafter's block size; pass --block-size")
+
+
+def load_engine(cfg: BenchConfig, with_drafter: bool):
+    if random_pair.is_random(cfg.target_dir):
+        return random_pair.engine(cfg.target_dir, cfg.device, cfg.dtype, cfg.block_size or 16,
+                                  cfg.max_seq_len, cfg.cuda_graphs, with_drafter, cfg.weights)
+    try:
+        from specpilot.engine import Engine
+        from specpilot.models import load_drafter, load_target
+    except ImportError as e:
+        raise RuntimeError(f"our engine is not importable ({e}); run only --methods hf_ar,hf_static,stock") from e
+    target = load_target(cfg.target_dir, device=str(cfg.device), dtype=cfg.dtype, weights=cfg.weights)
+    drafter = load_drafter(cfg.drafter_dir, target) if with_drafter else None
+    return Engine(target, drafter=drafter, max_seq_len=cfg.max_seq_len, cuda_graphs=cfg.cuda_graphs)
+
+
+# ---- the loop ------------------------------------------------------------------------------------
+
+def warm_up(runners: Runners, prompt_ids: list[int], max_new_tokens: int) -> None:
+    """One untimed short call of every method (kernels, allocator, CUDA graphs, lazy inits)."""
+    n = min(WARMUP_TOKENS, max_new_tokens)
+    transcript = runners.ar_for_transcript(prompt_ids, n) if runners.needs_transcript else None
+    for fn in runners.fns.values():
+        fn(prompt_ids, n, 0, transcript)
+
+
+def fastest_of(fn, repeats: int, *args) -> MethodRun:
+    """`repeats` timed calls, the one with the least decode time kept (a shared or noisy host only
+    ever slows a run down). Greedy outputs should not change between calls: a change is reported on
+    stderr (non-deterministic kernels flipping a near-tie), not fatal to a long run."""
+    best = None
+    for _ in range(repeats):
+        run = fn(*args)
+        if best is not None and run.tokens != best.tokens:
+            print(f"specpilot bench: warning: output changed between repeats of one prompt "
+                  f"({len(best.tokens)} vs {len(run.tokens)} tokens); keeping the fastest", file=sys.stderr)
+        if best is None or run.decode_s < best.decode_s:
+            best = run
+    return best
+
+
+def run_benchmark(name: str, samples: list[datasets.Sample], tokenizer, runners: Runners,
+                  max_new_tokens: int, progress=None, repeats: int = 1) -> list[dict]:
+    """Every method on every turn of every sample; one row per (sample, turn, method)."""
+    rows, index = [], 0
+    for k, sample in enumerate(samples):
+        messages = []
+        for turn, text in enumerate(sample.turns):
+            messages.append({"role": "user", "content": text})
+            ids = datasets.encode(tokenizer, messages)
+            outs = {}
+            for m, fn in runners.fns.items():
+                transcript = _transcript(runners, m, outs, ids, max_new_tokens)
+                outs[m] = fastest_of(fn, repeats, ids, max_new_tokens, index, transcript)
+            for m, out in outs.items():
+                rows.append(make_row(name, sample.id, turn, index, m, len(ids), out))
+            if progress:
+                progress(name, k + 1, len(samples), turn, rows)
+            if turn + 1 < len(sample.turns):
+                ref = next(m for m in REFERENCE_ORDER if m in outs)
+                answer = tokenizer.decode(outs[ref].tokens, skip_special_tokens=True)
+                messages.append({"role": "assistant", "content": answer})
+            index += 1
+    return rows
+
+
+def _transcript(runners: Runners, method: str, outs: dict, ids, max_new_tokens):
+    """Replay only: the target's greedy tokens for this prompt (our_ar's if it ran, else an
+    untimed generate_ar)."""
+    if method != "our_spec" or not runners.needs_transcript:
+        return None
+    if "our_ar" in outs:
+        return outs["our_ar"].tokens
+    return runners.ar_for_transcript(ids, max_new_tokens)
+
+
+def print_progress(name, k, n, turn, rows, stream=None):
+    """One stderr line per prompt: running tau and tok/s of each method on this benchmark."""
+    from .metrics import method_summary
+
+    mine = [r for r in rows if r["benchmark"] == name]
+    parts = []
+    for m in METHODS:
+        s = method_summary([r for r in mine if r["method"] == m])
+        if s is None:
+            continue
+        tau = f" tau {s['tau']:.2f}" if s["tau"] is not None else ""
+        parts.append(f"{m}{tau} {s['tokens_per_s']:.1f} tok/s")
+    turn_note = f" turn {turn + 1}" if turn else ""
+    print(f"[{name} {k}/{n}{turn_note}] " + " | ".join(parts), file=stream or sys.stderr, flush=True)

@@ -1,0 +1,116 @@
+"""The Hugging Face side of the benchmark: stock DFlash and HF autoregressive baselines.
+
+- `hf_ar`:     `dflash_generate(..., block_size=1)`, stock DFlash's own target-only baseline (the
+               denominator of the "Decoding speedup" dflash's benchmark prints).
+- `hf_static`: HF `generate` (greedy) with a static KV cache (HF auto-compiles its decode step on CUDA).
+- `stock`:     `dflash_generate(..., block_size=B)`, the reference speculative loop.
+All greedy. Outputs are whatever HF/dflash produce (no exactness claim here: these are the
+references that ours is compared with).
+"""
+import time
+from dataclasses import dataclass
+
+import torch
+
+from . import timing
+from .rows import MethodRun
+
+
+@dataclass
+class HFPair:
+    target: torch.nn.Module
+    drafter: torch.nn.Module | None
+    device: torch.device
+    static_cache: object = None  # hf_static: one StaticCache of a fixed length, reset per call
+    static_cache_len: int = 0
+
+    def fixed_static_cache(self, max_cache_len: int):
+        """The run's StaticCache. One fixed length so that HF's auto-compiled decode step (on CUDA,
+        static caches trigger torch.compile) is compiled once, in the warm-up, not once per prompt."""
+        from transformers import StaticCache
+
+        if self.static_cache is None or self.static_cache_len < max_cache_len:
+            self.static_cache = StaticCache(config=self.target.config, max_cache_len=max_cache_len)
+            self.static_cache_len = max_cache_len
+        else:
+            with torch.inference_mode():  # its tensors were made under inference mode by generate
+                self.static_cache.reset()
+        return self.static_cache
+
+
+def load_hf_pair(target_dir, drafter_dir, device, dtype) -> HFPair:
+    """Target and drafter loaded as dflash.benchmark.load_transformers_models does (SDPA), with
+    the run's device and dtype."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype, attn_implementation="sdpa")
+    target = target.to(device).eval()
+    drafter = None
+    if drafter_dir is not None:
+        from dflash.model import DFlash2DraftModel, DFlashDraftModel
+
+        archs = AutoConfig.from_pretrained(drafter_dir).architectures or []
+        cls = DFlash2DraftModel if "DFlash2DraftModel" in archs else DFlashDraftModel
+        drafter = cls.from_pretrained(drafter_dir, dtype=dtype, attn_implementation="sdpa").to(device).eval()
+    return HFPair(target, drafter, torch.device(device))
+
+
+def _ids(pair: HFPair, prompt_ids: list[int]) -> torch.Tensor:
+    return torch.tensor([prompt_ids], dtype=torch.long, device=pair.device)  # [1, T]
+
+
+def run_dflash(pair: HFPair, prompt_ids, max_new_tokens, stop_ids, block_size) -> MethodRun:
+    """stock `dflash_generate` with its own timers (device-synchronized)."""
+    from dflash.model import dflash_generate
+
+    if pair.drafter is None:
+        raise ValueError("dflash_generate needs a drafter (--drafter)")
+    with timing.dflash_clock(pair.device):
+        r = dflash_generate(pair.drafter, pair.target, _ids(pair, prompt_ids), max_new_tokens,
+                            list(stop_ids) or None, 0.0, block_size=block_size, return_stats=True)
+    tokens = r.output_ids[0, r.num_input_tokens:].tolist()
+    return MethodRun(tokens=tokens, prefill_s=r.time_to_first_token,
+                     decode_s=r.time_per_output_token * r.num_output_tokens,
+                     acceptance_lengths=list(r.acceptance_lengths) if block_size > 1 else None)
+
+
+class _FirstTokenClock:
+    """HF streamer that notes when the first new token exists (the end of the prefill).
+    `put` gets the prompt first, then each new token."""
+
+    def __init__(self, device):
+        self.device, self.calls, self.first_token_at = device, 0, None
+
+    def put(self, value):
+        self.calls += 1
+        if self.calls == 2:
+            self.first_token_at = timing.now(self.device)
+
+    def end(self):
+        pass
+
+
+def run_hf_static(pair: HFPair, prompt_ids, max_new_tokens, stop_ids, max_cache_len: int) -> MethodRun:
+    """HF `generate`, greedy, static KV cache of `max_cache_len` (the same for every prompt);
+    stops at the first of `stop_ids`."""
+    ids = _ids(pair, prompt_ids)
+    if ids.shape[1] + max_new_tokens > max_cache_len:
+        raise ValueError(f"prompt {ids.shape[1]} + max_new_tokens {max_new_tokens} > static cache {max_cache_len}")
+    stop = list(stop_ids) or None
+    cache = pair.fixed_static_cache(max_cache_len)
+    clock = _FirstTokenClock(pair.device)
+    start = timing.now(pair.device)
+    with torch.inference_mode():
+        out = pair.target.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+            past_key_values=cache, eos_token_id=stop, pad_token_id=(stop or [0])[0], streamer=clock)
+    end = timing.now(pair.device)
+    first = clock.first_token_at if clock.first_token_at is not None else end
+    return MethodRun(tokens=out[0, ids.shape[1]:].tolist(), prefill_s=first - start, decode_s=end - first)
+
+
+def warm_up(fn, *args) -> float:
+    """Call once untimed (allocator, kernels, lazy inits); returns its wall time for the log."""
+    start = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - start

@@ -1,0 +1,173 @@
+"""`specpilot bench`: the five benchmarks end to end -> rows.jsonl, report.md, report.png, traces.json
+in --out; the markdown table is printed last, progress goes to stderr."""
+import sys
+import time
+from pathlib import Path
+
+from specpilot import settings
+
+DTYPES = ("bfloat16", "float32", "float16")
+
+
+def configure(parser):
+    from specpilot.bench.datasets import BENCHMARKS
+    from specpilot.bench.e2e import DEFAULT_METHODS, METHODS
+
+    s = settings.get()
+    parser.add_argument("--target", required=True,
+                        help="target HF checkpoint folder, or random:<preset>[:<drafter layers>] "
+                             "(scale tier, our methods only, e.g. random:qwen3-8b)")
+    parser.add_argument("--drafter", default=None, help="DFlash drafter folder (needed by hf_ar, stock, our_spec)")
+    parser.add_argument("--datasets", default=str(s.datasets),
+                        help="folder of <benchmark>.jsonl (default %(default)s)")
+    parser.add_argument("--out", default="bench_out", help="output folder (default %(default)s)")
+    parser.add_argument("--benchmarks", default=",".join(BENCHMARKS),
+                        help="comma list; any <name>.jsonl in --datasets works (default %(default)s)")
+    parser.add_argument("--limit", type=int, default=None, help="prompts per benchmark, DFlash's seeded selection")
+    parser.add_argument("--max-new-tokens", type=int, default=2048)
+    parser.add_argument("--block-size", type=int, default=None, help="default: the drafter's")
+    parser.add_argument("--methods", default=",".join(DEFAULT_METHODS), help=f"comma list of {','.join(METHODS)}")
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--dtype", default="bfloat16", choices=DTYPES)
+    parser.add_argument("--weights", default="bf16", choices=("bf16", "split12"), help="our engine's weights")
+    parser.add_argument("--replay", default=None,
+                        help="scale tier: replay acceptance in our_spec, a fixed TAU (e.g. 6.49) or a trace.json")
+    parser.add_argument("--tier", default="auto", choices=("auto", "real", "scale", "correctness"),
+                        help="fidelity tier stated in the report (auto: scale with --replay or a random: target, else real)")
+    parser.add_argument("--max-seq-len", type=int, default=None,
+                        help="KV capacity of our engine and of hf_static (default: from the prompts, with room "
+                             "for 2x max-new-tokens per turn)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="timed calls per prompt and method, the fastest kept (for noisy hosts)")
+    parser.add_argument("--no-cuda-graphs", action="store_true")
+
+
+def _check_args(args):
+    for name in ("limit", "max_new_tokens", "block_size", "max_seq_len", "repeats"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    from specpilot.bench import random_pair
+
+    if random_pair.is_random(args.target):
+        random_pair.parse(args.target)
+    for flag, path in (("--target", None if random_pair.is_random(args.target) else args.target),
+                       ("--drafter", args.drafter), ("--datasets", args.datasets)):
+        if path is not None and not Path(path).exists():
+            raise FileNotFoundError(f"{flag} {path} does not exist")
+
+
+def _load_tokenizer(target_dir):
+    from specpilot.bench import random_pair
+
+    if random_pair.is_random(target_dir):
+        return random_pair.tokenizer(target_dir)
+    try:
+        from specpilot.models import load_tokenizer
+    except ImportError:
+        from transformers import AutoTokenizer as _auto
+
+        return _auto.from_pretrained(target_dir)
+    return load_tokenizer(target_dir)
+
+
+def _seq_len_bound(tokenizer, samples_by_bench, max_new_tokens, block_size) -> int:
+    """Longest conversation any method should see: every turn's text with empty answers, plus, per
+    turn, room for twice max_new_tokens (an answer is decoded to text and re-encoded, as DFlash does,
+    which can change its length), plus one verify block. --max-seq-len overrides it."""
+    from specpilot.bench.datasets import encode
+
+    longest = 0
+    for samples in samples_by_bench.values():
+        for s in samples:
+            msgs = []
+            for t in s.turns:
+                msgs += [{"role": "user", "content": t}, {"role": "assistant", "content": " "}]
+            longest = max(longest, len(encode(tokenizer, msgs[:-1])) + len(s.turns) * (2 * max_new_tokens + 8))
+    return longest + 2 * block_size
+
+
+def _check_methods(args, methods, random_target):
+    if random_target and {"hf_ar", "hf_static", "stock"} & set(methods):
+        raise ValueError(f"--target {args.target} builds our models only; hf_ar/hf_static/stock need a "
+                         "checkpoint folder (specpilot.models.random_ckpt.write_pair writes one)")
+    if args.drafter is None and not random_target and {"hf_ar", "stock", "our_spec"} & set(methods):
+        raise ValueError(f"methods {','.join(methods)} need --drafter (hf_ar runs dflash_generate at "
+                         "block 1, which takes the drafter; without one use hf_static,our_ar)")
+    if args.replay and "our_spec" not in methods:
+        raise ValueError("--replay replays acceptance in our_spec; add our_spec to --methods")
+
+
+def _run_info(args, cfg, runners, names, random_target) -> dict:
+    """What the report header states: tier, trace, device, dtype, models, versions."""
+    from specpilot.bench import random_pair, report
+
+    tier = args.tier if args.tier != "auto" else ("scale" if cfg.replay or random_target else "real")
+    drafter = args.drafter
+    if random_target:
+        has_drafter = {"stock", "our_spec"} & set(cfg.methods)
+        drafter = f"random {random_pair.parse(args.target)[1]}-layer DFlash drafter" if has_drafter else None
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "tier": tier,
+            "replay": cfg.replay.describe() if cfg.replay else None, "device": report.device_name(cfg.device),
+            "dtype": args.dtype, "weights": args.weights, "target": args.target, "drafter": drafter,
+            "block_size": runners.block_size, "max_new_tokens": args.max_new_tokens, "limit": args.limit,
+            "methods": list(cfg.methods), "benchmarks": names, "repeats": args.repeats,
+            "versions": report.versions()}
+
+
+def _save_traces(rows, info, out: Path):
+    """traces_<method>.json of the measured acceptance, replayable with --replay (not after a replay)."""
+    from specpilot.bench import traces
+
+    if info["replay"]:
+        return
+    for m in ("our_spec", "stock"):
+        source = f"{m} on {Path(info['target']).name} ({info['tier']} tier, {', '.join(info['benchmarks'])})"
+        trace = traces.from_rows(rows, m, source, info["block_size"])
+        if trace.prompts:
+            traces.save(trace, out / f"traces_{m}.json")
+
+
+def run(args) -> int:
+    import torch
+
+    from specpilot.bench import datasets, e2e, random_pair, report, traces
+
+    _check_args(args)
+    methods = e2e.parse_methods(args.methods)
+    random_target = random_pair.is_random(args.target)
+    _check_methods(args, methods, random_target)
+    names = [datasets.canonical_name(n) for n in args.benchmarks.split(",") if n.strip()]
+    samples = {n: datasets.load_benchmark(Path(args.datasets), n, args.limit) for n in names}
+    tokenizer = _load_tokenizer(args.target)
+    # a random target gets no stop token: every prompt runs to --max-new-tokens
+    stop_ids = [] if random_target else e2e.stop_ids_for(args.target, tokenizer)
+    block_size = args.block_size or (e2e.drafter_block_size(args.drafter) if args.drafter
+                                     else 16 if random_target else 1)
+    cfg = e2e.BenchConfig(
+        target_dir=args.target, drafter_dir=args.drafter,
+        device=torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu")),
+        dtype=getattr(torch, args.dtype), max_new_tokens=args.max_new_tokens, block_size=block_size,
+        methods=methods, replay=traces.parse_replay(args.replay, block_size) if args.replay else None,
+        weights=args.weights,
+        max_seq_len=args.max_seq_len or _seq_len_bound(tokenizer, samples, args.max_new_tokens, block_size),
+        cuda_graphs=settings.get().cuda_graphs and not args.no_cuda_graphs)
+    print(f"specpilot bench: loading {args.target} ({', '.join(methods)}) on {cfg.device} {args.dtype}",
+          file=sys.stderr, flush=True)
+    runners = e2e.build_runners(cfg, stop_ids)
+    first = samples[names[0]][0]
+    e2e.warm_up(runners, datasets.encode(tokenizer, [{"role": "user", "content": first.turns[0]}]),
+                args.max_new_tokens)
+
+    rows = []
+    for n in names:
+        rows += e2e.run_benchmark(n, samples[n], tokenizer, runners, args.max_new_tokens, e2e.print_progress,
+                                  args.repeats)
+
+    out = Path(args.out)
+    info = _run_info(args, cfg, runners, names, random_target)
+    _, summary = report.write_all(rows, info, out)
+    _save_traces(rows, info, out)
+    print(f"specpilot bench: wrote {out}/rows.jsonl, report.md, report.png", file=sys.stderr)
+    print(report.main_table(summary))
+    return 0

@@ -1,0 +1,38 @@
+"""Static KV cache: one [B, H_kv, S, D] K and V tensor per layer, allocated once.
+
+Slot index == absolute position. The slot count is max_seq_len + 1 rounded up to a multiple of 64
+(aligned attention spans); the last slot (`trash_slot`) absorbs padded writes of CUDA-graph steps.
+No query position reaches it (positions < max_seq_len), so it is never visible.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(self, num_layers: int, batch: int, kv_heads: int, max_seq_len: int, head_dim: int,
+                 device, dtype):
+        if max_seq_len < 1 or batch < 1:
+            raise ValueError(f"KVCache needs max_seq_len >= 1 and batch >= 1, got {max_seq_len}, {batch}")
+        self.max_seq_len = max_seq_len
+        self.slots = -(-(max_seq_len + 1) // 64) * 64
+        shape = (batch, kv_heads, self.slots, head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+
+    @property
+    def trash_slot(self) -> int:
+        return self.slots - 1
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+
+def target_cache(model, batch: int, max_seq_len: int) -> KVCache:
+    c = model.config
+    return KVCache(c.num_layers, batch, c.num_kv_heads, max_seq_len, c.head_dim, model.device, model.dtype)
+
+
+def drafter_cache(drafter, batch: int, max_seq_len: int) -> KVCache:
+    c, t = drafter.config, drafter.target
+    return KVCache(c.num_layers, batch, c.num_kv_heads, max_seq_len, c.head_dim, t.device, t.dtype)

@@ -1,0 +1,48 @@
+"""What the generate / verify / demo commands share: common options, loading a pair, prompts."""
+from __future__ import annotations
+
+import torch
+
+
+def add_model_args(parser, drafter_required: bool = True):
+    parser.add_argument("--target", required=True, help="target model folder (HF format)")
+    parser.add_argument("--drafter", required=drafter_required, help="DFlash drafter folder")
+    add_run_args(parser)
+
+
+def add_run_args(parser):
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+
+
+def prompts_from_args(args, tokenizer):
+    """[(id, token ids)] from --prompt TEXT or --prompts FILE.jsonl (--limit N)."""
+    from specpilot.models.prompts import Prompt, encode_prompt, read_prompts
+
+    text = getattr(args, "prompt", None)
+    path = getattr(args, "prompts", None)
+    if (text is None) == (path is None):
+        raise ValueError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
+    rows = [Prompt(id="prompt", text=text)] if text is not None else read_prompts(path, getattr(args, "limit", None))
+    out = [(row.id, encode_prompt(tokenizer, row)) for row in rows]
+    empty = [pid for pid, ids in out if not ids]
+    if empty:
+        raise ValueError(f"prompt(s) {empty[:5]} encode to zero tokens")
+    return out
+
+
+def load_pair(target_dir, drafter_dir, device, dtype, weights="bf16"):
+    from specpilot.models import load_drafter, load_target, load_tokenizer
+
+    target = load_target(target_dir, device=device, dtype=dtype, weights=weights)
+    drafter = load_drafter(drafter_dir, target) if drafter_dir else None
+    return target, drafter, load_tokenizer(target_dir)
+
+
+def engine_for(target, drafter, prompts, max_new_tokens):
+    """An Engine whose caches fit the longest prompt + max_new_tokens (rounded up to 256)."""
+    from specpilot.engine import Engine
+
+    need = max(len(ids) for _, ids in prompts) + max_new_tokens + 1
+    return Engine(target, drafter, max_seq_len=max(256, -(-need // 256) * 256))

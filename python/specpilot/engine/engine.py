@@ -1,0 +1,136 @@
+"""Engine: static caches + step runner + the AR and speculative loops (the engine API)."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from specpilot import settings
+from specpilot.verify.sampling import validate_sampling
+
+from .ar_loop import run_ar
+from .cache import drafter_cache, target_cache
+from .result import GenerationResult
+from .spec_loop import run_spec
+from .steps import StepRunner
+
+
+class Engine:
+    def __init__(self, target, drafter=None, max_seq_len: int = 4096, cuda_graphs: bool = True,
+                 compile_layers: bool = False):
+        """max_seq_len bounds prompt + new tokens.
+        CUDA graphs are used on CUDA when `cuda_graphs` and SPECPILOT_CUDA_GRAPHS=1 (eager on CPU).
+        compile_layers (opt-in, CUDA): torch.compile each decoder layer (fuses the elementwise ops
+        between the GEMMs; eager-equal bf16 rounding requested with emulate_precision_casts)."""
+        if max_seq_len < 2:
+            raise ValueError(f"max_seq_len={max_seq_len} must be >= 2")
+        if drafter is not None and drafter.target is not target:
+            raise ValueError("the drafter was loaded against a different target (load_drafter(dir, target))")
+        self.target, self.drafter = target, drafter
+        self.max_seq_len = max_seq_len
+        self.device = target.device
+        self.use_graphs = bool(cuda_graphs and self.device.type == "cuda" and settings.get().cuda_graphs)
+        self.cache = target_cache(target, 1, max_seq_len)
+        self.draft_cache = drafter_cache(drafter, 1, max_seq_len) if drafter is not None else None
+        target.ensure_rope(self.cache.slots)                   # every slot, the trash slot included
+        target.prepare()
+        if drafter is not None:
+            drafter.ensure_rope(self.cache.slots)
+        self.runner = StepRunner(target, drafter, self.cache, self.draft_cache, self.use_graphs)
+        if compile_layers:
+            compile_decoder_layers(target, drafter)
+
+    # -- helpers shared by the loops -------------------------------------------------------------
+    def check_request(self, prompt_ids, max_new_tokens: int, temperature: float, room: int = 0):
+        if len(prompt_ids) == 0:
+            raise ValueError("empty prompt: at least one prompt token is needed")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
+        validate_sampling(temperature)
+        total = len(prompt_ids) + max_new_tokens + room
+        if total > self.max_seq_len:
+            raise ValueError(f"prompt of {len(prompt_ids)} tokens + max_new_tokens={max_new_tokens}"
+                             f"{f' + block {room}' if room else ''} = {total} exceeds the engine's "
+                             f"max_seq_len={self.max_seq_len}")
+        vocab = self.target.config.vocab_size
+        bad = [t for t in prompt_ids if not 0 <= int(t) < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocab (size {vocab})")
+        return torch.tensor([list(map(int, prompt_ids))], dtype=torch.long, device=self.device)
+
+    def generator(self, seed):
+        """A generator on the model's device seeded `seed` (same draws as torch.manual_seed(seed)),
+        or the device's default generator when seed is None."""
+        if seed is None:
+            return None
+        return torch.Generator(device=self.device).manual_seed(int(seed))
+
+    def clock(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    @torch.inference_mode()
+    def warmup(self, block_size=None) -> int:
+        """Captures every CUDA graph a generation can need (AR, verify and draft steps for each kv span
+        bucket), so no capture lands inside a timed decode. Writes scratch K/V that later writes
+        overwrite before they are visible. Returns the number of graphs; no-op (0) without graphs."""
+        if not self.use_graphs:
+            return 0
+        from .graphs import kv_bucket
+
+        b = block_size or (self.drafter.block_size if self.drafter is not None else 1)
+        capacity = self.runner.capacity
+        spans = sorted({kv_bucket(n, capacity) for n in range(1, capacity + 1, 128)} | {capacity})
+        ids = torch.zeros(1, b, dtype=torch.long, device=self.device)
+        for span in spans:
+            for t in sorted({1, b}):
+                start = max(0, span - t)
+                if start + t <= capacity:
+                    self.runner.target_step(ids[:, :t], start, with_features=t > 1 and self.drafter is not None)
+            if self.drafter is not None and b > 1 and span - b >= 1:
+                ctx = torch.zeros(1, 1, len(self.runner.feature_layers) * self.target.config.hidden_size,
+                                  device=self.device, dtype=self.target.dtype)
+                self.runner.draft_step(ctx, span - b - 1, ids, span - b, b)
+        torch.cuda.synchronize()
+        return len(self.runner.graphs)
+
+    # -- the API -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def generate_ar(self, prompt_ids, max_new_tokens: int, stop_ids=(), temperature: float = 0.0,
+                    seed=None) -> GenerationResult:
+        """Target-only decoding: greedy at temperature 0 (equals HF greedy generate), else sampled."""
+        ids = self.check_request(prompt_ids, max_new_tokens, temperature)
+        return run_ar(self, ids, max_new_tokens, tuple(stop_ids), temperature, self.generator(seed))
+
+    @torch.inference_mode()
+    def generate_spec(self, prompt_ids, max_new_tokens: int, stop_ids=(), temperature: float = 0.0,
+                      block_size=None, replay=None, seed=None) -> GenerationResult:
+        """The stock DFlash loop (dflash 0.1.0 `dflash_generate`), token for token."""
+        if self.drafter is None:
+            raise ValueError("generate_spec needs a drafter: Engine(target, drafter)")
+        block_size = self.drafter.block_size if block_size is None else int(block_size)
+        if block_size < 1:
+            raise ValueError(f"block_size={block_size} must be >= 1")
+        if replay is not None and temperature > 0:
+            raise ValueError("replay works with greedy decoding only (temperature=0)")
+        ids = self.check_request(prompt_ids, max_new_tokens, temperature)
+        return run_spec(self, ids, max_new_tokens, tuple(stop_ids), temperature, block_size, replay,
+                        self.generator(seed))
+
+
+def compile_decoder_layers(target, drafter=None) -> None:
+    """Compiled copies of every decoder layer's forward, used only inside the fixed-shape (graphed)
+    steps; odd-shaped eager calls (prefill, tail blocks) keep the plain modules. Layers of one model
+    share a compiled graph per shape (parameters are graph inputs)."""
+    import torch._dynamo.config as dynamo_config
+    import torch._inductor.config as inductor_config
+
+    inductor_config.emulate_precision_casts = True      # round intermediates to bf16 where eager does
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(dynamo_config, name):
+            setattr(dynamo_config, name, 64)            # one graph per (T, kv span): a dozen at most
+    for model in (target, drafter):
+        if model is not None:
+            model.compiled_layers = [torch.compile(layer.forward, dynamic=False, fullgraph=True)
+                                     for layer in model.layers]

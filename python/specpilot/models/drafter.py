@@ -1,0 +1,152 @@
+"""DFlash block drafter over its own static KV cache (same arithmetic as dflash 0.1.0
+`DFlashDraftModel`, which has no embedding or LM head: it borrows the target's).
+
+Each layer's context K/V depend only on the injected target features (fc -> hidden_norm -> that
+layer's k/v projections), not on the layer's input, so `write_context` fills the draft cache for
+newly committed positions and `forward_block` runs the block [anchor, mask x (B-1)] with non-causal
+attention over [cached context, block]. Slot index == absolute position, as in the target cache;
+stock's "crop the draft cache to `start`" is implicit (the block's slots are overwritten later).
+
+Exactness: per-row arithmetic as stock (k_norm on context and block K, RoPE at absolute positions,
+SDPA without a causal mask); differs from stock only by kernel rounding.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .config import DrafterConfig
+from .layers import RMSNorm, SwiGLU, apply_rope, attend, attention_mask, rope_table
+
+
+class DraftAttention(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.nq, self.nkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q = nn.Linear(cfg.hidden_size, self.nq * self.d, bias=False)
+        self.kv = nn.Linear(cfg.hidden_size, 2 * self.nkv * self.d, bias=False)   # [k; v] rows
+        self.o = nn.Linear(self.nq * self.d, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps)
+        self.scale = self.d ** -0.5
+
+    def project_kv(self, x, cos, sin):
+        """x [B, T, H] -> k, v [B, Hkv, T, D] (k normed and rotated)."""
+        b, t, _ = x.shape
+        k, v = self.kv(x).split(self.nkv * self.d, dim=-1)
+        k = apply_rope(self.k_norm(k.view(b, t, self.nkv, self.d)).transpose(1, 2), cos, sin)
+        return k, v.view(b, t, self.nkv, self.d).transpose(1, 2)
+
+    def forward(self, x, cos, sin, positions, k_cache, v_cache, kv_len, mask):
+        b, t, _ = x.shape
+        q = self.q_norm(self.q(x).view(b, t, self.nq, self.d))
+        q = apply_rope(q.transpose(1, 2), cos, sin)
+        k, v = self.project_kv(x, cos, sin)
+        k_cache.index_copy_(2, positions, k)
+        v_cache.index_copy_(2, positions, v)
+        out = attend(q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], mask, self.scale)
+        return self.o(out)
+
+
+class DraftBlock(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attn = DraftAttention(cfg)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x, cos, sin, positions, k_cache, v_cache, kv_len, mask):
+        x = x + self.attn(self.attn_norm(x), cos, sin, positions, k_cache, v_cache, kv_len, mask)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class DFlashDrafter(nn.Module):
+    def __init__(self, cfg: DrafterConfig, target: nn.Module):
+        super().__init__()
+        self.config = cfg
+        self.layers = nn.ModuleList(DraftBlock(cfg) for _ in range(cfg.num_layers))
+        self.fc = nn.Linear(len(cfg.target_layer_ids) * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # The target's embedding and LM head, shared (kept out of this module's parameters).
+        self._target = [target]
+        self.rope_cos = self.rope_sin = None
+
+    @property
+    def target(self):
+        return self._target[0]
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    @property
+    def mask_token_id(self) -> int:
+        return self.config.mask_token_id
+
+    @property
+    def target_layer_ids(self) -> tuple:
+        return self.config.target_layer_ids
+
+    def ensure_rope(self, num_positions: int, device=None, dtype=None):
+        """(Re)builds the cos/sin tables [P, D] when they cover fewer than `num_positions` positions."""
+        device = device or self.rope_device()
+        dtype = dtype or self.rope_dtype()
+        if self.rope_cos is None or self.rope_cos.shape[0] < num_positions or self.rope_cos.device != device:
+            c = self.config
+            # Keep the old tables alive: CUDA graphs captured earlier still read them (same values).
+            self._retired_rope = getattr(self, "_retired_rope", []) + [(self.rope_cos, self.rope_sin)]
+            self.rope_cos, self.rope_sin = rope_table(c.rope, c.head_dim, num_positions, device, dtype)
+
+    def write_context(self, features, positions, cache):
+        """features [B, C, F] of the target at `positions` [C] -> context K/V into the draft cache."""
+        h = self.hidden_norm(self.fc(features))               # [B, C, H]
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        for i, layer in enumerate(self.layers):
+            k, v = layer.attn.project_kv(h, cos, sin)
+            cache.k[i].index_copy_(2, positions, k)
+            cache.v[i].index_copy_(2, positions, v)
+
+    def forward_block(self, block_ids, positions, cache, kv_len: int):
+        """block_ids [B, T] (anchor then masks) at `positions` [T] -> draft logits [B, T-1, V].
+
+        Every query sees every cache slot up to the block's last position (non-causal), i.e. the
+        committed context and the whole block.
+        """
+        scale = self.config.input_embedding_scale
+        x = self.target.embed(block_ids)
+        if scale != 1.0:
+            x = x * scale
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        slots = torch.arange(kv_len, device=block_ids.device)
+        c = self.config
+        visible = (slots <= positions[-1]).expand(positions.shape[0], kv_len)       # [T, kv_len]
+        mask = attention_mask(visible, c.num_heads // c.num_kv_heads, x.dtype)
+        for i, layer in enumerate(self.layer_fns()):
+            x = layer(x, cos, sin, positions, cache.k[i], cache.v[i], kv_len, mask)
+        return self.compute_logits(self.norm(x)[:, 1:])
+
+    def compute_logits(self, hidden):
+        """Stock `compute_logits`: target LM head, then output_multiplier and tanh softcapping."""
+        logits = self.target.lm_head(hidden)
+        if self.config.output_multiplier != 1.0:
+            logits = logits * self.config.output_multiplier
+        cap = self.config.final_logit_softcapping
+        if cap is not None and cap > 0:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def rope_device(self):
+        return self.target.device
+
+    def rope_dtype(self):
+        return self.target.dtype
+
+    # Compiled layer forwards (Engine(compile_layers=True)) are switched on only while a fixed-shape
+    # step is traced for CUDA-graph capture; everything else runs the plain modules.
+    compiled_layers = None
+    use_compiled = False
+
+    def layer_fns(self):
+        return self.compiled_layers if self.use_compiled and self.compiled_layers else self.layers

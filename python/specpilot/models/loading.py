@@ -1,0 +1,130 @@
+"""Public loaders (the engine API): load_target, load_drafter, load_tokenizer."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from . import hf_names
+from .checkpoint import assign_state, read_any_state_dict
+from .config import drafter_config_from_dict, read_config_json, target_config_from_dict
+from .drafter import DFlashDrafter
+from .target import TargetLM
+
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32,
+          "fp16": torch.float16, "float16": torch.float16}
+ROPE_POSITIONS = 4096  # initial RoPE table length; the engine grows it to its max_seq_len
+
+
+def as_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not supported (use one of {sorted(DTYPES)})")
+    return DTYPES[dtype]
+
+
+def _device(device) -> torch.device:
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' requested but torch sees no CUDA GPU")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {str(device)!r} is not supported (cpu or cuda)")
+    return device
+
+
+def build_target(cfg) -> TargetLM:
+    """An empty (meta) TargetLM for `cfg`, to be filled by assign_state."""
+    with torch.device("meta"):
+        return TargetLM(cfg)
+
+
+def load_target(folder, device="cpu", dtype=torch.bfloat16, weights="bf16") -> TargetLM:
+    """Qwen3 / LLaMA-3.x causal LM from an HF folder (config.json + safetensors, single or sharded,
+    or a split12-packed folder). weights="split12" swaps the linears for split12 ones after loading."""
+    if weights not in ("bf16", "split12"):
+        raise ValueError(f"weights={weights!r}: use 'bf16' or 'split12'")
+    device, dtype = _device(device), as_dtype(dtype)
+    cfg = target_config_from_dict(read_config_json(folder), where=f"target {folder}")
+    state = hf_names.target_from_hf(read_any_state_dict(folder), cfg, where=f"target {folder}")
+    model = build_target(cfg)
+    assign_state(model, state, f"target {folder}", device, dtype)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed.weight
+    model.eval().requires_grad_(False)
+    model.ensure_rope(max(ROPE_POSITIONS, cfg.max_position_embeddings))
+    model.source_dir = str(folder)
+    model.eos_token_ids = _generation_eos(folder) or cfg.eos_token_ids
+    if weights == "split12":
+        swap_to_split12(model)
+    return model
+
+
+def swap_to_split12(model) -> None:
+    try:
+        from specpilot.formats.split12.linear import swap_linears
+    except ImportError as e:
+        raise RuntimeError(f"weights='split12' needs specpilot.formats.split12.linear.swap_linears, "
+                           f"which is not available ({e})") from None
+    if model.dtype != torch.bfloat16:
+        raise ValueError(f"weights='split12' needs dtype bf16, got {model.dtype}")
+    swap_linears(model)
+
+
+def load_drafter(folder, target: TargetLM) -> DFlashDrafter:
+    """DFlash drafter from an HF folder, validated against `target` (hidden size, vocab, layer ids,
+    mask token); on the target's device and dtype, sharing its embedding and LM head."""
+    where = f"drafter {folder}"
+    cfg = drafter_config_from_dict(read_config_json(folder), where=where)
+    t = target.config
+    if cfg.hidden_size != t.hidden_size:
+        raise ValueError(f"{where}: hidden_size {cfg.hidden_size} != target hidden_size {t.hidden_size}")
+    if cfg.vocab_size != t.vocab_size:
+        raise ValueError(f"{where}: vocab_size {cfg.vocab_size} != target vocab_size {t.vocab_size}")
+    bad = [i for i in cfg.target_layer_ids if not 0 <= i < t.num_layers]
+    if bad:
+        raise ValueError(f"{where}: target_layer_ids {list(cfg.target_layer_ids)} include {bad}, outside the "
+                         f"target's layers 0..{t.num_layers - 1}")
+    if not 0 <= cfg.mask_token_id < t.vocab_size:
+        raise ValueError(f"{where}: mask_token_id {cfg.mask_token_id} is outside the vocab (size {t.vocab_size})")
+    if cfg.block_size < 1:
+        raise ValueError(f"{where}: block_size {cfg.block_size} must be >= 1")
+    state = hf_names.drafter_from_hf(read_any_state_dict(folder), cfg, where=where)
+    with torch.device("meta"):
+        drafter = DFlashDrafter(cfg, target)
+    assign_state(drafter, state, where, target.device, target.dtype)
+    drafter.eval().requires_grad_(False)
+    drafter.ensure_rope(target.rope_cos.shape[0])
+    drafter.source_dir = str(folder)
+    return drafter
+
+
+def _generation_eos(folder) -> tuple:
+    path = Path(folder) / "generation_config.json"
+    if not path.exists():
+        return ()
+    try:
+        eos = json.loads(path.read_text()).get("eos_token_id")
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, list) else (int(eos),)
+
+
+def stop_ids_for(target: TargetLM, tokenizer=None) -> tuple:
+    """Stop tokens: generation_config.json's eos, else config.json's, else the tokenizer's eos."""
+    ids = tuple(getattr(target, "eos_token_ids", ()) or ())
+    if not ids and tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids = (int(tokenizer.eos_token_id),)
+    return ids
+
+
+def load_tokenizer(folder):
+    """The transformers tokenizer of a model folder."""
+    from transformers import AutoTokenizer
+
+    if not (Path(folder) / "tokenizer.json").exists() and not (Path(folder) / "tokenizer_config.json").exists():
+        raise FileNotFoundError(f"{folder} has no tokenizer (tokenizer.json / tokenizer_config.json)")
+    return AutoTokenizer.from_pretrained(str(folder))

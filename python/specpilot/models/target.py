@@ -1,0 +1,146 @@
+"""Dense causal LM (Qwen3 or LLaMA-3.x) over a static KV cache, gpt-fast style.
+
+Fused projections are plain `nn.Linear` attributes (`qkv`, `o`, `mlp.gate_up`, `mlp.down`,
+`lm_head`) so `specpilot.formats.split12.linear.swap_linears(model)` can replace them.
+
+Cache convention: slot index == absolute position, so attention visibility is purely positional
+(key slot j visible to a query at position p iff j <= p). "Cropping" a cache is free: rejected
+positions are simply overwritten by the next write at that position.
+
+Exactness: same per-row arithmetic as HF Qwen3ForCausalLM / LlamaForCausalLM; outputs differ from HF
+only by GEMM / attention kernel rounding (fused QKV and gate/up change the GEMM shapes).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .config import TargetConfig
+from .layers import RMSNorm, SwiGLU, apply_rope, attend, attention_mask, rms_normalize, rope_table
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.nq, self.nkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.eps = cfg.rms_norm_eps
+        self.qkv = nn.Linear(cfg.hidden_size, (self.nq + 2 * self.nkv) * self.d, bias=False)
+        self.o = nn.Linear(self.nq * self.d, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.scale = self.d ** -0.5
+        self._qk_norm_weight = None                            # [Hq + Hkv, D], built on first use
+
+    def qk_norm_weight(self):
+        """q_norm / k_norm weights per head, so q and k are normalised by one kernel (same rounding)."""
+        w = self._qk_norm_weight
+        if w is None or w.device != self.q_norm.weight.device or w.dtype != self.q_norm.weight.dtype:
+            w = torch.cat([self.q_norm.weight.expand(self.nq, self.d), self.k_norm.weight.expand(self.nkv, self.d)])
+            self._qk_norm_weight = w
+        return w
+
+    def forward(self, x, cos, sin, positions, k_cache, v_cache, kv_len, mask):
+        # x [B, T, H]; cos/sin [T, D]; positions [T]; k/v_cache [B, Hkv, S, D]; mask [1, 1, g*T, kv_len]
+        b, t, _ = x.shape
+        qkv = self.qkv(x).view(b, t, self.nq + 2 * self.nkv, self.d)
+        qk, v = qkv[:, :, :self.nq + self.nkv], qkv[:, :, self.nq + self.nkv:]
+        if self.q_norm is not None:                            # Qwen3: per-head RMSNorm of q and k
+            qk = rms_normalize(qk, self.eps) * self.qk_norm_weight()
+        qk = apply_rope(qk.transpose(1, 2), cos, sin)          # [B, Hq + Hkv, T, D], q and k together
+        q, k = qk[:, :self.nq], qk[:, self.nq:]
+        v = v.transpose(1, 2)                                  # [B, Hkv, T, D]
+        k_cache.index_copy_(2, positions, k)
+        v_cache.index_copy_(2, positions, v)
+        out = attend(q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], mask, self.scale)
+        return self.o(out)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x, cos, sin, positions, k_cache, v_cache, kv_len, mask):
+        x = x + self.attn(self.attn_norm(x), cos, sin, positions, k_cache, v_cache, kv_len, mask)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class TargetLM(nn.Module):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.rope_cos = self.rope_sin = None                   # [max_pos, D], set by set_rope_table
+
+    def ensure_rope(self, num_positions: int, device=None, dtype=None):
+        """(Re)builds the cos/sin tables [P, D] when they cover fewer than `num_positions` positions."""
+        device = device or self.rope_device()
+        dtype = dtype or self.rope_dtype()
+        if self.rope_cos is None or self.rope_cos.shape[0] < num_positions or self.rope_cos.device != device:
+            c = self.config
+            # Keep the old tables alive: CUDA graphs captured earlier still read them (same values).
+            self._retired_rope = getattr(self, "_retired_rope", []) + [(self.rope_cos, self.rope_sin)]
+            self.rope_cos, self.rope_sin = rope_table(c.rope, c.head_dim, num_positions, device, dtype)
+
+    @property
+    def device(self):
+        return self.embed.weight.device
+
+    @property
+    def dtype(self):
+        return self.embed.weight.dtype
+
+    def forward(self, ids, positions, cache, kv_len: int, feature_layers=(), logits_rows=None):
+        """ids [B, T], positions [T] (int64, absolute; also the cache slots written), cache: KVCache.
+
+        Attends to cache slots [0, kv_len) with key slot <= query position. Returns (logits
+        [B, T', V] with T' = T or only the last `logits_rows` rows, features [B, T, F] or None) where
+        features concatenates the outputs of `feature_layers` (HF `hidden_states[i + 1]`: the output of
+        layer i; for the last layer HF reports the final-normed state, and so do we).
+        """
+        x = self.embed(ids)                                    # [B, T, H]
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        slots = torch.arange(kv_len, device=ids.device)
+        c = self.config
+        mask = attention_mask(slots[None, :] <= positions[:, None], c.num_heads // c.num_kv_heads, x.dtype)
+        feats = {}
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layer_fns()):
+            x = layer(x, cos, sin, positions, cache.k[i], cache.v[i], kv_len, mask)
+            if i in feature_layers and i != last:
+                feats[i] = x
+        x = self.norm(x)
+        if last in feature_layers:
+            feats[last] = x
+        features = torch.cat([feats[i] for i in feature_layers], dim=-1) if feature_layers else None
+        if logits_rows is not None:
+            x = x[:, -logits_rows:]
+        return self.lm_head(x), features
+
+    def rope_device(self):
+        return self.device
+
+    def rope_dtype(self):
+        return self.dtype
+
+    # Compiled layer forwards (Engine(compile_layers=True)) are switched on only while a fixed-shape
+    # step is traced for CUDA-graph capture; everything else runs the plain modules.
+    compiled_layers = None
+    use_compiled = False
+
+    def prepare(self) -> None:
+        """Builds the per-head q/k norm weights eagerly (before any graph capture or compile trace)."""
+        if self.config.qk_norm:
+            for layer in self.layers:                      # (built once: captured graphs keep reading it)
+                layer.attn.qk_norm_weight()
+
+    def layer_fns(self):
+        return self.compiled_layers if self.use_compiled and self.compiled_layers else self.layers

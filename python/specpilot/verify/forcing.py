@@ -1,0 +1,119 @@
+"""Token forcing: the reward-hacking guard.
+
+For each prompt: run stock (dflash_generate on HF), keep its transcript, teacher-force prompt +
+transcript through OUR target in one forward pass and compare our argmax at every generated position
+with stock's token. A mismatch is tolerated only where stock's own top-2 logit margin at that
+position (HF forward over the same sequence) is below eps: a bf16 near-tie that either side may break
+either way. eps = 0 in fp32 (no tolerance), eps = 1e-2 * max(1, |top logit|) in bf16/fp16 (about one
+bf16 ulp of the logit). Every tolerated mismatch is listed with its margin. Separately, our own
+speculative decoding output is compared with stock's tokens (identical-prefix length).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from specpilot.engine.cache import KVCache
+
+from .stock import StockPair, hf_logits, run_stock
+
+BF16_REL_EPS = 1e-2
+
+
+@dataclass
+class ForcingReport:
+    prompts: int = 0
+    tokens: int = 0                         # positions compared
+    mismatches: int = 0                     # untolerated: each one fails the run
+    tolerated: int = 0                      # near-tie mismatches (details in tolerated_list)
+    passed: bool = True
+    eps_rule: str = ""
+    tolerated_list: list = field(default_factory=list)   # {prompt, position, ours, stock, margin, eps}
+    mismatch_list: list = field(default_factory=list)
+    spec_identical: int = 0                 # prompts where our spec output == stock's tokens
+    per_prompt: list = field(default_factory=list)
+
+    def summary(self) -> dict:
+        keys = ("prompts", "tokens", "mismatches", "tolerated", "passed", "spec_identical", "eps_rule")
+        return {k: getattr(self, k) for k in keys}
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def eps_for(dtype: torch.dtype, top_logit: float) -> float:
+    if dtype == torch.float32:
+        return 0.0
+    return BF16_REL_EPS * max(1.0, abs(top_logit))
+
+
+@torch.inference_mode()
+def forced_argmax(target, sequence) -> list:
+    """Our target's argmax at every position of one full sequence (one forward, fresh cache)."""
+    c = target.config
+    ids = torch.tensor([list(map(int, sequence))], dtype=torch.long, device=target.device)
+    length = ids.shape[1]
+    target.ensure_rope(length + 1)
+    cache = KVCache(c.num_layers, 1, c.num_kv_heads, length, c.head_dim, target.device, target.dtype)
+    positions = torch.arange(length, device=target.device)
+    logits, _ = target(ids, positions, cache, length)           # [1, L, V]
+    return logits[0].argmax(-1).tolist()
+
+
+def _common_prefix(a, b) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def token_force(engine, stock: StockPair, prompts, max_new_tokens: int, stop_ids=(), block_size=None,
+                ids=None, spec_results=None) -> ForcingReport:
+    """prompts: list of token-id lists. Greedy only (token forcing compares argmax choices).
+    spec_results: our generate_spec results for the same prompts and settings, if already run."""
+    target = engine.target
+    dtype = target.dtype
+    report = ForcingReport(eps_rule="eps=0 (fp32)" if dtype == torch.float32 else
+                           f"eps={BF16_REL_EPS}*max(1,|top logit|) ({str(dtype).replace('torch.', '')})")
+    for index, prompt in enumerate(prompts):
+        name = ids[index] if ids is not None else index
+        ref = run_stock(stock, prompt, max_new_tokens, stop_ids, 0.0, block_size)
+        sequence = list(prompt) + ref.tokens
+        n = len(prompt)
+        ours = forced_argmax(target, sequence)[n - 1:len(sequence) - 1]    # our choice for each stock token
+        stock_logits = None
+        row = {"id": name, "prompt_len": n, "tokens": len(ref.tokens), "mismatches": 0, "tolerated": 0}
+        for j, (mine, theirs) in enumerate(zip(ours, ref.tokens)):
+            if mine == theirs:
+                continue
+            if stock_logits is None:
+                stock_logits = hf_logits(stock, sequence)
+            top2 = stock_logits[n - 1 + j].topk(2).values.tolist()
+            margin, eps = top2[0] - top2[1], eps_for(dtype, top2[0])
+            item = {"prompt": name, "position": j, "ours": mine, "stock": theirs, "margin": margin, "eps": eps}
+            if margin < eps:
+                report.tolerated_list.append(item)
+                row["tolerated"] += 1
+            else:
+                report.mismatch_list.append(item)
+                row["mismatches"] += 1
+        spec = spec_results[index] if spec_results is not None else \
+            engine.generate_spec(prompt, max_new_tokens, stop_ids=stop_ids, block_size=block_size)
+        row.update(spec_identical_prefix=_common_prefix(spec.tokens, ref.tokens), spec_tokens=len(spec.tokens),
+                   spec_identical=spec.tokens == ref.tokens, stock_tau=_mean(ref.acceptance_lengths),
+                   our_tau=spec.tau, stock_s=ref.seconds, our_decode_tokens_per_s=spec.tokens_per_s)
+        report.spec_identical += row["spec_identical"]
+        report.prompts += 1
+        report.tokens += len(ref.tokens)
+        report.mismatches += row["mismatches"]
+        report.tolerated += row["tolerated"]
+        report.per_prompt.append(row)
+    report.passed = report.mismatches == 0
+    return report
+
+
+def _mean(xs) -> float:
+    return sum(xs) / len(xs) if xs else 0.0

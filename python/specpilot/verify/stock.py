@@ -1,0 +1,78 @@
+"""Stock: dflash 0.1.0 `dflash_generate` with an HF `AutoModelForCausalLM` target and a
+`DFlashDraftModel` drafter (attn_implementation="sdpa"), exactly as dflash's benchmark loads them.
+This is the reference every engine output is token-forced against; nothing here is ours but glue.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+
+import torch
+
+from specpilot.models.loading import as_dtype
+
+
+@dataclass
+class StockPair:
+    target: torch.nn.Module        # HF causal LM
+    drafter: torch.nn.Module       # dflash.model.DFlashDraftModel
+    device: torch.device
+
+
+@dataclass
+class StockResult:
+    tokens: list                   # new tokens, stop token included
+    acceptance_lengths: list
+    seconds: float
+
+
+def load_stock(target_dir, drafter_dir, device="cpu", dtype=torch.bfloat16) -> StockPair:
+    from dflash.model import DFlashDraftModel
+    from transformers import AutoModelForCausalLM
+
+    dtype, device = as_dtype(dtype), torch.device(device)
+    target = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=dtype, attn_implementation="sdpa")
+    drafter = DFlashDraftModel.from_pretrained(str(drafter_dir), dtype=dtype, attn_implementation="sdpa")
+    return StockPair(target.to(device).eval(), drafter.to(device).eval(), device)
+
+
+@contextlib.contextmanager
+def _cpu_safe_timer():
+    """dflash's stats timer calls torch.cuda.synchronize() unconditionally; on a CPU-only torch that
+    raises, so there it is swapped for a plain clock (the generation code is untouched)."""
+    import dflash.model as stock
+
+    if torch.cuda.is_available():
+        yield
+        return
+    saved = stock._cuda_time
+    stock._cuda_time = time.perf_counter
+    try:
+        yield
+    finally:
+        stock._cuda_time = saved
+
+
+def run_stock(pair: StockPair, prompt_ids, max_new_tokens: int, stop_ids=(), temperature: float = 0.0,
+              block_size=None, seed=None) -> StockResult:
+    """One `dflash_generate` call; seed (for temperature > 0) is applied with torch.manual_seed."""
+    from dflash.model import dflash_generate
+
+    ids = torch.tensor([list(map(int, prompt_ids))], dtype=torch.long, device=pair.device)
+    if seed is not None:
+        torch.manual_seed(int(seed))
+    t0 = time.perf_counter()
+    with _cpu_safe_timer():
+        r = dflash_generate(pair.drafter, pair.target, ids, max_new_tokens, list(stop_ids) or None,
+                            temperature, block_size=block_size, return_stats=True)
+    seconds = time.perf_counter() - t0
+    return StockResult(tokens=r.output_ids[0, ids.shape[1]:].tolist(),
+                       acceptance_lengths=list(r.acceptance_lengths), seconds=seconds)
+
+
+@torch.inference_mode()
+def hf_logits(pair: StockPair, sequence) -> torch.Tensor:
+    """Stock target's logits [L, V] (fp32) over one full sequence (for near-tie margins)."""
+    ids = torch.tensor([list(map(int, sequence))], dtype=torch.long, device=pair.device)
+    return pair.target(ids).logits[0].float()

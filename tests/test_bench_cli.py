@@ -1,0 +1,171 @@
+"""`specpilot bench` end to end on a tiny random pair (CPU, fp32), and the e2e loop with fakes."""
+import json
+import os
+import random
+import string
+
+import pytest
+
+from specpilot import cli
+from specpilot.bench import e2e, metrics, traces
+from specpilot.bench.datasets import Sample
+from specpilot.bench.rows import MethodRun
+
+
+@pytest.fixture
+def rng():
+    """Fresh inputs every run; the seed is printed so a failure can be reproduced."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"seed {seed}")
+    return random.Random(seed)
+
+
+def _text(rng, n):
+    return "".join(rng.choice(string.ascii_lowercase + " ") for _ in range(n)) + "."
+
+
+@pytest.fixture
+def tiny_pair(tmp_path, rng):
+    from specpilot.models.random_ckpt import write_pair
+
+    return write_pair(tmp_path / "pair", "tiny-qwen3", block_size=4, seed=rng.randrange(2**31))
+
+
+@pytest.fixture
+def prompt_dir(tmp_path, rng):
+    folder = tmp_path / "datasets"
+    folder.mkdir()
+    (folder / "gsm8k.jsonl").write_text("".join(
+        json.dumps({"id": f"gsm8k/{i}", "turns": [_text(rng, 20)]}) + "\n" for i in range(3)))
+    (folder / "mtbench.jsonl").write_text("".join(
+        json.dumps({"id": f"mtbench/{i}", "turns": [_text(rng, 15), _text(rng, 10)]}) + "\n" for i in range(2)))
+    return folder
+
+
+def _rows(out):
+    return [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+
+
+def test_cli_all_methods(tiny_pair, prompt_dir, tmp_path, capsys):
+    target, drafter = tiny_pair
+    out = tmp_path / "out"
+    rc = cli.main(["bench", "--target", str(target), "--drafter", str(drafter), "--datasets", str(prompt_dir),
+                   "--benchmarks", "gsm8k,mt-bench", "--limit", "1", "--max-new-tokens", "9", "--dtype", "float32",
+                   "--device", "cpu", "--methods", ",".join(e2e.METHODS), "--tier", "correctness", "--out", str(out),
+                   # random answers hold padding tokens whose text re-encodes ~13x longer in turn 2
+                   "--max-seq-len", "1024"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    rows = _rows(out)
+    keys = {(r["benchmark"], r["turn"], r["method"]) for r in rows}
+    assert keys == {(b, t, m) for b, turns in (("gsm8k", 1), ("mtbench", 2))
+                    for t in range(turns) for m in e2e.METHODS}
+    for r in rows:
+        assert 1 <= r["new_tokens"] <= 9 and r["decode_s"] >= 0 and r["prefill_s"] > 0
+        if r["method"] in ("stock", "our_spec"):
+            assert sum(r["acceptance_lengths"]) == r["new_tokens"] - 1  # the first token is the prefill's
+            assert all(1 <= a <= 4 for a in r["acceptance_lengths"])
+    # every method sees the same second-turn prompt: first turn + an answer + the second user turn
+    mt = [r for r in rows if r["benchmark"] == "mtbench"]
+    assert len({r["prompt_len"] for r in mt if r["turn"] == 1}) == 1
+    turn0 = next(r for r in mt if r["turn"] == 0)
+    turn1 = next(r for r in mt if r["turn"] == 1)
+    assert turn1["prompt_len"] > turn0["prompt_len"] + 10
+    # printed last: the markdown table, whose numbers come from these rows
+    table = captured.out.strip().splitlines()
+    summary = metrics.summarize(rows, 4)
+    line = next(t for t in table if t.startswith("| gsm8k |"))
+    same, n = summary["gsm8k"]["agreement"]["our_spec/stock"]
+    assert f"{same}/{n}" in line and f'{summary["gsm8k"]["methods"]["stock"]["tau"]:.2f}' in line
+    assert table[-1].startswith("| all |")
+    md = (out / "report.md").read_text()
+    assert "Fidelity tier: correctness" in md and "float32" in md
+    assert (out / "report.png").read_bytes()[:4] == b"\x89PNG"
+    assert traces.load(out / "traces_stock.json").prompts  # replayable trace recorded
+    assert "[gsm8k 1/1]" in captured.err and "tok/s" in captured.err
+
+
+def test_cli_replay_follows_trace(tiny_pair, prompt_dir, tmp_path, rng, capsys):
+    target, drafter = tiny_pair
+    out = tmp_path / "out"
+    tau = round(rng.uniform(1.5, 3.5), 2)
+    rc = cli.main(["bench", "--target", str(target), "--drafter", str(drafter), "--datasets", str(prompt_dir),
+                   "--benchmarks", "gsm8k", "--limit", "2", "--max-new-tokens", "17", "--dtype", "float32",
+                   "--methods", "our_ar,our_spec", "--replay", str(tau), "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    want = traces.fixed_tau(tau, 4).prompts[0]["acceptance_lengths"]
+    for r in (r for r in _rows(out) if r["method"] == "our_spec"):
+        acc = r["acceptance_lengths"]
+        assert acc[:-1] == want[:len(acc) - 1]  # the last step may be cut by the stop token or the length cap
+        assert sum(acc) == r["new_tokens"] - 1 and r["replay_shortfalls"] is not None
+    md = (out / "report.md").read_text()
+    assert "Fidelity tier: scale" in md and f"fixed tau {tau:g}" in md
+
+
+def test_cli_bad_input_is_one_line_error(tiny_pair, prompt_dir, tmp_path, capsys):
+    target, drafter = tiny_pair
+    rc = cli.main(["bench", "--target", str(target), "--drafter", str(drafter), "--datasets", str(prompt_dir),
+                   "--benchmarks", "humaneval", "--out", str(tmp_path / "o")])
+    assert rc == 2 and "humaneval.jsonl does not exist" in capsys.readouterr().err
+    rc = cli.main(["bench", "--target", str(target), "--datasets", str(prompt_dir), "--methods", "our_spec,fast"])
+    assert rc == 2 and "unknown method(s) ['fast']" in capsys.readouterr().err
+    rc = cli.main(["bench", "--target", str(target), "--datasets", str(prompt_dir), "--methods", "stock"])
+    assert rc == 2 and "need --drafter" in capsys.readouterr().err
+
+
+class _CharTokenizer:
+    chat_template = None
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) for c in text]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(map(chr, ids))
+
+
+def test_second_turn_follows_reference_method(rng):
+    """MT-Bench's second turn is asked after stock's answer (DFlash feeds its spec output)."""
+    seen = {}
+
+    def method(name, letter):
+        def fn(ids, n, i, transcript):
+            seen.setdefault(name, []).append("".join(map(chr, ids)))
+            return MethodRun(tokens=[ord(letter)] * n, prefill_s=0.1, decode_s=0.2,
+                             acceptance_lengths=[1] * n if name in ("stock", "our_spec") else None)
+        return fn
+
+    runners = e2e.Runners(fns={"our_ar": method("our_ar", "a"), "stock": method("stock", "s"),
+                               "our_spec": method("our_spec", "o")}, block_size=4)
+    u1, u2 = _text(rng, 5), _text(rng, 5)
+    n = rng.randint(1, 4)
+    rows = e2e.run_benchmark("mtbench", [Sample("mt/1", (u1, u2))], _CharTokenizer(), runners, n)
+    assert [(r["turn"], r["method"]) for r in rows] == [(t, m) for t in (0, 1) for m in ("our_ar", "stock", "our_spec")]
+    for name in runners.fns:
+        assert seen[name] == [u1, u1 + "s" * n + u2]
+
+
+def test_cli_random_preset_scale_tier(prompt_dir, tmp_path, capsys):
+    """random:<preset> builds our pair in memory; no stop token, so every prompt runs to the cap."""
+    out = tmp_path / "out"
+    rc = cli.main(["bench", "--target", "random:tiny-qwen3", "--datasets", str(prompt_dir), "--benchmarks", "gsm8k",
+                   "--limit", "2", "--max-new-tokens", "12", "--block-size", "4", "--dtype", "float32",
+                   "--methods", "our_ar,our_spec", "--replay", "3", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    rows = _rows(out)
+    assert len(rows) == 4 and all(r["new_tokens"] == 12 for r in rows)
+    md = (out / "report.md").read_text()
+    assert "Fidelity tier: scale" in md and "random 2-layer DFlash drafter" in md
+    rc = cli.main(["bench", "--target", "random:tiny-qwen3", "--datasets", str(prompt_dir), "--methods", "stock"])
+    assert rc == 2 and "builds our models only" in capsys.readouterr().err
+
+
+def test_fastest_of_keeps_least_decode_time_and_checks_outputs(rng, capsys):
+    times = [rng.uniform(0.1, 1.0) for _ in range(rng.randint(2, 5))]
+    calls = iter(times)
+    best = e2e.fastest_of(lambda: MethodRun([1, 2], 0.01, next(calls)), len(times))
+    assert best.decode_s == min(times)
+    assert "warning" not in capsys.readouterr().err
+    outs = iter([MethodRun([1, 2], 0.01, 0.2), MethodRun([1, 3], 0.01, 0.1)])
+    best = e2e.fastest_of(lambda: next(outs), 2)
+    assert best.tokens == [1, 3]  # the faster call, with a warning that outputs differed
+    assert "output changed between repeats" in capsys.readouterr().err

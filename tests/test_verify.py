@@ -1,0 +1,132 @@
+"""Rejection sampling is lossless, replay accepts exactly the trace, token forcing passes on the
+real zoo pair (fp32) and fails a broken engine."""
+import math
+
+import pytest
+import torch
+
+from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU thread)
+from test_engine_helpers import Pair, fresh_seed
+from specpilot import settings
+from specpilot.engine.replay import AcceptanceReplay, tau_pattern
+from specpilot.verify.forcing import token_force
+from specpilot.verify.sampling import rejection_sample, residual_probs, sample_probs
+
+
+def random_probs(g, *shape):
+    return torch.softmax(3 * torch.randn(*shape, generator=g), dim=-1)
+
+
+def test_residual_makes_acceptance_exact():
+    """Exact identity: P(first token = x) = q(x) min(1, p(x)/q(x)) + P(reject) residual(x) = p(x)."""
+    g = torch.Generator().manual_seed(fresh_seed())
+    for _ in range(50):
+        p, q = random_probs(g, 7), random_probs(g, 7)
+        accept = torch.minimum(torch.ones(7), p / q)        # P(u q < p) for u ~ U[0, 1)
+        reject = 1 - (q * accept).sum()
+        total = q * accept + reject * residual_probs(p, q)
+        torch.testing.assert_close(total, p, rtol=0, atol=1e-6)
+    p = random_probs(g, 7)
+    assert torch.equal(residual_probs(p, p), p)              # nothing left: stock falls back to p
+
+
+def test_rejection_sampling_is_lossless_statistically():
+    """First committed token over many draws ~ target distribution (chi-square, 1e-4 false-fail rate)."""
+    seed = fresh_seed()
+    g = torch.Generator().manual_seed(seed)
+    vocab, k, draws = 5, 3, 12000
+    p, q = random_probs(g, 1, k + 1, vocab), random_probs(g, 1, k, vocab)
+    counts = torch.zeros(vocab)
+    accepted_total = 0
+    for _ in range(draws):
+        drafts = sample_probs(q, g)                          # [1, K]
+        acc, nxt = rejection_sample(drafts, p, q, g)
+        first = int(drafts[0, 0]) if acc >= 1 else int(nxt)
+        counts[first] += 1
+        accepted_total += acc
+    expected = p[0, 0] * draws
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 23.5, f"seed {seed}: chi2 {chi2:.1f} with 4 dof, counts {counts.tolist()}, p {p[0, 0].tolist()}"
+    # Mean accepted drafts is exactly computable: sum_j prod_{i<=j} beta_i with beta_i = sum min(p_i, q_i).
+    beta = torch.minimum(p[0, :k], q[0]).sum(-1)
+    mean_acc = float(sum(torch.prod(beta[:j + 1]) for j in range(k)))
+    assert abs(accepted_total / draws - mean_acc) < 5 * math.sqrt(k * k / draws), f"seed {seed}"
+
+
+def test_tau_pattern_mean():
+    steps = tau_pattern(4.3, 100, 16)
+    assert sum(steps) == math.floor(430 + 1e-9) and set(steps) <= {4, 5}
+    with pytest.raises(ValueError, match="tau=20"):
+        tau_pattern(20, 3, 16)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return Pair(tmp_path_factory.mktemp("replay"), "tiny-qwen3", [0, 2], block_size=8, seed=fresh_seed())
+
+
+def test_replay_accepts_exactly_the_trace(pair):
+    prompt = pair.random_prompt(10)
+    transcript = pair.engine.generate_ar(prompt, 40).tokens
+    trace = [3, 1, 8, 2, 5]
+    r = pair.engine.generate_spec(prompt, 40, replay=AcceptanceReplay(transcript, trace))
+    want, produced = [], 1
+    for i in range(100):                                     # the trace, cycled, capped by the tail
+        if produced >= 40:
+            break
+        a = min(trace[i % len(trace)], 40 - produced)
+        want.append(a)
+        produced += a
+    assert r.acceptance_lengths == want
+    assert r.replay_shortfalls == 0 and r.tokens == transcript   # drafts were the target's own tokens
+    r = pair.engine.generate_spec(prompt, 40, replay=AcceptanceReplay(transcript, 2.5))
+    assert r.acceptance_lengths[:6] == [2, 3, 2, 3, 2, 3] and r.tokens == transcript
+
+
+def test_forcing_fails_a_broken_engine(pair):
+    prompts = [pair.random_prompt(8) for _ in range(2)]
+    ok = token_force(pair.engine, pair.stock, prompts, 16)
+    assert ok.passed and ok.mismatches == 0 and ok.tolerated == 0 and ok.tokens == 32
+    assert ok.spec_identical == 2
+    w = pair.target.layers[1].mlp.down.weight
+    saved = w.clone()
+    try:
+        w.mul_(-3.0)                                         # a "faster" but wrong engine
+        bad = token_force(pair.engine, pair.stock, prompts, 16)
+    finally:
+        w.copy_(saved)
+    assert not bad.passed and bad.mismatches > 0
+    assert all(m["margin"] >= m["eps"] for m in bad.mismatch_list)
+
+
+@pytest.mark.skipif(settings.zoo_pair() is None, reason="the zoo pair (SPECPILOT_ZOO) is not present")
+def test_zoo_pair_token_forces_against_stock_fp32():
+    from specpilot.engine import Engine
+    from specpilot.models import load_drafter, load_target, load_tokenizer
+    from specpilot.models.prompts import encode_prompt, read_prompts
+    from specpilot.verify.stock import load_stock
+
+    tdir, ddir = settings.zoo_pair()
+    target = load_target(tdir, dtype=torch.float32)
+    engine = Engine(target, load_drafter(ddir, target), max_seq_len=1024)
+    tok = load_tokenizer(tdir)
+    rows = read_prompts(tdir.parent / "prompts" / "pystdlib.jsonl", limit=40)
+    g = torch.Generator().manual_seed(fresh_seed())
+    picks = torch.randperm(len(rows), generator=g)[:2].tolist()
+    prompts = [encode_prompt(tok, rows[i])[-160:] for i in picks]     # the last 160 tokens: keeps it fast
+    stop = target.eos_token_ids
+    # Ours first through the CUDA-graph code path (static shapes, padded context) on the CPU ...
+    from specpilot.engine.graphs import StaticShapeStep
+    from specpilot.engine.steps import StepRunner
+
+    eager_runner = engine.runner
+    engine.runner = StepRunner(target, engine.drafter, engine.cache, engine.draft_cache, True, StaticShapeStep)
+    static = [engine.generate_spec(p, 64, stop_ids=stop) for p in prompts]
+    engine.runner = eager_runner
+    # ... then stock and token forcing; the static-path outputs are compared with stock's tokens.
+    report = token_force(engine, load_stock(tdir, ddir, "cpu", torch.float32), prompts, 64, stop_ids=stop,
+                         spec_results=static)
+    assert report.passed and report.mismatches == 0 and report.tolerated == 0, report.mismatch_list
+    assert report.spec_identical == 2, report.per_prompt
+    eager = engine.generate_spec(prompts[0], 64, stop_ids=stop)
+    assert eager.tokens == static[0].tokens and eager.acceptance_lengths == static[0].acceptance_lengths
