@@ -2,13 +2,14 @@
 # The H200 check: from a clean tree on a bare machine (no network), build the extension with CUDA
 # (sm_90a), run the GPU tests, run the kernel / engine / agent benchmarks, print a short table last.
 # Logs and JSON go to $OUT (the device tool's folder) or out/gpu_check.
-# Usage: bash bench/gpu_check.sh [build|tests|split12|engine|agents ...]   (default: all, in order)
+# Usage: bash bench/gpu_check.sh [build|tests|split12|engine|agents|bench_zoo|bench_8b ...]
+# (default: all, in order)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/gpu_check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-steps=${*:-build tests split12 engine agents}
+steps=${*:-build tests split12 engine agents bench_zoo bench_8b}
 summary="$OUT/summary.txt"
 : > "$summary"
 
@@ -44,13 +45,22 @@ for step in $steps; do
     split12) run_step split12 python3 -m specpilot.bench.split12_kernels --out "$OUT/split12.json" ;;
     engine)  run_step engine python3 -m specpilot.bench.gpu_engine --out "$OUT" ;;
     agents)  run_step agents python3 -m specpilot.bench.gpu_agents --out "$OUT" ;;
+    # Real-acceptance tier: the zoo pair on its held-out prompts (all methods, side by side).
+    bench_zoo) run_step bench_zoo python3 -m specpilot bench --target "$SPECPILOT_ZOO/code-tiny" \
+               --drafter "$SPECPILOT_ZOO/code-tiny-dflash-b16" --datasets "$SPECPILOT_ZOO/prompts" \
+               --benchmarks humaneval,pystdlib --limit ${ZOO_LIMIT:-12} --max-new-tokens 256 \
+               --methods hf_ar,our_ar,stock,our_spec --out "$OUT/bench_zoo" ;;
+    # Scale tier: Qwen3-8B shapes, random weights, DFlash's published tau 6.49 replayed.
+    bench_8b)  run_step bench_8b python3 -m specpilot bench --target random:qwen3-8b --methods our_ar,our_spec \
+               --replay 6.49 --benchmarks gsm8k,humaneval --limit 2 --max-new-tokens 256 \
+               --datasets "$SPECPILOT_DATASETS" --out "$OUT/bench_8b" ;;
     *)       echo "unknown step $step"; exit 2 ;;
   esac
 done
 
 echo
 echo "== tables"
-for name in split12 engine agents; do
+for name in split12 engine agents bench_zoo bench_8b; do
   [ -f "$OUT/$name.log" ] && { echo "-- $name"; grep -E '^\|' "$OUT/$name.log" | tail -25; }
 done
 echo "== summary"

@@ -50,7 +50,7 @@ def test_cli_all_methods(tiny_pair, prompt_dir, tmp_path, capsys):
     target, drafter = tiny_pair
     out = tmp_path / "out"
     rc = cli.main(["bench", "--target", str(target), "--drafter", str(drafter), "--datasets", str(prompt_dir),
-                   "--benchmarks", "gsm8k,mt-bench", "--limit", "1", "--max-new-tokens", "9", "--dtype", "float32",
+                   "--benchmarks", "gsm8k,mt-bench", "--limit", "1", "--max-new-tokens", "9", "--dtype", "fp32",
                    "--device", "cpu", "--methods", ",".join(e2e.METHODS), "--tier", "correctness", "--out", str(out),
                    # random answers hold padding tokens whose text re-encodes ~13x longer in turn 2
                    "--max-seq-len", "1024"])
@@ -79,7 +79,7 @@ def test_cli_all_methods(tiny_pair, prompt_dir, tmp_path, capsys):
     assert f"{same}/{n}" in line and f'{summary["gsm8k"]["methods"]["stock"]["tau"]:.2f}' in line
     assert table[-1].startswith("| all |")
     md = (out / "report.md").read_text()
-    assert "Fidelity tier: correctness" in md and "float32" in md
+    assert "Fidelity tier: correctness" in md and "fp32" in md
     assert (out / "report.png").read_bytes()[:4] == b"\x89PNG"
     assert traces.load(out / "traces_stock.json").prompts  # replayable trace recorded
     assert "[gsm8k 1/1]" in captured.err and "tok/s" in captured.err
@@ -90,7 +90,7 @@ def test_cli_replay_follows_trace(tiny_pair, prompt_dir, tmp_path, rng, capsys):
     out = tmp_path / "out"
     tau = round(rng.uniform(1.5, 3.5), 2)
     rc = cli.main(["bench", "--target", str(target), "--drafter", str(drafter), "--datasets", str(prompt_dir),
-                   "--benchmarks", "gsm8k", "--limit", "2", "--max-new-tokens", "17", "--dtype", "float32",
+                   "--benchmarks", "gsm8k", "--limit", "2", "--max-new-tokens", "17", "--dtype", "fp32",
                    "--methods", "our_ar,our_spec", "--replay", str(tau), "--out", str(out)])
     assert rc == 0, capsys.readouterr().err
     want = traces.fixed_tau(tau, 4).prompts[0]["acceptance_lengths"]
@@ -148,7 +148,7 @@ def test_cli_random_preset_scale_tier(prompt_dir, tmp_path, capsys):
     """random:<preset> builds our pair in memory; no stop token, so every prompt runs to the cap."""
     out = tmp_path / "out"
     rc = cli.main(["bench", "--target", "random:tiny-qwen3", "--datasets", str(prompt_dir), "--benchmarks", "gsm8k",
-                   "--limit", "2", "--max-new-tokens", "12", "--block-size", "4", "--dtype", "float32",
+                   "--limit", "2", "--max-new-tokens", "12", "--block-size", "4", "--dtype", "fp32",
                    "--methods", "our_ar,our_spec", "--replay", "3", "--out", str(out)])
     assert rc == 0, capsys.readouterr().err
     rows = _rows(out)

@@ -6,7 +6,6 @@ from pathlib import Path
 
 from specpilot import settings
 
-DTYPES = ("bfloat16", "float32", "float16")
 
 
 def configure(parser):
@@ -28,7 +27,7 @@ def configure(parser):
     parser.add_argument("--block-size", type=int, default=None, help="default: the drafter's")
     parser.add_argument("--methods", default=",".join(DEFAULT_METHODS), help=f"comma list of {','.join(METHODS)}")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    parser.add_argument("--dtype", default="bfloat16", choices=DTYPES)
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     parser.add_argument("--weights", default="bf16", choices=("bf16", "split12"), help="our engine's weights")
     parser.add_argument("--replay", default=None,
                         help="scale tier: replay acceptance in our_spec, a fixed TAU (e.g. 6.49) or a trace.json")
@@ -129,9 +128,10 @@ def _save_traces(rows, info, out: Path):
 
 
 def run(args) -> int:
+    from specpilot.bench import datasets, e2e, random_pair, report, traces
     import torch
 
-    from specpilot.bench import datasets, e2e, random_pair, report, traces
+    from specpilot.models.loading import as_dtype
 
     _check_args(args)
     methods = e2e.parse_methods(args.methods)
@@ -147,7 +147,7 @@ def run(args) -> int:
     cfg = e2e.BenchConfig(
         target_dir=args.target, drafter_dir=args.drafter,
         device=torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu")),
-        dtype=getattr(torch, args.dtype), max_new_tokens=args.max_new_tokens, block_size=block_size,
+        dtype=as_dtype(args.dtype), max_new_tokens=args.max_new_tokens, block_size=block_size,
         methods=methods, replay=traces.parse_replay(args.replay, block_size) if args.replay else None,
         weights=args.weights,
         max_seq_len=args.max_seq_len or _seq_len_bound(tokenizer, samples, args.max_new_tokens, block_size),
