@@ -39,7 +39,7 @@ def _protected():
              (torch, "equal"), (torch, "allclose")]
     if hasattr(torch, "cuda"):
         pairs += [(torch.cuda, "synchronize"), (torch.cuda.Event, "elapsed_time"),
-                  (torch.cuda.Event, "record"), (torch.cuda.Event, "synchronize")]
+                  (torch.cuda.Event, "record"), (torch.cuda.Event, "synchronize"), (torch.cuda.Event, "query")]
     return [(owner, name, getattr(owner, name)) for owner, name in pairs]
 
 

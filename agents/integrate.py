@@ -27,7 +27,7 @@ def integrate_winner(cfg, deployment: str, gap, best, best_t, before, forcer, lo
     """-> (integrated, note, evidence)."""
     gpu = deployment.split("|")[0]
     record = {"cand_id": best.cand_id, "label": best.label, "params": best.params, "kind": best.kind,
-              "time_s": best_t, "baseline_s": before, "source_path": _save_source(best),
+              "shape": list(gap.shape), "time_s": best_t, "baseline_s": before, "source_path": _save_source(best),
               "deployment": deployment, "integrated_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     evidence = {"gate": "passed", "time_s": best_t, "incumbent_s": before, "timer": cfg.timer.get("kind")}
     if gap.op == "engine.block_size":

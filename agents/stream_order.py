@@ -73,14 +73,26 @@ class OrderedCall:
     def __init__(self, device: str):
         self.device = device
         self.hold_s = HOLD_START_S
+        # a high-priority stream as the caller's: when the input lands, the consumer read is
+        # scheduled ahead of side-stream work that waited for the same input
+        self.stream = torch.cuda.Stream(priority=-1) if device == "cuda" else None
 
     def __call__(self, fn, planes, x, N: int, K: int, kpad: int):
         """-> (y_seen, y_settled): what the caller's stream read right after the call, and the
         buffer after a device-wide sync. Raises StreamOrderError when the hold could not cover the call."""
+        if self.device != "cuda":
+            return self._attempt(fn, planes, x, N, K, kpad)
+        _cuda_sync()  # inputs made on other streams are complete before the gate's stream uses them
+        with torch.cuda.stream(self.stream):
+            return self._attempt(fn, planes, x, N, K, kpad)
+
+    def _attempt(self, fn, planes, x, N, K, kpad):
         cuda = self.device == "cuda"
         x_in = torch.full_like(x, BF16_NAN)                                                   # [K] poison
         y = torch.full((N,), BF16_NAN, dtype=torch.bfloat16, device=self.device)              # [N] poison
         while True:
+            if cuda:
+                _cuda_sync()
             released = hold_stream(self.hold_s) if cuda else None
             x_in.copy_(x)                 # the producer: lands only when the hold ends
             fn(*planes, x_in, y, N, K, kpad)
