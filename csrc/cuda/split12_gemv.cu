@@ -11,11 +11,12 @@
 extern "C" __constant__ int split12_gemv_geometry[2] = {SPLIT12_GEMV_THREADS, SPLIT12_GEMV_ROWS_PER_BLOCK};
 #endif
 
-extern "C" __global__ void __launch_bounds__(SPLIT12_GEMV_THREADS, SPLIT12_GEMV_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(SPLIT12_GEMV_THREADS)
 split12_gemv(const uint8_t* lo, const uint8_t* codes, const uint8_t* base, const int* esc_rowptr,
              const int* esc_col, const unsigned short* esc_val, const unsigned short* x, unsigned short* y,
              int N, int K, int kpad) {
   using namespace specpilot::split12;
+  pdl_launch_dependents();  // no-op unless the next kernel was launched with PDL
   constexpr int kRowsPerWarp = SPLIT12_GEMV_ROWS_PER_BLOCK / (SPLIT12_GEMV_THREADS / 32);
   const Split12Source src{lo, codes, base, esc_rowptr, esc_col, esc_val, kpad};
   const int row0 = blockIdx.x * SPLIT12_GEMV_ROWS_PER_BLOCK + (threadIdx.x / 32) * kRowsPerWarp;
@@ -27,6 +28,8 @@ split12_gemv(const uint8_t* lo, const uint8_t* codes, const uint8_t* base, const
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 
+#include "split12_launch.h"
+
 namespace specpilot {
 namespace split12 {
 
@@ -34,10 +37,9 @@ int cuda_split12_gemv(const uint16_t* x, const uint8_t* lo, const uint8_t* codes
                       const int32_t* esc_rowptr, const int32_t* esc_col, const int16_t* esc_val, int N, int K,
                       uint16_t* y, void* stream) {
   const int blocks = (N + SPLIT12_GEMV_ROWS_PER_BLOCK - 1) / SPLIT12_GEMV_ROWS_PER_BLOCK;
-  split12_gemv<<<blocks, SPLIT12_GEMV_THREADS, 0, static_cast<cudaStream_t>(stream)>>>(
-      lo, codes, base, esc_rowptr, esc_col, reinterpret_cast<const unsigned short*>(esc_val), x, y, N, K,
-      (int)round_up_kpad(K));
-  return (int)cudaGetLastError();
+  return launch_kernel(split12_gemv, blocks, SPLIT12_GEMV_THREADS, 0, static_cast<cudaStream_t>(stream),
+                       cuda_kernel_variant() == kCudaVariantPdl, lo, codes, base, esc_rowptr, esc_col,
+                       reinterpret_cast<const unsigned short*>(esc_val), x, y, N, K, (int)round_up_kpad(K));
 }
 
 }  // namespace split12

@@ -18,10 +18,28 @@ namespace split12 {
 
 constexpr int kNoEscape = 0x7FFFFFFF;
 
+// Programmatic dependent launch (sm_90). pdl_launch_dependents: the next kernel of the stream may
+// launch now (it prefetches its weights, then waits for this grid). pdl_wait: wait until the
+// previous kernel is complete and its writes visible, so call it before reading x or writing y.
+// Both are no-ops for a grid launched without the PDL attribute (every launch but variant 4).
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float lo_half_to_float(uint32_t pair) { return __uint_as_float(pair << 16); }
 __device__ __forceinline__ float hi_half_to_float(uint32_t pair) { return __uint_as_float(pair & 0xFFFF0000u); }
 
-// ---- weight sources: load_chunk(state, c, w) fills 32 columns 32c..32c+31 of one row ----
+// ---- weight sources: load_chunk(state, c, w) fills 32 columns 32c..32c+31 of one row; it is
+// fetch (issue the raw 16-byte loads) + decode (bf16x2 words, escapes in place), split so callers
+// can keep several chunks in flight ----
 
 struct Split12Source {
   const uint8_t* lo;
@@ -39,14 +57,26 @@ struct Split12Source {
     int e, e_end, e_col; // escape cursor: next escape index, row end, its column (kNoEscape if none)
   };
 
-  __device__ __forceinline__ Row row(int n) const {
+  // The plane pointers only (no loads): enough for fetch / raw_src.
+  __device__ __forceinline__ Row row_planes(int n) const {
     Row r;
     r.lo = reinterpret_cast<const uint4*>(lo + (int64_t)n * kpad);
     r.codes = reinterpret_cast<const uint4*>(codes + (int64_t)n * (kpad / 2));
+    return r;
+  }
+
+  // Base and escape cursor, needed by decode. esc_col waits on esc_rowptr (two latencies in a
+  // row), so latency-hiding callers issue their weight loads before calling this.
+  __device__ __forceinline__ void row_tables(Row& r, int n) const {
     r.base4 = (uint32_t)__ldg(base + n) * 0x01010101u;
     r.e = __ldg(esc_rowptr + n);
     r.e_end = __ldg(esc_rowptr + n + 1);
     r.e_col = r.e < r.e_end ? __ldg(esc_col + r.e) : kNoEscape;
+  }
+
+  __device__ __forceinline__ Row row(int n) const {
+    Row r = row_planes(n);
+    row_tables(r, n);
     return r;
   }
 
@@ -55,25 +85,36 @@ struct Split12Source {
     r.e_col = r.e < r.e_end ? __ldg(esc_col + r.e) : kNoEscape;
   }
 
-  // The raw bytes of one 32-column chunk of one row (fetch), decoded later (decode).
+  // The raw bytes of one 32-column chunk of one row: lo 0..15, lo 16..31, codes (fetch), decoded
+  // later (decode). raw_src gives their global addresses (for cp.async into shared memory).
+  static constexpr int kRawWords = 3;
   struct Raw {
-    uint4 l0, l1, cw;
+    uint4 u[kRawWords];
   };
 
-  __device__ __forceinline__ void fetch(const Row& r, int c, bool /*full*/, Raw& raw) const {
-    raw.l0 = __ldcs(r.lo + 2 * c);
-    raw.l1 = __ldcs(r.lo + 2 * c + 1);
-    raw.cw = __ldcs(r.codes + c);
+  __device__ __forceinline__ bool raw_src(const Row& r, int c, bool /*full*/, const uint4* (&p)[kRawWords]) const {
+    p[0] = r.lo + 2 * c;
+    p[1] = r.lo + 2 * c + 1;
+    p[2] = r.codes + c;
+    return true;
+  }
+
+  __device__ __forceinline__ void fetch(const Row& r, int c, bool full, Raw& raw) const {
+    const uint4* p[kRawWords];
+    raw_src(r, c, full, p);
+#pragma unroll
+    for (int i = 0; i < kRawWords; ++i) raw.u[i] = __ldcs(p[i]);
   }
 
   // All 32 columns decode even past K (padding is lo = 0, code = 0); the caller skips k >= K.
   // Chunks of one row must be decoded in ascending c (the escape cursor only moves forward).
   __device__ __forceinline__ void decode(Row& r, int c, bool /*full*/, int /*K*/, const Raw& raw,
                                          uint32_t (&w)[16]) const {
-    decode8(raw.cw.x, raw.l0.x, raw.l0.y, r.base4, &w[0]);
-    decode8(raw.cw.y, raw.l0.z, raw.l0.w, r.base4, &w[4]);
-    decode8(raw.cw.z, raw.l1.x, raw.l1.y, r.base4, &w[8]);
-    decode8(raw.cw.w, raw.l1.z, raw.l1.w, r.base4, &w[12]);
+    const uint4 l0 = raw.u[0], l1 = raw.u[1], cw = raw.u[2];
+    decode8(cw.x, l0.x, l0.y, r.base4, &w[0]);
+    decode8(cw.y, l0.z, l0.w, r.base4, &w[4]);
+    decode8(cw.z, l1.x, l1.y, r.base4, &w[8]);
+    decode8(cw.w, l1.z, l1.w, r.base4, &w[12]);
     const int col0 = c * kChunk;
     // Escapes in place (rare). Each lane moves its own cursor past other lanes' chunks, then walks
     // the 32 columns with compile-time indices (a computed index would put w in local memory).
@@ -107,17 +148,27 @@ struct Bf16Source {
   };
 
   __device__ __forceinline__ Row row(int n) const { return Row{w + (int64_t)n * K}; }
+  __device__ __forceinline__ Row row_planes(int n) const { return row(n); }
+  __device__ __forceinline__ void row_tables(Row&, int) const {}
 
+  static constexpr int kRawWords = 4;
   struct Raw {
-    uint4 v[4];
+    uint4 u[kRawWords];
   };
 
-  // Full chunks of 16-byte aligned rows only; the tail / unaligned path loads in decode.
-  __device__ __forceinline__ void fetch(const Row& r, int c, bool full, Raw& raw) const {
-    if (full && vec) {
-      const uint4* p = reinterpret_cast<const uint4*>(r.w + c * kChunk);
+  // Vector loads for full chunks of 16-byte aligned rows only (false: decode loads the chunk itself).
+  __device__ __forceinline__ bool raw_src(const Row& r, int c, bool full, const uint4* (&p)[kRawWords]) const {
+    if (!(full && vec)) return false;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) raw.v[i] = __ldcs(p + i);
+    for (int i = 0; i < kRawWords; ++i) p[i] = reinterpret_cast<const uint4*>(r.w + c * kChunk) + i;
+    return true;
+  }
+
+  __device__ __forceinline__ void fetch(const Row& r, int c, bool full, Raw& raw) const {
+    const uint4* p[kRawWords];
+    if (raw_src(r, c, full, p)) {
+#pragma unroll
+      for (int i = 0; i < kRawWords; ++i) raw.u[i] = __ldcs(p[i]);
     }
   }
 
@@ -126,10 +177,10 @@ struct Bf16Source {
     if (full && vec) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        out[4 * i + 0] = raw.v[i].x;
-        out[4 * i + 1] = raw.v[i].y;
-        out[4 * i + 2] = raw.v[i].z;
-        out[4 * i + 3] = raw.v[i].w;
+        out[4 * i + 0] = raw.u[i].x;
+        out[4 * i + 1] = raw.u[i].y;
+        out[4 * i + 2] = raw.u[i].z;
+        out[4 * i + 3] = raw.u[i].w;
       }
     } else {  // tail chunk or unaligned rows: 2-byte loads, columns >= K read as 0 (never added)
 #pragma unroll
@@ -217,9 +268,15 @@ __device__ __forceinline__ void linear_warp(const Source& src, const uint16_t* _
 #pragma unroll
     for (int m = 0; m < MT; ++m) acc[r][m] = 0.0f;
 
+  // U > 1: the first weight loads go out before the row's base / escape tables are read (their
+  // dependent loads would otherwise delay them a full latency); U = 1 keeps the pre-tuning order.
+  constexpr bool kTablesLate = U > 1;
   typename Source::Row rows[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) rows[r] = src.row(row0 + r < N ? row0 + r : N - 1);
+  for (int r = 0; r < R; ++r) {
+    const int n = row0 + r < N ? row0 + r : N - 1;
+    rows[r] = kTablesLate ? src.row_planes(n) : src.row(n);
+  }
 
   const int nchunks = (K + kChunk - 1) / kChunk;
   for (int c0 = lane; c0 < nchunks; c0 += U * kLanes) {
@@ -231,6 +288,11 @@ __device__ __forceinline__ void linear_warp(const Source& src, const uint16_t* _
 #pragma unroll
         for (int r = 0; r < R; ++r) src.fetch(rows[r], c, c * kChunk + kChunk <= K, raw[u][r]);
       }
+    }
+    pdl_wait();  // weights are in flight; x may come from the previous kernel
+    if (kTablesLate && c0 == lane) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) src.row_tables(rows[r], row0 + r < N ? row0 + r : N - 1);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {  // chunks c0, c0+32, ... ascending: the lane's chain order
@@ -245,6 +307,8 @@ __device__ __forceinline__ void linear_warp(const Source& src, const uint16_t* _
       }
     }
   }
+
+  pdl_wait();  // lanes without chunks too: y may still be the previous kernel's to write
 
   // The fixed tree over lanes; every lane ends with the same sums.
 #pragma unroll

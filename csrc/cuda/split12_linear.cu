@@ -1,10 +1,12 @@
 // Launchers of the CUDA-core linear kernels for M = 1..32 tokens: split12 (M = 1 goes to the
-// contract kernel split12_gemv; variant 0 to the old geometry here) and its bf16 twin. Exactness: bit-identical to each other and to
-// the CPU kernels (reduction order of split12_format.h), whatever the bucket below.
+// contract kernel split12_gemv, except variants 0, 2, 3 which use linear_kernel here) and its bf16
+// twin. Exactness: bit-identical to each other and to the CPU kernels (reduction order of
+// split12_format.h), whatever the bucket or variant below.
 #include <cuda_runtime.h>
 
 #include "specpilot/abi/split12_gemv.h"
 #include "split12_kernel.cuh"
+#include "split12_launch.h"
 
 namespace specpilot {
 namespace split12 {
@@ -15,6 +17,7 @@ constexpr int kThreads = 128;  // 4 warps
 template <class Source, int MT, int R, int U>
 __global__ void __launch_bounds__(kThreads) linear_kernel(Source src, const uint16_t* x, int M, uint16_t* y, int N,
                                                           int K, bool xvec) {
+  pdl_launch_dependents();  // no-op unless the next kernel was launched with PDL
   const int row0 = (blockIdx.x * (kThreads / 32) + threadIdx.x / 32) * R;
   if (row0 >= N) return;  // whole warp
   linear_warp<Source, MT, R, U>(src, x, M, y, N, K, row0, xvec);
@@ -25,13 +28,19 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(Source src, const uint
 template <class Source>
 int launch(const Source& src, const uint16_t* x, int M, uint16_t* y, int N, int K, cudaStream_t stream) {
   const bool xvec = (K % 8 == 0) && ((reinterpret_cast<uintptr_t>(x) & 15u) == 0);
+  const bool pdl = M == 1 && cuda_kernel_variant() == kCudaVariantPdl;
   auto go = [&](auto kernel, int rows_per_warp) {
     const int rows_per_block = rows_per_warp * (kThreads / 32);
-    kernel<<<(N + rows_per_block - 1) / rows_per_block, kThreads, 0, stream>>>(src, x, M, y, N, K, xvec);
-    return (int)cudaGetLastError();
+    return launch_kernel(kernel, (N + rows_per_block - 1) / rows_per_block, kThreads, 0, stream, pdl, src, x, M, y,
+                         N, K, xvec);
   };
   if (M <= 1) {
-    if (cuda_kernel_variant() == 0) return go(linear_kernel<Source, 1, 2, 1>, 2);
+    switch (cuda_kernel_variant()) {  // see split12_format.h
+      case 0: return go(linear_kernel<Source, 1, 2, 1>, 2);
+      case 2: return go(linear_kernel<Source, 1, 1, 2>, 1);
+      case 3: return go(linear_kernel<Source, 1, 2, 2>, 2);
+      default: break;
+    }
     // Same geometry as the split12_gemv contract kernel, so the twins are timed alike.
     constexpr int kR = SPLIT12_GEMV_ROWS_PER_BLOCK / (SPLIT12_GEMV_THREADS / 32);
     static_assert(SPLIT12_GEMV_THREADS == kThreads, "the M = 1 twin assumes the contract's block size");
@@ -50,7 +59,7 @@ int cuda_split12_linear(const uint16_t* x, int M, const uint8_t* lo, const uint8
                         const int32_t* esc_rowptr, const int32_t* esc_col, const int16_t* esc_val, int N, int K,
                         uint16_t* y, void* stream) {
   if (M < 1 || M > kCudaMaxM || N < 1 || K < 1) return (int)cudaErrorInvalidValue;
-  if (M == 1 && cuda_kernel_variant() != 0)
+  if (M == 1 && (cuda_kernel_variant() == kCudaVariantLatest || cuda_kernel_variant() == kCudaVariantPdl))
     return cuda_split12_gemv(x, lo, codes, base, esc_rowptr, esc_col, esc_val, N, K, y, stream);
   const Split12Source src{lo, codes, base, esc_rowptr, esc_col, reinterpret_cast<const uint16_t*>(esc_val),
                           (int)round_up_kpad(K)};

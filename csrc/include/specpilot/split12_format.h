@@ -151,12 +151,18 @@ int cuda_split12_linear_tc(const uint16_t* x, int M, const uint8_t* lo, const ui
 int cuda_bf16_linear_tc(const uint16_t* x, int M, const uint16_t* w, int N, int K, uint16_t* y, void* stream);
 constexpr int kCudaMaxM = 32;
 
-// Which generation of CUDA kernels the launchers above pick: 1 = current (default), 0 = the
-// pre-tuning kernels (U = 1 loads, 2 rows per warp at M = 1, one span per tensor-core step), kept
-// so bench/split12_kernels.py can time old and new side by side. Output bits do not depend on it
-// for the CUDA-core kernels; tensor-core outputs may differ between generations (own mma order).
-// Process-global, not thread-safe: a benchmark knob (op specpilot::split12_kernel_variant).
+// Which CUDA kernels the launchers above pick (a benchmark knob, kept so bench/split12_kernels.py
+// times old and new side by side; process-global, not thread-safe; op split12_kernel_variant):
+//   1 (default) M = 1: split12_gemv, 1 row per warp, 4 chunks per lane in flight (U = 4);
+//               tensor cores: tc_pipelined_kernel (cp.async ring, 3-4 spans per warp in flight).
+//   0           the pre-tuning kernels: M = 1 with 2 rows per warp, U = 1; tc_linear_kernel.
+//   2, 3        M = 1 alternatives to 1 (R = 1, U = 2 / R = 2, U = 2), tensor cores as 1.
+//   4           1 launched with programmatic dependent launch (M = 1 and tensor cores): a kernel
+//               starts during the previous one and prefetches weights (csrc/cuda/split12_launch.h).
+// Only M = 1 and kernel "tc" change; every variant keeps every output bit of variant 0 (the
+// CUDA-core order is fixed by the format, the tensor-core kernels share their mma sequence).
 constexpr int kCudaVariantLatest = 1;
+constexpr int kCudaVariantCount = 5;
 inline int& cuda_kernel_variant() {
   static int variant = kCudaVariantLatest;
   return variant;

@@ -21,6 +21,10 @@ from .reference import Split12Tensor
 
 CUDA_MAX_M = 32  # rows per CUDA launch; larger M is split into chunks (rows are independent)
 KERNELS = ("simt", "tc")  # CUDA-core lane-tree order (CPU-identical) / tensor cores
+# CUDA kernel variants (csrc/include/specpilot/split12_format.h): which launch geometry / load
+# pipeline the CUDA ops use at M = 1 and for kernel="tc". Every variant gives the same output bits.
+KERNEL_VARIANTS = {0: "pre-tuning", 1: "latest", 2: "M=1 R=1 U=2", 3: "M=1 R=2 U=2", 4: "latest + PDL launch"}
+LATEST_VARIANT = 1
 
 
 def _cuda_live() -> bool:
@@ -46,6 +50,14 @@ def _op(name: str, kernel: str, x: torch.Tensor):
             raise ValueError(f"{name}: kernel='tc' runs on CUDA only, x is on {x.device}")
         name += "_tc"
     return getattr(_ext.ops(), name)
+
+
+def kernel_variant(variant: int | None = None) -> int:
+    """Read (None) or set the process-wide CUDA kernel variant; returns the previous one.
+    A benchmark knob for old-vs-new timing: outputs are bit-identical under every variant."""
+    if variant is not None and variant not in KERNEL_VARIANTS:
+        raise ValueError(f"kernel_variant: variant must be one of {sorted(KERNEL_VARIANTS)}, got {variant!r}")
+    return int(_ext.ops().split12_kernel_variant(-1 if variant is None else variant))
 
 
 def pack(w: torch.Tensor) -> Split12Tensor:

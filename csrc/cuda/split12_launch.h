@@ -1,0 +1,37 @@
+// Host-side launch of the split12 kernels, plain or with programmatic dependent launch (PDL,
+// sm_90): with pdl the kernel may start while the previous kernel of the stream still runs; the
+// kernels issue their weight loads, then pdl_wait() (split12_kernel.cuh) before x and y. Legal
+// under CUDA-graph capture (the edge becomes a programmatic dependency). Returns a cudaError_t.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "specpilot/split12_format.h"
+
+namespace specpilot {
+namespace split12 {
+
+constexpr int kCudaVariantPdl = 4;  // see cuda_kernel_variant() in split12_format.h
+
+template <class... Params, class... Args>
+int launch_kernel(void (*kernel)(Params...), int grid, int block, int smem, cudaStream_t stream, bool pdl,
+                  Args... args) {
+  if (!pdl) {
+    kernel<<<grid, block, smem, stream>>>(args...);
+    return (int)cudaGetLastError();
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(block);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return (int)cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
+
+}  // namespace split12
+}  // namespace specpilot
