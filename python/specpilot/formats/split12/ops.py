@@ -16,6 +16,7 @@ import torch
 
 from specpilot import _ext
 from specpilot.kernels import registry
+from specpilot.kernels.dispatch import integrated_launcher
 
 from .reference import Split12Tensor
 
@@ -101,6 +102,11 @@ def split12_linear(x: torch.Tensor, p: Split12Tensor, out: torch.Tensor | None =
     op = _op("split12_linear", kernel, x)
     out = _out(x, p.N, out)
     planes = list(p.planes().values())
+    if kernel == "simt" and x.is_cuda and x.shape[0] == 1 and x.is_contiguous() and out.is_contiguous():
+        launch = integrated_launcher("split12_gemv", (p.N, p.K), x.device)  # agent-integrated variant
+        if launch is not None:
+            launch(x, *planes, out)
+            return out
     for xs, ys in _chunks(x, out):
         op(xs, *planes, p.K, ys)
     return out
