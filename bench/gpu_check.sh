@@ -44,7 +44,7 @@ for step in $steps; do
              tail -1 "$OUT/tests.log" | tee -a "$summary" ;;
     split12) run_step split12 python3 -m specpilot.bench.split12_kernels --out "$OUT/split12.json" ;;
     engine)  run_step engine python3 -m specpilot.bench.gpu_engine --out "$OUT" ;;
-    agents)  run_step agents python3 -m specpilot.bench.gpu_agents --out "$OUT" ;;
+    agents)  run_step agents python3 -m specpilot.bench.gpu_agents --out "$OUT" --total-budget ${AGENTS_BUDGET:-280} ;;
     # Real-acceptance tier: the zoo pair on its held-out prompts (all methods, side by side).
     bench_zoo) run_step bench_zoo python3 -m specpilot bench --target "$SPECPILOT_ZOO/code-tiny" \
                --drafter "$SPECPILOT_ZOO/code-tiny-dflash-b16" --datasets "$SPECPILOT_ZOO/prompts" \

@@ -1,13 +1,17 @@
 """GPU self-check + speed probe of the engine (run by the lead on the H200):
 
-    python -m specpilot.bench.gpu_engine --out DIR
+    python -m specpilot.bench.gpu_engine --out DIR            # --quick (default): ~2 min incl. graphs
+    python -m specpilot.bench.gpu_engine --out DIR --full     # more prompts / tokens / iterations
 
 1. Token forcing of the zoo pair in bf16 against stock dflash_generate on ~8 prompts (mismatches,
    tolerated near-ties), and our speculative output vs stock's tokens.
 2. Per-step times (CUDA-graphed, CUDA events): our AR decode step, the 16-token verify step and the
    draft step, on (a) the zoo pair and (b) a random-weight Qwen3-8B-shape target (bf16, built on the
    GPU) with a 5-layer drafter (target_layer_ids [1, 9, 17, 25, 33]); the ratios verify/AR and
-   draft/verify and the weight-bandwidth floor (target weight bytes / 4.3e12 B/s).
+   draft/verify and the weight-bandwidth floor (target weight bytes / 4.3e12 B/s); the fused
+   whole-step calls (engine/fused_steps.py) timed per call with the host sync (what a token / block
+   really costs); the draft's LM-head share; the 8B shape again with weights="split12".
+3. split12 vs bf16-twin engines on the zoo pair: bit-identical logits (graphed AR and verify).
 Writes DIR/gpu_engine.json; prints a short table last.
 """
 from __future__ import annotations
@@ -39,6 +43,16 @@ def weight_bytes(target) -> int:
     return total
 
 
+def wall_ms(fn, iters: int) -> float:
+    """Wall ms per call of a function that syncs itself (the fused steps read their result back)."""
+    for _ in range(3):
+        fn()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t0) / iters * 1e3
+
+
 @torch.inference_mode()
 def time_steps(engine, block: int, iters: int = 50) -> dict:
     """ms per graphed AR step, verify(block) step and draft step at CONTEXT tokens of context."""
@@ -66,6 +80,19 @@ def time_steps(engine, block: int, iters: int = 50) -> dict:
            "verify_ms": measure(lambda: runner.target_step(blk, CONTEXT, with_features=True))}
     if engine.drafter is not None:
         out["draft_ms"] = measure(lambda: runner.draft_step(feats[:, :4], CONTEXT - 4, blk, CONTEXT, block))
+        hidden = torch.zeros(1, block - 1, engine.target.config.hidden_size, device=dev, dtype=engine.target.dtype)
+        out["lm_head15_ms"] = measure(lambda: engine.target.lm_head(hidden))     # eager, one GEMM
+    fused = runner.fused
+    fused.capture_all(block if engine.drafter is not None else None)
+    pos = [CONTEXT]                                            # the graph advances one position per call
+
+    def ar_once():
+        fused.ar_step(pos[0])
+        pos[0] += 1
+    fused.ar_begin(int(prompt[0, -1]), CONTEXT)
+    out["fused_ar_ms"] = wall_ms(ar_once, iters)
+    if engine.drafter is not None:
+        out["fused_spec_ms"] = wall_ms(lambda: fused.spec_step(block, CONTEXT, CONTEXT - 4, 4, block, 1), iters)
     return out
 
 
@@ -102,13 +129,31 @@ def forcing_zoo(prompts: int, max_new_tokens: int, compile_layers: bool) -> dict
     report = token_force(engine, stock, [i for _, i in prompt_ids], max_new_tokens, stop_ids=stop,
                          ids=[p for p, _ in prompt_ids])
     ar = [engine.generate_ar(i, max_new_tokens, stop) for _, i in prompt_ids]
+    fused_spec = [engine.generate_spec(i, max_new_tokens, stop) for _, i in prompt_ids]
+    engine.fused_steps = False                                       # the previous (stepwise) path
+    step_spec = [engine.generate_spec(i, max_new_tokens, stop) for _, i in prompt_ids]
+    step_ar = [engine.generate_ar(i, max_new_tokens, stop) for _, i in prompt_ids]
+    engine.fused_steps = True
     spec_tps = [r["our_decode_tokens_per_s"] for r in report.per_prompt if r["tokens"] > 1]
     ar_tps = [r.tokens_per_s for r in ar if len(r.tokens) > 1]
     stock_tps = [r["tokens"] / r["stock_s"] for r in report.per_prompt if r["tokens"] > 1]
     mean = lambda xs: sum(xs) / len(xs) if xs else 0.0
     return {"report": report.to_dict(), "seconds": time.perf_counter() - t0, "our_spec_tokens_per_s": mean(spec_tps),
             "our_ar_tokens_per_s": mean(ar_tps), "stock_tokens_per_s_incl_prefill": mean(stock_tps),
+            "stepwise_spec_tokens_per_s": mean([r.tokens_per_s for r in step_spec if len(r.tokens) > 1]),
+            "stepwise_ar_tokens_per_s": mean([r.tokens_per_s for r in step_ar if len(r.tokens) > 1]),
+            "weighted_tokens_per_s": {"fused_spec": _weighted(fused_spec), "fused_ar": _weighted(ar),
+                                      "stepwise_spec": _weighted(step_spec), "stepwise_ar": _weighted(step_ar)},
+            "fused_spec_equals_stepwise": sum(a.tokens == b.tokens for a, b in zip(fused_spec, step_spec)),
+            "fused_ar_equals_stepwise": sum(a.tokens == b.tokens for a, b in zip(ar, step_ar)),
             "engine": engine}
+
+
+def _weighted(results) -> float:
+    """All new tokens / all decode seconds over the prompts (immune to one short prompt)."""
+    toks = sum(len(r.tokens) for r in results if len(r.tokens) > 1)
+    secs = sum(r.decode_s for r in results if len(r.tokens) > 1)
+    return toks / secs if secs > 0 else 0.0
 
 
 def scale_engine(compile_layers: bool):
@@ -118,7 +163,7 @@ def scale_engine(compile_layers: bool):
     cfg = TARGET_PRESETS["qwen3-8b"]
     target = random_target(cfg, "cuda", torch.bfloat16, seed=0)
     dcfg = drafter_config_for(cfg, num_layers=5, block_size=16, layer_ids=[1, 9, 17, 25, 33])
-    return Engine(target, random_drafter(dcfg, target, seed=1), max_seq_len=2048, compile_layers=compile_layers)
+    return Engine(target, random_drafter(dcfg, target, seed=1), max_seq_len=1024, compile_layers=compile_layers)
 
 
 def settings_zoo():
@@ -139,20 +184,30 @@ def row(name, engine, steps) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specpilot.bench.gpu_engine", description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--full", action="store_true", help="16 prompts x 256 tokens, 100 iterations (default: quick)")
+    parser.add_argument("--prompts", type=int, default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=None)
     parser.add_argument("--skip-8b", action="store_true")
+    parser.add_argument("--skip-split12", action="store_true")
     parser.add_argument("--compile", action="store_true", help="torch.compile the decoder layers (opt-in)")
+    parser.add_argument("--attention", default="auto", help="attention backend (models/attention_backend.py)")
     args = parser.parse_args(argv)
+    from specpilot.models.attention_backend import set_attention_backend
+    set_attention_backend(args.attention)
+    prompts = args.prompts or (16 if args.full else 8)
+    max_new = args.max_new_tokens or (256 if args.full else 128)
+    iters = 100 if args.full else 30
     if not torch.cuda.is_available():
         raise SystemExit("gpu_engine needs a CUDA GPU")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = False
     result = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "context_tokens": CONTEXT, "rows": []}
+    t_start = time.perf_counter()
 
     result["compile_layers"] = args.compile
-    zoo = forcing_zoo(args.prompts, args.max_new_tokens, args.compile)
+    result["attention"] = args.attention
+    zoo = forcing_zoo(prompts, max_new, args.compile)
     engine = zoo.pop("engine", None)
     result["forcing"] = zoo
     pair = (engine.target, engine.drafter) if engine is not None else None
@@ -166,17 +221,32 @@ def main(argv=None) -> int:
     if pair is not None:
         from specpilot.engine import Engine
 
-        engine = Engine(*pair, max_seq_len=2048)                   # room for CONTEXT + a block
-        result["rows"].append(row("zoo code-tiny (bf16)", engine, time_steps(engine, 16)))
+        engine = Engine(*pair, max_seq_len=1024)                   # room for CONTEXT + a block
+        result["rows"].append(row("zoo code-tiny (bf16)", engine, time_steps(engine, 16, iters)))
         del engine, pair
         gc.collect()
         torch.cuda.empty_cache()
+        if not args.skip_split12:
+            from .gpu_engine_split12 import twin_check
+            result["split12_twin"] = twin_check(settings_zoo())
     if not args.skip_8b:
         t0 = time.perf_counter()
         engine = scale_engine(args.compile)
         result["build_8b_s"] = time.perf_counter() - t0
-        result["rows"].append(row("random Qwen3-8B shape (bf16)", engine, time_steps(engine, 16)))
+        result["rows"].append(row("random Qwen3-8B shape (bf16)", engine, time_steps(engine, 16, iters)))
+        if not args.skip_split12:
+            from .gpu_engine_split12 import shared_plane_split12
+            target, drafter = engine.target, engine.drafter
+            del engine
+            gc.collect()
+            t0 = time.perf_counter()
+            result["split12_8b_bits"] = shared_plane_split12(target)
+            result["pack_8b_s"] = time.perf_counter() - t0
+            from specpilot.engine import Engine
+            engine = Engine(target, drafter, max_seq_len=1024, compile_layers=args.compile)
+            result["rows"].append(row("Qwen3-8B shape (split12)", engine, time_steps(engine, 16, iters)))
         del engine
+    result["total_s"] = time.perf_counter() - t_start
     (out / "gpu_engine.json").write_text(json.dumps(result, indent=2, default=str))
 
     f = result["forcing"]
@@ -189,18 +259,30 @@ def main(argv=None) -> int:
         print(f"forcing zoo bf16 vs stock: prompts {rep['prompts']}, tokens {rep['tokens']}, mismatches "
               f"{rep['mismatches']}, tolerated {rep['tolerated']}, passed {rep['passed']}, spec output identical "
               f"to stock {rep['spec_identical']}/{rep['prompts']} ({rep['eps_rule']})")
-        print(f"zoo end to end (tokens/s, decode): our spec {f['our_spec_tokens_per_s']:.0f}, our AR "
-              f"{f['our_ar_tokens_per_s']:.0f}; stock dflash incl. prefill {f['stock_tokens_per_s_incl_prefill']:.0f}")
+        print(f"zoo end to end (tokens/s, decode, mean over prompts): our spec {f['our_spec_tokens_per_s']:.0f}, our AR "
+              f"{f['our_ar_tokens_per_s']:.0f}; previous stepwise path: spec {f['stepwise_spec_tokens_per_s']:.0f}, "
+              f"AR {f['stepwise_ar_tokens_per_s']:.0f}; stock dflash incl. prefill "
+              f"{f['stock_tokens_per_s_incl_prefill']:.0f}")
+        print(f"  token-weighted: {json.dumps({k: round(v) for k, v in f['weighted_tokens_per_s'].items()})}; "
+              f"fused == stepwise tokens: spec {f['fused_spec_equals_stepwise']}/{rep['prompts']}, "
+              f"AR {f['fused_ar_equals_stepwise']}/{rep['prompts']}")
     else:
         print(f"forcing: {f.get('skipped')}")
-    print(f"steps at {CONTEXT} tokens of context, CUDA graphs, compile_layers={args.compile}")
-    print(f"{'model':<30} {'AR ms':>7} {'verify16':>9} {'draft':>7} {'ver/AR':>7} {'draft/ver':>9} "
-          f"{'floor ms':>9} {'AR/floor':>8}")
+    if "split12_twin" in result:
+        print(f"split12 vs bf16 twin (zoo, graphed): {result['split12_twin']}")
+    print(f"steps at {CONTEXT} tokens of context, CUDA graphs, compile_layers={args.compile}, "
+          f"attention={args.attention}; "
+          f"fusedAR / fusedSpec: wall ms per call incl. host sync")
+    print(f"{'model':<30} {'AR ms':>7} {'verify16':>9} {'draft':>7} {'head15':>7} {'ver/AR':>7} {'draft/ver':>9} "
+          f"{'floor ms':>9} {'AR/floor':>8} {'fusedAR':>8} {'fusedSpec':>9}")
     for r in result["rows"]:
         print(f"{r['model']:<30} {r['ar_ms']:7.3f} {r['verify_ms']:9.3f} {r.get('draft_ms', 0):7.3f} "
-              f"{r['verify_over_ar']:7.2f} {r.get('draft_over_verify', 0):9.2f} {r['floor_ms']:9.3f} "
-              f"{r['ar_over_floor']:8.2f}")
-    ok = "report" not in f or f["report"]["passed"]
+              f"{r.get('lm_head15_ms', 0):7.3f} {r['verify_over_ar']:7.2f} {r.get('draft_over_verify', 0):9.2f} "
+              f"{r['floor_ms']:9.3f} {r['ar_over_floor']:8.2f} {r.get('fused_ar_ms', 0):8.3f} "
+              f"{r.get('fused_spec_ms', 0):9.3f}")
+    print(f"total {result['total_s']:.0f} s (8B build {result.get('build_8b_s', 0):.0f} s, split12 pack "
+          f"{result.get('pack_8b_s', 0):.0f} s)")
+    ok = ("report" not in f or f["report"]["passed"]) and result.get("split12_twin", {}).get("passed", True)
     return 0 if ok else 1
 
 

@@ -71,27 +71,48 @@ def test_sampling_reproducible_and_matches_stock(pair):
     assert ar1.tokens == ar2.tokens and len(ar1.tokens) == 12
 
 
-def test_graph_path_on_cpu_matches_stock(pair):
-    """The CUDA-graph code path (fixed shapes, context padded into the trash slot, power-of-two kv
-    spans, outputs overwritten by every call) run on the CPU with a static-shape stand-in."""
+@pytest.mark.parametrize("fused", [True, False])
+def test_graph_path_on_cpu_matches_stock(pair, fused):
+    """The CUDA-graph code path (fixed shapes, context and tail blocks padded into the trash slot,
+    power-of-two kv spans, outputs overwritten by every call) run on the CPU with a static-shape
+    stand-in: the fused whole-step graphs (fused=True) and the stepwise draft / verify graphs."""
     from specpilot.engine.graphs import StaticShapeStep
     from specpilot.engine.steps import StepRunner
 
     eng = pair.engine
     prompts = [pair.random_prompt(3), pair.random_prompt(40)]   # shorter / longer than the block
     eager_ar = [eng.generate_ar(p, 12).tokens for p in prompts]
-    saved = eng.runner
+    saved = eng.runner, eng.fused_steps
     eng.runner = StepRunner(eng.target, eng.drafter, eng.cache, eng.draft_cache, True, StaticShapeStep)
+    eng.fused_steps = fused
     try:
         for prompt, max_new, ar in zip(prompts, (30, 45), eager_ar):
             ref = run_stock(pair.stock, prompt, max_new, (), 0.0, 4)
             ours = eng.generate_spec(prompt, max_new, block_size=4)
             assert ours.tokens == ref.tokens and ours.acceptance_lengths == ref.acceptance_lengths
             assert eng.generate_ar(prompt, 12).tokens == ar
-        kinds = {k[0] for k in eng.runner.graphs}
-        assert kinds == {"target", "draft"}
+        if fused:
+            assert {k[0] for k in eng.runner.fused.graphs} == {"ar", "spec"} and not eng.runner.graphs
+        else:
+            assert {k[0] for k in eng.runner.graphs} == {"target", "draft"} and not eng.runner.fused.graphs
     finally:
-        eng.runner = saved
+        eng.runner, eng.fused_steps = saved
+
+
+def test_fused_replay_forces_the_planned_acceptance(pair):
+    """Replay through the fused step: the transcript's tokens are produced with exactly the planned
+    acceptance lengths (the drafts come from the control buffer), equal to greedy AR."""
+    from specpilot.engine.replay import AcceptanceReplay
+
+    prompt = pair.random_prompt(10)
+    transcript = pair.engine.generate_ar(prompt, 30).tokens
+    trace = [1 + int(x) for x in torch.randint(0, 4, (7,), generator=torch.Generator().manual_seed(fresh_seed()))]
+    replay = AcceptanceReplay(transcript, trace)
+    r = pair.engine.generate_spec(prompt, 30, block_size=4, replay=replay)
+    assert r.replay_shortfalls == 0
+    assert r.tokens == transcript
+    expected = [min(trace[i % len(trace)], 4) for i in range(len(r.acceptance_lengths))]
+    assert r.acceptance_lengths[:-1] == expected[:-1]          # the last step may be cut by the tail
 
 
 def test_drafter_scales_and_softcap_match_stock(tmp_path):

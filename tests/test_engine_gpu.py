@@ -32,7 +32,8 @@ def test_graphs_are_used_and_match_stock_and_eager(cuda_pair):
     graphed, eager, stock = cuda_pair
     assert graphed.use_graphs and not eager.use_graphs
     assert graphed.warmup() > 0
-    captured = set(graphed.runner.graphs)
+    captured, fused = set(graphed.runner.graphs), set(graphed.runner.fused.graphs)
+    assert {k[0] for k in fused} == {"ar", "spec"}
     g = torch.Generator().manual_seed(fresh_seed())
     for length, max_new in ((5, 40), (200, 70), (300, 257)):     # spans several kv buckets, tails
         prompt = torch.randint(0, 318, (length,), generator=g).tolist()
@@ -42,7 +43,13 @@ def test_graphs_are_used_and_match_stock_and_eager(cuda_pair):
         assert a.tokens == ref.tokens == b.tokens
         assert a.acceptance_lengths == ref.acceptance_lengths
         assert graphed.generate_ar(prompt, max_new).tokens == eager.generate_ar(prompt, max_new).tokens
+        graphed.fused_steps = False                      # the stepwise graphs: same tokens
+        try:
+            assert graphed.generate_spec(prompt, max_new).tokens == ref.tokens
+        finally:
+            graphed.fused_steps = True
     assert set(graphed.runner.graphs) == captured        # warmup captured everything generation needed
+    assert set(graphed.runner.fused.graphs) == fused
     assert {k[0] for k in captured} == {"draft", "target"}
 
 
@@ -55,3 +62,33 @@ def test_sampling_on_cuda_matches_stock(cuda_pair):
     a = graphed.generate_spec(prompt, 48, temperature=0.7, seed=seed)
     ref = run_stock(stock, prompt, 48, (), 0.7, None, seed=seed)
     assert a.tokens == ref.tokens
+
+
+def test_split12_engine_matches_bf16_twin_on_cuda():
+    """weights="split12" on CUDA: graphed AR (simt kernel) and verify (tensor-core kernel) logits
+    bit-identical to the Bf16Linear twin's, and identical greedy tokens."""
+    from specpilot.engine import Engine
+    from specpilot.formats.split12.linear import swap_linears
+    from specpilot.models import load_drafter, load_target
+    from specpilot.models.random_ckpt import write_pair
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        t, d = write_pair(tmp, "tiny-qwen3", layer_ids=[0, 2], block_size=8, seed=fresh_seed())
+        s12 = load_target(t, device="cuda", dtype=torch.bfloat16, weights="split12")
+        twin = load_target(t, device="cuda", dtype=torch.bfloat16)
+        swap_linears(twin, kind="bf16")
+        engines = [Engine(m, load_drafter(d, m), max_seq_len=300) for m in (s12, twin)]
+    g = torch.Generator().manual_seed(fresh_seed())
+    prompt = torch.randint(0, 300, (1, 40), generator=g).cuda()
+    for e in engines:
+        e.runner.prefill(prompt, with_features=True)
+    for step in range(3):
+        ids = torch.randint(0, 300, (1, 8), generator=g).cuda()
+        pos = 40 + 8 * step
+        ar = [e.runner.target_step(ids[:, :1], pos, with_features=False)[0].clone() for e in engines]
+        ver = [e.runner.target_step(ids, pos, with_features=True)[0].clone() for e in engines]
+        assert torch.equal(ar[0], ar[1]) and torch.equal(ver[0], ver[1])
+    p = prompt[0, :20].tolist()
+    a, b = (e.generate_spec(p, 40) for e in engines)
+    assert a.tokens == b.tokens and a.acceptance_lengths == b.acceptance_lengths

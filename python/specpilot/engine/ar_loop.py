@@ -5,6 +5,8 @@ for token up to kernel rounding near-ties; sampled output draws exactly as stock
 """
 from __future__ import annotations
 
+import torch
+
 from specpilot.verify.sampling import sample
 
 from .result import GenerationResult
@@ -12,6 +14,8 @@ from .result import GenerationResult
 
 def run_ar(engine, ids, max_new_tokens: int, stop_ids: tuple, temperature: float, generator) -> GenerationResult:
     # ids [1, n]
+    if temperature == 0 and engine.fused_steps:
+        return run_ar_fused(engine, ids, max_new_tokens, stop_ids)
     runner, n = engine.runner, ids.shape[1]
     t0 = engine.clock()
     logits, _ = runner.prefill(ids, with_features=False)          # [1, 1, V]
@@ -26,6 +30,29 @@ def run_ar(engine, ids, max_new_tokens: int, stop_ids: tuple, temperature: float
         tokens.append(int(token.item()))                          # the one host sync per token
         if tokens[-1] in stop:
             break
+    t2 = engine.clock()
+    return GenerationResult(prompt_len=n, tokens=tokens, acceptance_lengths=[], prefill_s=t1 - t0,
+                            decode_s=t2 - t1, steps=len(tokens) - 1)
+
+
+def run_ar_fused(engine, ids, max_new_tokens: int, stop_ids: tuple) -> GenerationResult:
+    """Greedy: each token is one replay of a graph that embeds, runs the target, takes the argmax and
+    advances its own position; the host only reads the token (one sync per token)."""
+    runner, n = engine.runner, ids.shape[1]
+    fused = runner.fused
+    fused.capture_all(None)                                   # no-op once captured; before the clock
+    t0 = engine.clock()
+    logits, _ = runner.prefill(ids, with_features=False)      # [1, 1, V]
+    first = int(torch.argmax(logits[0, -1]).item())
+    t1 = engine.clock()
+    tokens = [first]
+    stop = set(stop_ids)
+    if first not in stop and max_new_tokens > 1:
+        fused.ar_begin(first, n)
+        while True:
+            tokens.append(fused.ar_step(n + len(tokens) - 1))
+            if tokens[-1] in stop or len(tokens) >= max_new_tokens:
+                break
     t2 = engine.clock()
     return GenerationResult(prompt_len=n, tokens=tokens, acceptance_lengths=[], prefill_s=t1 - t0,
                             decode_s=t2 - t1, steps=len(tokens) - 1)

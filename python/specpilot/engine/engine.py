@@ -17,7 +17,7 @@ from .steps import StepRunner
 
 class Engine:
     def __init__(self, target, drafter=None, max_seq_len: int = 4096, cuda_graphs: bool = True,
-                 compile_layers: bool = False):
+                 compile_layers: bool = False, fused_steps: bool = True):
         """max_seq_len bounds prompt + new tokens.
         CUDA graphs are used on CUDA when `cuda_graphs` and SPECPILOT_CUDA_GRAPHS=1 (eager on CPU).
         compile_layers (opt-in, CUDA): torch.compile each decoder layer (fuses the elementwise ops
@@ -29,6 +29,7 @@ class Engine:
         self.target, self.drafter = target, drafter
         self.max_seq_len = max_seq_len
         self.device = target.device
+        self.fused_steps = bool(fused_steps)
         self.use_graphs = bool(cuda_graphs and self.device.type == "cuda" and settings.get().cuda_graphs)
         self.cache = target_cache(target, 1, max_seq_len)
         self.draft_cache = drafter_cache(drafter, 1, max_seq_len) if drafter is not None else None
@@ -92,8 +93,10 @@ class Engine:
                 ctx = torch.zeros(1, 1, len(self.runner.feature_layers) * self.target.config.hidden_size,
                                   device=self.device, dtype=self.target.dtype)
                 self.runner.draft_step(ctx, span - b - 1, ids, span - b, b)
+        if self.fused_steps:
+            self.runner.fused.capture_all(b if self.drafter is not None else None)
         torch.cuda.synchronize()
-        return len(self.runner.graphs)
+        return len(self.runner.graphs) + len(self.runner.fused.graphs)
 
     # -- the API -------------------------------------------------------------------------------
     @torch.inference_mode()

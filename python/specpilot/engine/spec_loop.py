@@ -19,6 +19,9 @@ from .result import GenerationResult
 
 def run_spec(engine, ids, max_new_tokens, stop_ids, temperature, block_size, replay, generator):
     # ids [1, n]
+    if temperature == 0 and block_size > 1 and engine.fused_steps:
+        from .spec_fused import run_spec_fused
+        return run_spec_fused(engine, ids, max_new_tokens, stop_ids, block_size, replay)
     runner, drafter, device = engine.runner, engine.drafter, engine.device
     n = ids.shape[1]
     max_length = n + max_new_tokens

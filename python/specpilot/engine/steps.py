@@ -14,6 +14,7 @@ import torch
 
 from .cache import KVCache
 from .graphs import GraphedStep, kv_bucket
+from .linear_kernels import cuda_switchable, linear_kernel_for_rows
 
 
 @contextlib.contextmanager
@@ -38,11 +39,24 @@ class StepRunner:
         self.graphs = {}
         self.step_factory = step_factory or GraphedStep
         self.pool = torch.cuda.graph_pool_handle() if use_graphs and self.step_factory is GraphedStep else None
+        from .fused_steps import FusedSteps
+        self._switchable = None                               # split12 linears whose kernel we pick
+        self.fused = FusedSteps(self)                         # whole greedy steps, one graph each
+
+    def compiled_ctx(self, model):
+        return compiled(model)
+
+    def kernel_ctx(self, rows: int):
+        """split12 / bf16-twin linears: the M=1 kernel for one row, tensor cores for more (CUDA)."""
+        if self._switchable is None:
+            self._switchable = cuda_switchable((self.target, self.drafter))
+        return linear_kernel_for_rows(self._switchable, rows)
 
     # -- target ---------------------------------------------------------------------------------
     def _target(self, ids, positions, kv_len: int, with_features: bool, logits_rows=None):
         layers = self.feature_layers if with_features else ()
-        return self.target(ids, positions, self.cache, kv_len, layers, logits_rows)
+        with self.kernel_ctx(ids.shape[1]):
+            return self.target(ids, positions, self.cache, kv_len, layers, logits_rows)
 
     def prefill(self, ids, with_features: bool):
         """ids [1, T] at positions 0..T-1 -> (last logits [1, 1, V], features [1, T, F] or None)."""
@@ -69,8 +83,10 @@ class StepRunner:
 
     # -- drafter --------------------------------------------------------------------------------
     def _draft(self, ctx_features, ctx_positions, block_ids, block_positions, kv_len: int):
-        self.drafter.write_context(ctx_features, ctx_positions, self.draft_cache)
-        return self.drafter.forward_block(block_ids, block_positions, self.draft_cache, kv_len)
+        with self.kernel_ctx(ctx_features.shape[1]):
+            self.drafter.write_context(ctx_features, ctx_positions, self.draft_cache)
+        with self.kernel_ctx(block_ids.shape[1]):
+            return self.drafter.forward_block(block_ids, block_positions, self.draft_cache, kv_len)
 
     def draft_step(self, ctx_features, ctx_start: int, block_ids, start: int, full_block: int):
         """Injects ctx_features [1, C, F] (target features at positions ctx_start..ctx_start+C-1) and

@@ -108,11 +108,12 @@ class DFlashDrafter(nn.Module):
             cache.k[i].index_copy_(2, positions, k)
             cache.v[i].index_copy_(2, positions, v)
 
-    def forward_block(self, block_ids, positions, cache, kv_len: int):
+    def forward_block(self, block_ids, positions, cache, kv_len: int, last_visible=None):
         """block_ids [B, T] (anchor then masks) at `positions` [T] -> draft logits [B, T-1, V].
 
         Every query sees every cache slot up to the block's last position (non-causal), i.e. the
-        committed context and the whole block.
+        committed context and the whole block. last_visible (int64 [1], optional) overrides that
+        last slot: a block padded to a fixed size keeps its padding rows (at the trash slot) unseen.
         """
         scale = self.config.input_embedding_scale
         x = self.target.embed(block_ids)
@@ -121,7 +122,8 @@ class DFlashDrafter(nn.Module):
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         slots = torch.arange(kv_len, device=block_ids.device)
         c = self.config
-        visible = (slots <= positions[-1]).expand(positions.shape[0], kv_len)       # [T, kv_len]
+        last = positions[-1] if last_visible is None else last_visible
+        visible = (slots <= last).expand(positions.shape[0], kv_len)                # [T, kv_len]
         mask = attention_mask(visible, c.num_heads // c.num_kv_heads, x.dtype)
         for i, layer in enumerate(self.layer_fns()):
             x = layer(x, cos, sin, positions, cache.k[i], cache.v[i], kv_len, mask)

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attention_backend import masked_attention
 from .config import RopeConfig
 
 
@@ -97,6 +98,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     b, hq, t, d = q.shape
     hkv = k.shape[1]
     q = q.reshape(b, hkv, (hq // hkv) * t, d)                # rows j*T + t
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    out = masked_attention(q, k, v, mask, scale)             # SDPA unless attention_backend says otherwise
     out = out.reshape(b, hq, t, d)
     return out.transpose(1, 2).reshape(b, t, hq * d)

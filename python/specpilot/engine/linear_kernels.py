@@ -1,0 +1,54 @@
+"""Which kernel the split12 / bf16-twin linears use for a call, by the number of token rows.
+
+Split12Linear and Bf16Linear (formats/split12/linear.py) read their `kernel` attribute at call
+time: "simt" (CUDA-core GEMV, fastest at M = 1) or "tc" (tensor cores; the simt kernel is ~5x slower
+than torch at M = 16). The engine sets it around each step, so a CUDA graph bakes in the right one.
+Exactness: Split12Linear and its Bf16Linear twin stay bit-identical under either kernel; simt and
+tc differ from each other by fp32 summation order only (see formats/split12/ops.py).
+"""
+from __future__ import annotations
+
+import contextlib
+
+KERNELS = ("simt", "tc")
+
+
+def switchable_linears(models):
+    """Modules with a settable split12 `kernel` attribute, in the given models (None skipped)."""
+    seen, out = set(), []
+    for model in models:
+        if model is None:
+            continue
+        for m in model.modules():
+            if getattr(m, "kernel", None) in KERNELS and id(m) not in seen:
+                seen.add(id(m))
+                out.append(m)
+    return out
+
+
+@contextlib.contextmanager
+def linear_kernel_for_rows(mods, rows: int):
+    """Within the block, the given switchable linears (cuda_switchable) use "simt" for rows == 1
+    and "tc" otherwise."""
+    if not mods:
+        yield
+        return
+    want = "simt" if rows == 1 else "tc"
+    saved = [m.kernel for m in mods]
+    for m in mods:
+        m.kernel = want
+    try:
+        yield
+    finally:
+        for m, k in zip(mods, saved):
+            m.kernel = k
+
+
+def cuda_switchable(models):
+    """switchable_linears living on CUDA (the tc kernel is CUDA-only; CPU keeps its kernel)."""
+    return [m for m in switchable_linears(models) if _on_cuda(m)]
+
+
+def _on_cuda(module) -> bool:
+    t = next(iter(module.buffers()), None)
+    return t is not None and t.device.type == "cuda"
