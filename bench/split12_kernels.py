@@ -3,7 +3,7 @@
 For Qwen3-8B shapes and M in {1, 16}: torch bf16 `x @ W.T`, our bf16 kernel (split12's reduction
 order) and our split12 kernel, each of ours on CUDA cores ("simt", the CPU's order) and on tensor
 cores ("tc", mma.sync; split12 == bf16 bit for bit there too), under each CUDA kernel variant
-(--variants; 0 = the pre-tuning kernels, 1 = shipped, so old and new are timed side by side).
+(--variants; 0 = the shipped kernels, 1 = the load-ahead kernels, so they are timed side by side).
 Correctness first (split12 == our bf16 bit for bit, each variant == the lowest variant timed bit
 for bit, no NaN; exit status 1 if any is not; the error vs torch is recorded); then timing with
 CUDA events over CUDA-graph replays that rotate through enough weight copies that the set exceeds L2. Prints one markdown table (lines start with '|'),
@@ -101,7 +101,7 @@ def check(x, w, p, out12, out16, runs) -> dict:
             "bit_identical_to_bf16_twin": bool(torch.equal(bits12, out16.view(torch.int16))),
             "bit_identical_across_variants": bool(torch.equal(bits12, base[kernel])),
             "no_nan": not bool(torch.isnan(out12).any()), "max_rel_err_vs_torch": rel}
-    ops.kernel_variant(ops.LATEST_VARIANT)
+    ops.kernel_variant(ops.SHIPPED_VARIANT)
     return result
 
 
@@ -110,7 +110,7 @@ def time_variant(v: int, calls) -> float:
     try:
         return 1e6 * time_graph(calls)
     finally:
-        ops.kernel_variant(ops.LATEST_VARIANT)
+        ops.kernel_variant(ops.SHIPPED_VARIANT)
 
 
 def bench_shape(name: str, N: int, K: int, Ms, copy_bw: float, g, variants) -> list:
@@ -121,7 +121,7 @@ def bench_shape(name: str, N: int, K: int, Ms, copy_bw: float, g, variants) -> l
     copies = max(2, math.ceil(ROTATE_BYTES / (2 * N * K)))
     ws = [w0] + [w0.clone() for _ in range(copies - 1)]
     ps = [p0] + [type(p0)(**{k: v.clone() for k, v in p0.planes().items()}, N=N, K=K) for _ in range(copies - 1)]
-    latest = ops.LATEST_VARIANT
+    shipped = ops.SHIPPED_VARIANT
     rows = []
     for M in Ms:
         x = torch.randn(M, K, generator=g, device="cuda").to(torch.bfloat16)
@@ -135,15 +135,15 @@ def bench_shape(name: str, N: int, K: int, Ms, copy_bw: float, g, variants) -> l
         for v, kernel in runs:
             if "error" in correctness[f"{kernel}@v{v}"]:
                 continue
-            tag = "" if v == latest else f"@v{v}"  # unsuffixed keys = the shipped (latest) kernels
+            tag = "" if v == shipped else f"@v{v}"  # unsuffixed keys = the shipped kernels
             us[f"split12_{kernel}{tag}"] = time_variant(
                 v, [lambda p=p, k=kernel: ops.split12_linear(x, p, out=out12, kernel=k) for p in ps] * passes)
-            if v == latest or (v == 0 and kernel == "simt" and M == 1):  # the twin, where it differs
+            if v == shipped or (v == 0 and kernel == "simt" and M == 1):  # the twin, where it differs
                 us[f"bf16_{kernel}{tag}"] = time_variant(
                     v, [lambda w=w, k=kernel: ops.bf16_linear(x, w, out=out16, kernel=k) for w in ws] * passes)
         bytes_bf16, bytes_s12 = 2 * N * K, p0.nbytes()
         kind = "lm_head" if name == "lm_head" else "layer"
-        timed = [k for k in ops.KERNELS if f"split12_{k}" in us]  # a failed latest kernel is left out
+        timed = [k for k in ops.KERNELS if f"split12_{k}" in us]  # a failed shipped kernel is left out
         best = min(timed, key=lambda k: us[f"split12_{k}"]) if timed else None
         row = {"shape": name, "N": N, "K": K, "M": M, "copies": copies, "pack_s": pack_s,
                "bits_per_weight": p0.bits_per_weight(), "escapes": p0.escapes, "check": correctness,
@@ -173,18 +173,18 @@ def _us(us: dict, key: str) -> str:
 
 def print_table(rows, copy_bw):
     print(f"\ncopy bandwidth {copy_bw / 1e9:.0f} GB/s (read+write); GB/s = stored weight bytes / time; "
-          "x torch = time / torch bf16 time; v0 = pre-tuning kernels, new = shipped (variant 1), "
-          "v2 / v3 = M=1 alternatives, v4 = new + PDL launches; exact = split12 == bf16 twin and == v0 bit for bit; ok: the best new "
+          "x torch = time / torch bf16 time; shipped = variant 0, v1 = load-ahead kernels, "
+          "v2 / v3 = M=1 alternatives, v4 = v1 + PDL launches; exact = split12 == bf16 twin and == v0 bit for bit; ok: the best shipped "
           "split12 kernel meets the ratio (and 85% copy BW at M=1)")
-    print("| shape | M | exact | torch us | bf16 simt us | v0 simt us | v0 tc us | new simt us | new tc us "
+    print("| shape | M | exact | torch us | bf16 simt us | shipped simt us | shipped tc us | v1 simt us | v1 tc us "
           "| v2 simt | v3 simt | v4 simt | v4 tc | best GB/s | % copy | x torch simt | x torch tc | target | ok |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         us, best = r["us"], r["best_kernel"]
         ok = r["meets_ratio"] and (r["M"] != 1 or r["meets_copy_bw"])
         print(f"| {r['shape']} {r['N']}x{r['K']} | {r['M']} | {'yes' if r['exact'] else 'NO'} | {us['torch']:.1f} "
-              f"| {_us(us, 'bf16_simt')} | {_us(us, 'split12_simt@v0')} | {_us(us, 'split12_tc@v0')} "
-              f"| {_us(us, 'split12_simt')} | {_us(us, 'split12_tc')} | {_us(us, 'split12_simt@v2')} "
+              f"| {_us(us, 'bf16_simt')} | {_us(us, 'split12_simt')} | {_us(us, 'split12_tc')} "
+              f"| {_us(us, 'split12_simt@v1')} | {_us(us, 'split12_tc@v1')} | {_us(us, 'split12_simt@v2')} "
               f"| {_us(us, 'split12_simt@v3')} | {_us(us, 'split12_simt@v4')} | {_us(us, 'split12_tc@v4')} "
               f"| {r.get(f'gbps_split12_{best}', float('nan')):.0f} "
               f"| {100 * r.get(f'copy_frac_split12_{best}', float('nan')):.0f} "
@@ -199,7 +199,7 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"subset of {','.join(SHAPES)}")
     parser.add_argument("--ms", default="1,16", help="token counts M (1..32)")
     parser.add_argument("--variants", default="0,1,2,3,4",
-                        help=f"CUDA kernel variants to check and time (must include {ops.LATEST_VARIANT}); "
+                        help=f"CUDA kernel variants to check and time (must include {ops.SHIPPED_VARIANT}); "
                              f"{ops.KERNEL_VARIANTS}")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() or not _ext.has_cuda_kernels():
@@ -210,9 +210,9 @@ def main(argv=None) -> int:
         raise SystemExit(f"unknown shapes {unknown}; choose from {list(SHAPES)}")
     Ms = [int(m) for m in args.ms.split(",")]
     variants = sorted({int(v) for v in args.variants.split(",") if v})
-    if ops.LATEST_VARIANT not in variants or any(v not in ops.KERNEL_VARIANTS for v in variants):
+    if ops.SHIPPED_VARIANT not in variants or any(v not in ops.KERNEL_VARIANTS for v in variants):
         raise SystemExit(f"--variants must be a subset of {sorted(ops.KERNEL_VARIANTS)} including "
-                         f"{ops.LATEST_VARIANT}, got {variants}")
+                         f"{ops.SHIPPED_VARIANT}, got {variants}")
     g = torch.Generator(device="cuda").manual_seed(int.from_bytes(__import__("os").urandom(4), "little"))
     copy_bw = copy_bandwidth()
     rows = []

@@ -153,18 +153,20 @@ constexpr int kCudaMaxM = 32;
 
 // Which CUDA kernels the launchers above pick (a benchmark knob, kept so bench/split12_kernels.py
 // times old and new side by side; process-global, not thread-safe; op split12_kernel_variant):
-//   1 (default) M = 1: split12_gemv, 1 row per warp, 4 chunks per lane in flight (U = 4);
+//   1           M = 1: split12_gemv, 1 row per warp, 4 chunks per lane in flight (U = 4);
 //               tensor cores: tc_pipelined_kernel (cp.async ring, 3-4 spans per warp in flight).
-//   0           the pre-tuning kernels: M = 1 with 2 rows per warp, U = 1; tc_linear_kernel.
+//   0 (default) M = 1 with 2 rows per warp, U = 1; tc_linear_kernel. The default because on the H200
+//               (2026-12-02, docs/PERF_NOTES.md) it beat 1-4 on every Qwen3-8B shape at M = 1 and 16.
 //   2, 3        M = 1 alternatives to 1 (R = 1, U = 2 / R = 2, U = 2), tensor cores as 1.
 //   4           1 launched with programmatic dependent launch (M = 1 and tensor cores): a kernel
 //               starts during the previous one and prefetches weights (csrc/cuda/split12_launch.h).
 // Only M = 1 and kernel "tc" change; every variant keeps every output bit of variant 0 (the
 // CUDA-core order is fixed by the format, the tensor-core kernels share their mma sequence).
-constexpr int kCudaVariantLatest = 1;
+constexpr int kCudaVariantLatest = 1;  // the load-ahead kernels (variant 1's geometry)
+constexpr int kCudaVariantDefault = 0;
 constexpr int kCudaVariantCount = 5;
 inline int& cuda_kernel_variant() {
-  static int variant = kCudaVariantLatest;
+  static int variant = kCudaVariantDefault;
   return variant;
 }
 

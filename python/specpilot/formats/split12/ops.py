@@ -24,8 +24,9 @@ CUDA_MAX_M = 32  # rows per CUDA launch; larger M is split into chunks (rows are
 KERNELS = ("simt", "tc")  # CUDA-core lane-tree order (CPU-identical) / tensor cores
 # CUDA kernel variants (csrc/include/specpilot/split12_format.h): which launch geometry / load
 # pipeline the CUDA ops use at M = 1 and for kernel="tc". Every variant gives the same output bits.
-KERNEL_VARIANTS = {0: "pre-tuning", 1: "latest", 2: "M=1 R=1 U=2", 3: "M=1 R=2 U=2", 4: "latest + PDL launch"}
-LATEST_VARIANT = 1
+KERNEL_VARIANTS = {0: "shipped", 1: "load-ahead", 2: "M=1 R=1 U=2", 3: "M=1 R=2 U=2", 4: "load-ahead + PDL launch"}
+# Variant 0 ships: it was the fastest of the five on the H200 (docs/PERF_NOTES.md, 2026-12-02).
+SHIPPED_VARIANT = 0
 
 
 def _cuda_live() -> bool:
