@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .config import DrafterConfig
-from .layers import RMSNorm, SwiGLU, apply_rope, attend, attention_mask, rope_table
+from .layers import PreNormBlock, RMSNorm, apply_rope, attend, attention_mask, rope_table
 
 
 class DraftAttention(nn.Module):
@@ -48,24 +48,13 @@ class DraftAttention(nn.Module):
         return self.o(out)
 
 
-class DraftBlock(nn.Module):
-    def __init__(self, cfg: DrafterConfig):
-        super().__init__()
-        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.attn = DraftAttention(cfg)
-        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
-
-    def forward(self, x, cos, sin, positions, k_cache, v_cache, kv_len, mask):
-        x = x + self.attn(self.attn_norm(x), cos, sin, positions, k_cache, v_cache, kv_len, mask)
-        return x + self.mlp(self.mlp_norm(x))
-
-
 class DFlashDrafter(nn.Module):
     def __init__(self, cfg: DrafterConfig, target: nn.Module):
         super().__init__()
         self.config = cfg
-        self.layers = nn.ModuleList(DraftBlock(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(
+            PreNormBlock(cfg.hidden_size, cfg.intermediate_size, cfg.rms_norm_eps, DraftAttention(cfg))
+            for _ in range(cfg.num_layers))
         self.fc = nn.Linear(len(cfg.target_layer_ids) * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

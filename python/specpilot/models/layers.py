@@ -101,3 +101,19 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     out = masked_attention(q, k, v, mask, scale)             # SDPA unless attention_backend says otherwise
     out = out.reshape(b, hq, t, d)
     return out.transpose(1, 2).reshape(b, t, hq * d)
+
+
+class PreNormBlock(nn.Module):
+    """The decoder block of both the target and the DFlash drafter (they differ only in attention):
+    x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, eps: float, attn: nn.Module):
+        super().__init__()
+        self.attn_norm = RMSNorm(hidden_size, eps)
+        self.attn = attn
+        self.mlp_norm = RMSNorm(hidden_size, eps)
+        self.mlp = SwiGLU(hidden_size, intermediate_size)
+
+    def forward(self, x, cos, sin, positions, k_cache, v_cache, kv_len, mask):
+        x = x + self.attn(self.attn_norm(x), cos, sin, positions, k_cache, v_cache, kv_len, mask)
+        return x + self.mlp(self.mlp_norm(x))

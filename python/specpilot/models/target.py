@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .config import TargetConfig
-from .layers import RMSNorm, SwiGLU, apply_rope, attend, attention_mask, rms_normalize, rope_table
+from .layers import PreNormBlock, RMSNorm, apply_rope, attend, attention_mask, rms_normalize, rope_table
 
 
 class Attention(nn.Module):
@@ -55,25 +55,14 @@ class Attention(nn.Module):
         return self.o(out)
 
 
-class Block(nn.Module):
-    def __init__(self, cfg: TargetConfig):
-        super().__init__()
-        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.attn = Attention(cfg)
-        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
-
-    def forward(self, x, cos, sin, positions, k_cache, v_cache, kv_len, mask):
-        x = x + self.attn(self.attn_norm(x), cos, sin, positions, k_cache, v_cache, kv_len, mask)
-        return x + self.mlp(self.mlp_norm(x))
-
-
 class TargetLM(nn.Module):
     def __init__(self, cfg: TargetConfig):
         super().__init__()
         self.config = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(
+            PreNormBlock(cfg.hidden_size, cfg.intermediate_size, cfg.rms_norm_eps, Attention(cfg))
+            for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
