@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .config import DrafterConfig
-from .layers import PreNormBlock, RMSNorm, apply_rope, attend, attention_mask, rope_table
+from .layers import PreNormBlock, RMSNorm, RopeTables, apply_rope, attend, attention_mask
 
 
 class DraftAttention(nn.Module):
@@ -48,7 +48,7 @@ class DraftAttention(nn.Module):
         return self.o(out)
 
 
-class DFlashDrafter(nn.Module):
+class DFlashDrafter(RopeTables, nn.Module):
     def __init__(self, cfg: DrafterConfig, target: nn.Module):
         super().__init__()
         self.config = cfg
@@ -77,16 +77,6 @@ class DFlashDrafter(nn.Module):
     @property
     def target_layer_ids(self) -> tuple:
         return self.config.target_layer_ids
-
-    def ensure_rope(self, num_positions: int, device=None, dtype=None):
-        """(Re)builds the cos/sin tables [P, D] when they cover fewer than `num_positions` positions."""
-        device = device or self.rope_device()
-        dtype = dtype or self.rope_dtype()
-        if self.rope_cos is None or self.rope_cos.shape[0] < num_positions or self.rope_cos.device != device:
-            c = self.config
-            # Keep the old tables alive: CUDA graphs captured earlier still read them (same values).
-            self._retired_rope = getattr(self, "_retired_rope", []) + [(self.rope_cos, self.rope_sin)]
-            self.rope_cos, self.rope_sin = rope_table(c.rope, c.head_dim, num_positions, device, dtype)
 
     def write_context(self, features, positions, cache):
         """features [B, C, F] of the target at `positions` [C] -> context K/V into the draft cache."""

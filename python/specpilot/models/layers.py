@@ -117,3 +117,20 @@ class PreNormBlock(nn.Module):
     def forward(self, x, cos, sin, positions, k_cache, v_cache, kv_len, mask):
         x = x + self.attn(self.attn_norm(x), cos, sin, positions, k_cache, v_cache, kv_len, mask)
         return x + self.mlp(self.mlp_norm(x))
+
+
+class RopeTables:
+    """Mixin for a model with `config.rope`, `config.head_dim`, `rope_device()` and `rope_dtype()`:
+    cos/sin tables [P, D] grown on demand."""
+
+    rope_cos = rope_sin = None
+
+    def ensure_rope(self, num_positions: int, device=None, dtype=None):
+        """(Re)builds the cos/sin tables [P, D] when they cover fewer than `num_positions` positions."""
+        device = device or self.rope_device()
+        dtype = dtype or self.rope_dtype()
+        if self.rope_cos is None or self.rope_cos.shape[0] < num_positions or self.rope_cos.device != device:
+            c = self.config
+            # Keep the old tables alive: CUDA graphs captured earlier still read them (same values).
+            self._retired_rope = getattr(self, "_retired_rope", []) + [(self.rope_cos, self.rope_sin)]
+            self.rope_cos, self.rope_sin = rope_table(c.rope, c.head_dim, num_positions, device, dtype)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .config import TargetConfig
-from .layers import PreNormBlock, RMSNorm, apply_rope, attend, attention_mask, rms_normalize, rope_table
+from .layers import PreNormBlock, RMSNorm, RopeTables, apply_rope, attend, attention_mask, rms_normalize
 
 
 class Attention(nn.Module):
@@ -55,7 +55,7 @@ class Attention(nn.Module):
         return self.o(out)
 
 
-class TargetLM(nn.Module):
+class TargetLM(RopeTables, nn.Module):
     def __init__(self, cfg: TargetConfig):
         super().__init__()
         self.config = cfg
@@ -68,16 +68,6 @@ class TargetLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
         self.rope_cos = self.rope_sin = None                   # [max_pos, D], set by set_rope_table
-
-    def ensure_rope(self, num_positions: int, device=None, dtype=None):
-        """(Re)builds the cos/sin tables [P, D] when they cover fewer than `num_positions` positions."""
-        device = device or self.rope_device()
-        dtype = dtype or self.rope_dtype()
-        if self.rope_cos is None or self.rope_cos.shape[0] < num_positions or self.rope_cos.device != device:
-            c = self.config
-            # Keep the old tables alive: CUDA graphs captured earlier still read them (same values).
-            self._retired_rope = getattr(self, "_retired_rope", []) + [(self.rope_cos, self.rope_sin)]
-            self.rope_cos, self.rope_sin = rope_table(c.rope, c.head_dim, num_positions, device, dtype)
 
     @property
     def device(self):
