@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from .result import GenerationResult
+from .spec_loop import commit, greedy_new_tokens
 
 
 def run_spec_fused(engine, ids, max_new_tokens, stop_ids, block_size, replay) -> GenerationResult:
@@ -40,20 +41,8 @@ def run_spec_fused(engine, ids, max_new_tokens, stop_ids, block_size, replay) ->
             want = replay.produced_at(len(acceptance), vs)
             forced = replay.drafts(start - n, want - 1, vs - 1, vocab)
         packed = fused.spec_step(b, start, ctx_start, ctx_count, vs, tokens[-1], forced)
-        acc = packed[0]
-        if replay is not None:
-            planned = replay.produced_at(len(acceptance), vs) - 1
-            replay.shortfalls += acc < planned
-            acc = planned
-        blk, post = packed[1:1 + b], packed[1 + b:]
-        new = blk[1:acc + 1] + [post[acc]]
-
-        produced = min(acc + 1, max_length - start - 1)
-        for i, tok in enumerate(new[:produced]):
-            if tok in stop:
-                produced, stopped = i + 1, True
-                break
-        tokens.extend(new[:produced])
+        new = greedy_new_tokens(packed, b, replay, len(acceptance), vs)
+        produced, stopped = commit(new, max_length - start - 1, stop, tokens)
         ctx_start, ctx_count = start, produced                # anchor + accepted drafts
         start += produced
         acceptance.append(produced)

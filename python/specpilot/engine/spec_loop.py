@@ -69,20 +69,9 @@ def run_spec(engine, ids, max_new_tokens, stop_ids, temperature, block_size, rep
             matched = (block[:, 1:] == posterior[:, :-1]).cumprod(dim=1).sum(dim=1)  # [1]
             # One host transfer per step: the accepted count, the block and the posterior.
             packed = torch.cat([matched, block[0], posterior[0]]).tolist()
-            acc = packed[0]
-            if replay is not None and vs > 1:
-                planned = replay.produced_at(len(acceptance), vs) - 1
-                replay.shortfalls += acc < planned
-                acc = planned
-            blk, post = packed[1:1 + vs], packed[1 + vs:]
-            new = blk[1:acc + 1] + [post[acc]]
+            new = greedy_new_tokens(packed, vs, replay if vs > 1 else None, len(acceptance), vs)
 
-        produced = min(acc + 1, max_length - start - 1)
-        for i, tok in enumerate(new[:produced]):
-            if tok in stop:
-                produced, stopped = i + 1, True
-                break
-        tokens.extend(new[:produced])
+        produced, stopped = commit(new, max_length - start - 1, stop, tokens)
         if vs > 1:
             ctx, ctx_start = features[:, :produced], start        # anchor + accepted drafts
         start += produced
@@ -92,3 +81,30 @@ def run_spec(engine, ids, max_new_tokens, stop_ids, temperature, block_size, rep
     return GenerationResult(prompt_len=n, tokens=tokens, acceptance_lengths=acceptance, prefill_s=t1 - t0,
                             decode_s=t2 - t1, steps=len(acceptance),
                             replay_shortfalls=replay.shortfalls if replay is not None else 0)
+
+
+def greedy_new_tokens(packed: list, width: int, replay, step: int, verify_size: int) -> list:
+    """packed = [matched, block (width), posterior (width)] read back from the device (width >=
+    verify_size: the fused step pads the tail block) -> the
+    accepted drafts + the bonus token. Under replay the trace's planned count is used, and a step
+    where the target disagreed with the transcript is counted in `replay.shortfalls`."""
+    acc = packed[0]
+    if replay is not None:
+        planned = replay.produced_at(step, verify_size) - 1
+        replay.shortfalls += acc < planned
+        acc = planned
+    block, posterior = packed[1:1 + width], packed[1 + width:]
+    return block[1:acc + 1] + [posterior[acc]]
+
+
+def commit(new: list, room: int, stop: set, tokens: list) -> tuple:
+    """Appends at most `room` of `new` to `tokens`, cut after the first stop token (stock's rule).
+    Returns (produced, stopped)."""
+    produced = min(len(new), room)
+    stopped = False
+    for i, tok in enumerate(new[:produced]):
+        if tok in stop:
+            produced, stopped = i + 1, True
+            break
+    tokens.extend(new[:produced])
+    return produced, stopped
