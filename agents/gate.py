@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 import torch
 
 from specpilot.agents.stream_order import OrderedCall, StreamOrderError, TimingHooks, settled_mismatch
-from specpilot.kernels.variants.split12_args import Split12Args, pack
+from specpilot.formats.split12.reference import Split12Tensor
+from specpilot.kernels.variants.split12_args import contract_args, pack
 
 BF16_NAN_BITS = 0x7FC0
 ROOFLINE_SLACK = 1.3  # reads-only kernels can beat copy bandwidth a little; not by 30%
@@ -116,11 +117,11 @@ class Split12GemvGate:
         return n, k
 
     # ---- one call -----------------------------------------------------------------------------
-    def _call(self, fn, a: Split12Args, x: torch.Tensor) -> torch.Tensor:
+    def _call(self, fn, a: Split12Tensor, x: torch.Tensor) -> torch.Tensor:
         """One call with the input staged on, and the output read back by, the caller's stream
         (agents/stream_order.py); returns what the caller's stream saw."""
         try:
-            y_seen, y = self._ordered(fn, a.tensors(), x, a.N, a.K, a.kpad)
+            y_seen, y = self._ordered(fn, contract_args(a), x, a.N, a.K, a.kpad)
         except StreamOrderError as e:
             raise Rejected("stream_order", str(e)) from None
         except Exception as e:  # a crash is a verdict, not a harness error
@@ -134,13 +135,13 @@ class Split12GemvGate:
                                            "caller's stream produced it (launched off the caller's stream)")
         return y_seen
 
-    def _finite_when_synced(self, fn, a: Split12Args, x: torch.Tensor) -> bool:
+    def _finite_when_synced(self, fn, a: Split12Tensor, x: torch.Tensor) -> bool:
         """Diagnosis only (an output already failed): the same call on a settled input, device synced."""
         y = torch.full((a.N,), float("nan"), dtype=torch.bfloat16, device=self.device)
         try:
             if self.device == "cuda":
                 _cuda_sync()
-            fn(*a.tensors(), x, y, a.N, a.K, a.kpad)
+            fn(*contract_args(a), x, y, a.N, a.K, a.kpad)
             if self.device == "cuda":
                 _cuda_sync()
         except Exception:
@@ -281,11 +282,11 @@ class Split12GemvGate:
         w = self.realistic_weight(n, k)
         a = pack(w)
         xs = [self._randn(k).to(torch.bfloat16) for _ in range(self.timing_inputs)]
-        a_clone = [t.clone() for t in a.tensors()]
+        a_clone = [t.clone() for t in contract_args(a)]
         hooks = TimingHooks(xs, n, self.device)  # stream order holds for the timed runs too
 
         def run(i):
-            fn(*a.tensors(), hooks.x_in, hooks.ys[i], n, k, a.kpad)
+            fn(*contract_args(a), hooks.x_in, hooks.ys[i], n, k, a.kpad)
 
         try:
             result.timing = self.timer.measure(run, len(xs), candidate, shape, hooks=hooks)
@@ -298,7 +299,7 @@ class Split12GemvGate:
             raise Rejected("timing", f"stream order broken in the timed runs: {moved[0]}")
         for i, x in enumerate(xs):  # recheck what the caller's stream read from the timed runs
             self._check_bound("timing", hooks.seen[i], w, x)
-        for before, after in zip(a_clone, a.tensors()):
+        for before, after in zip(a_clone, contract_args(a)):
             if not torch.equal(before, after):
                 raise Rejected("timing", "the candidate modified its weight inputs")
 

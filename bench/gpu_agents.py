@@ -48,12 +48,12 @@ def _hand_written():
 def _time_fn(fn, n, k, timer):
     import torch
 
-    from specpilot.kernels.variants.split12_args import pack
+    from specpilot.kernels.variants.split12_args import contract_args, pack
 
     a = pack(torch.randn(n, k, device="cuda").to(torch.bfloat16))
     xs = [torch.randn(k, device="cuda").to(torch.bfloat16) for _ in range(4)]
     ys = [torch.empty(n, device="cuda", dtype=torch.bfloat16) for _ in xs]
-    return timer.measure(lambda i: fn(*a.tensors(), xs[i], ys[i], n, k, a.kpad), len(xs)).seconds
+    return timer.measure(lambda i: fn(*contract_args(a), xs[i], ys[i], n, k, a.kpad), len(xs)).seconds
 
 
 def _time_bf16(n, k, timer):

@@ -46,7 +46,7 @@ def test_bad_arguments_name_the_bad_values(temp_registry):
 def test_gpu_launcher_only_for_an_integrated_shape_and_it_is_graph_capturable(temp_registry):
     pytest.importorskip("cupy")
     from specpilot.agents.gaps import gpu_name
-    from specpilot.kernels.variants.split12_args import pack
+    from specpilot.kernels.variants.split12_args import contract_args, pack
 
     gen = torch.Generator(device="cuda").manual_seed(int.from_bytes(__import__("os").urandom(4), "little"))
     n, k = 384, 1000                        # K not a multiple of 32: padding columns exercised
@@ -60,7 +60,7 @@ def test_gpu_launcher_only_for_an_integrated_shape_and_it_is_graph_capturable(te
     a = pack(w)
     x = torch.randn(1, k, generator=gen, device="cuda").to(torch.bfloat16)    # [1, K]
     out = torch.full((1, n), float("nan"), dtype=torch.bfloat16, device="cuda")  # [1, N]
-    launch(x, *a.tensors(), out)
+    launch(x, *contract_args(a), out)
     torch.cuda.synchronize()
     ref = w.double() @ x[0].double()                                         # [N]
     s = w.double().abs() @ x[0].double().abs()
@@ -72,11 +72,11 @@ def test_gpu_launcher_only_for_an_integrated_shape_and_it_is_graph_capturable(te
     graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        launch(x, *a.tensors(), out)        # warm-up on the capture stream
+        launch(x, *contract_args(a), out)        # warm-up on the capture stream
     torch.cuda.current_stream().wait_stream(stream)
     out.fill_(float("nan"))
     with torch.cuda.graph(graph):
-        launch(x, *a.tensors(), out)
+        launch(x, *contract_args(a), out)
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out.view(torch.int16), eager.view(torch.int16))

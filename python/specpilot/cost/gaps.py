@@ -60,13 +60,13 @@ class _Measurer:
         x = torch.randn(m, k, device=self.device, dtype=self.dtype)
         if self.split12 and self.device == "cuda" and m <= SPLIT12_OP_MAX_M:
             from specpilot import _ext
-            from specpilot.kernels.variants.split12_args import pack
+            from specpilot.kernels.variants.split12_args import contract_args, pack
 
             w = torch.randn(n, k, device=self.device, dtype=torch.bfloat16)
             a = pack(w)
             out = torch.empty(m, n, device=self.device, dtype=torch.bfloat16)
             op = _ext.ops().split12_linear
-            return time_call(lambda: op(x, *a.tensors(), k, out), self.device, self.reps)
+            return time_call(lambda: op(x, *contract_args(a), k, out), self.device, self.reps)
         w = torch.randn(n, k, device=self.device, dtype=self.dtype)
         return time_call(lambda: F.linear(x, w), self.device, self.reps)
 

@@ -4,43 +4,21 @@
 times per candidate on the GPU, where the CPU-only reference packer would dominate); its planes are
 tested identical to `specpilot.formats.split12.reference.pack`. Lossless: unpack(pack(W)) == W bits.
 """
-from dataclasses import dataclass
-
 import torch
 
-SPLIT12_ARG_ORDER = ("lo", "codes", "base", "esc_rowptr", "esc_col", "esc_val")
+from specpilot.formats.split12.reference import Split12Tensor
 
 
-@dataclass
-class Split12Args:
-    lo: torch.Tensor          # uint8 [N, kpad]
-    codes: torch.Tensor       # uint8 [N, kpad/2]
-    base: torch.Tensor        # uint8 [N]
-    esc_rowptr: torch.Tensor  # int32 [N+1]
-    esc_col: torch.Tensor     # int32 [E]
-    esc_val: torch.Tensor     # int16 [E] (bf16 bit patterns)
-    N: int
-    K: int
-
-    @property
-    def kpad(self) -> int:
-        return round_up(self.K, 32)
-
-    def tensors(self):
-        return tuple(getattr(self, name) for name in SPLIT12_ARG_ORDER)
-
-    def to(self, device) -> "Split12Args":
-        return Split12Args(*(t.to(device) for t in self.tensors()), N=self.N, K=self.K)
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors())
+def contract_args(a: Split12Tensor) -> tuple:
+    """The planes as the launch contract's leading arguments (the format's plane order)."""
+    return tuple(a.planes().values())
 
 
 def round_up(value: int, multiple: int) -> int:
     return (value + multiple - 1) // multiple * multiple
 
 
-def pack(w: torch.Tensor) -> Split12Args:
+def pack(w: torch.Tensor) -> Split12Tensor:
     """W bf16 [N, K] -> split12 planes on W's device (bit-exact, same planes as the reference)."""
     if w.dtype != torch.bfloat16 or w.dim() != 2 or w.shape[1] < 1:
         raise ValueError(f"split12 packs a 2-D bf16 weight with K >= 1, got {w.dtype} {tuple(w.shape)}")
@@ -67,10 +45,10 @@ def pack(w: torch.Tensor) -> Split12Args:
     rowptr = torch.zeros(n + 1, dtype=torch.int32, device=w.device)
     rowptr[1:] = counts.cumsum(0).to(torch.int32)
     esc_val = bits[rows, cols].to(torch.int16) if rows.numel() else torch.zeros(0, dtype=torch.int16, device=w.device)
-    return Split12Args(lo, codes, base.to(torch.uint8), rowptr, cols.to(torch.int32), esc_val, N=n, K=k)
+    return Split12Tensor(lo, codes, base.to(torch.uint8), rowptr, cols.to(torch.int32), esc_val, N=n, K=k)
 
 
-def unpack(a: Split12Args) -> torch.Tensor:
+def unpack(a: Split12Tensor) -> torch.Tensor:
     """split12 tensors -> W bf16 [N, K], bit-exact (decodes straight from the contract)."""
     n, k, kpad = a.N, a.K, a.kpad
     byte = a.codes.to(torch.int32).view(n, kpad // 8, 1, 4)

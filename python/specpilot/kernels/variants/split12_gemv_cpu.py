@@ -6,14 +6,15 @@ exact bf16*bf16 products in an order set by the params, bf16 round-to-nearest-ev
 """
 import torch
 
-from specpilot.kernels.variants.split12_args import Split12Args, round_up
+from specpilot.formats.split12.reference import Split12Tensor
+from specpilot.kernels.variants.split12_args import round_up
 from specpilot.kernels.variants.split12_gemv_cuda import GemvParams
 from specpilot.kernels.variants.split12_args import unpack
 
 
 def decode(lo, codes, base, esc_rowptr, esc_col, esc_val, N, K) -> torch.Tensor:
     """The contract's tensors -> W as fp32 [N, K] (exact)."""
-    args = Split12Args(lo, codes, base, esc_rowptr, esc_col, esc_val, N=N, K=K)
+    args = Split12Tensor(lo, codes, base, esc_rowptr, esc_col, esc_val, N=N, K=K)
     return unpack(args).float()
 
 
