@@ -2,7 +2,7 @@
 # The H200 check: from a clean tree on a bare machine (no network), build the extension with CUDA
 # (sm_90a), run the GPU tests, run the kernel / engine / agent benchmarks, print a short table last.
 # Logs and JSON go to $OUT (the device tool's folder) or out/gpu_check.
-# Usage: bash bench/gpu_check.sh [build|tests|split12|engine|agents|bench_zoo|bench_8b ...]
+# Usage: bash bench/gpu_check.sh [build|tests|split12|engine|agents|bench_zoo|bench_8b|scale_8b ...]
 # (default: all, in order)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -54,13 +54,25 @@ for step in $steps; do
     bench_8b)  run_step bench_8b python3 -m specpilot bench --target random:qwen3-8b --methods our_ar,our_spec \
                --replay 6.49 --benchmarks gsm8k,humaneval --limit 2 --max-new-tokens 256 \
                --datasets "$SPECPILOT_DATASETS" --out "$OUT/bench_8b" ;;
+    # Scale tier on disk: a random Qwen3-8B-shape pair that stock and HF can load too. bf16 token
+    # forcing against stock, then HF static-cache AR (the issue's baseline) beside ours, same prompts.
+    scale_8b)  R8=${SCALE_DIR:-/tmp/specpilot_r8b}
+               [ -f "$R8/target/config.json" ] || run_step write_8b python3 -m specpilot.bench.random_checkpoint \
+                 --preset qwen3-8b --out "$R8" --device cuda
+               run_step force_8b python3 -m specpilot verify --target "$R8/target" --drafter "$R8/drafter" \
+                 --prompts "$SPECPILOT_DATASETS/gsm8k.jsonl" --limit ${FORCE_LIMIT:-2} --max-new-tokens 64 \
+                 --device cuda --dtype bf16
+               tail -1 "$OUT/force_8b.log" | tee -a "$summary"
+               run_step hf_8b python3 -m specpilot bench --target "$R8/target" --drafter "$R8/drafter" \
+                 --methods ${SCALE_METHODS:-hf_static,our_ar,our_spec} --replay 6.49 --benchmarks gsm8k --limit 2 \
+                 --max-new-tokens 256 --datasets "$SPECPILOT_DATASETS" --out "$OUT/hf_8b" ;;
     *)       echo "unknown step $step"; exit 2 ;;
   esac
 done
 
 echo
 echo "== tables"
-for name in split12 engine agents bench_zoo bench_8b; do
+for name in split12 engine agents bench_zoo bench_8b hf_8b; do
   [ -f "$OUT/$name.log" ] && { echo "-- $name"; grep -E '^\|' "$OUT/$name.log" | tail -25; }
 done
 echo "== summary"

@@ -156,13 +156,15 @@ def _weighted(results) -> float:
     return toks / secs if secs > 0 else 0.0
 
 
-def scale_engine(compile_layers: bool):
+def scale_engine(compile_layers: bool, preset: str = "qwen3-8b"):
+    """A random-weight target of `preset` with a 5-layer drafter (dflash's layer spacing: Qwen3-8B
+    gets [1, 9, 17, 25, 33], as the public Qwen3-8B drafter)."""
     from specpilot.engine import Engine
     from specpilot.models.random_ckpt import TARGET_PRESETS, drafter_config_for, random_drafter, random_target
 
-    cfg = TARGET_PRESETS["qwen3-8b"]
+    cfg = TARGET_PRESETS[preset]
     target = random_target(cfg, "cuda", torch.bfloat16, seed=0)
-    dcfg = drafter_config_for(cfg, num_layers=5, block_size=16, layer_ids=[1, 9, 17, 25, 33])
+    dcfg = drafter_config_for(cfg, num_layers=5, block_size=16)
     return Engine(target, random_drafter(dcfg, target, seed=1), max_seq_len=1024, compile_layers=compile_layers)
 
 
@@ -189,6 +191,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=None)
     parser.add_argument("--skip-8b", action="store_true")
     parser.add_argument("--skip-split12", action="store_true")
+    parser.add_argument("--also-llama", action="store_true", help="time the LLaMA-3.1-8B shape too (bf16)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the decoder layers (opt-in)")
     parser.add_argument("--attention", default="auto", help="attention backend (models/attention_backend.py)")
     args = parser.parse_args(argv)
@@ -245,6 +248,12 @@ def main(argv=None) -> int:
             from specpilot.engine import Engine
             engine = Engine(target, drafter, max_seq_len=1024, compile_layers=args.compile)
             result["rows"].append(row("Qwen3-8B shape (split12)", engine, time_steps(engine, 16, iters)))
+        del engine
+    if args.also_llama:
+        gc.collect()
+        torch.cuda.empty_cache()
+        engine = scale_engine(args.compile, "llama-3.1-8b")
+        result["rows"].append(row("random LLaMA-3.1-8B shape (bf16)", engine, time_steps(engine, 16, iters)))
         del engine
     result["total_s"] = time.perf_counter() - t_start
     (out / "gpu_engine.json").write_text(json.dumps(result, indent=2, default=str))

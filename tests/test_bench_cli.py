@@ -169,3 +169,20 @@ def test_fastest_of_keeps_least_decode_time_and_checks_outputs(rng, capsys):
     best = e2e.fastest_of(lambda: next(outs), 2)
     assert best.tokens == [1, 3]  # the faster call, with a warning that outputs differed
     assert "output changed between repeats" in capsys.readouterr().err
+
+
+def test_random_checkpoint_writes_a_loadable_sharded_pair(tmp_path, rng, capsys):
+    """bench.random_checkpoint (the scale tier's on-disk pair for stock / HF) writes a pair that our
+    loader reads back with the preset's shapes and the bf16 dtype asked for."""
+    import torch
+
+    from specpilot.bench import random_checkpoint
+    from specpilot.engine.cli_support import load_pair
+
+    assert random_checkpoint.main(["--preset", "tiny-llama", "--out", str(tmp_path / "r"),
+                                   "--seed", str(rng.randrange(2**31))]) == 0
+    assert "written in" in capsys.readouterr().out
+    assert (tmp_path / "r/target/model.safetensors.index.json").exists()
+    target, drafter, tok = load_pair(tmp_path / "r/target", tmp_path / "r/drafter", "cpu", "bf16")
+    assert target.dtype == torch.bfloat16 and target.config.hidden_size == 64
+    assert drafter.config.num_layers == 2 and tok.vocab_size >= 258

@@ -179,8 +179,10 @@ def write_byte_tokenizer(folder: Path, vocab_size: int) -> tuple:
 
 
 def write_pair(out, target_cfg="tiny-qwen3", drafter_layers: int = 2, block_size: int = 16, seed: int = 0,
-               dtype=torch.float32, max_shard_bytes=None, layer_ids=None, **drafter_extra):
-    """Writes out/target and out/drafter; returns (target_dir, drafter_dir)."""
+               dtype=torch.float32, max_shard_bytes=None, layer_ids=None, device="cpu", **drafter_extra):
+    """Writes out/target and out/drafter; returns (target_dir, drafter_dir). `device` is where the
+    random weights are drawn (cuda: seconds for an 8B shape instead of minutes on the CPU); the
+    values depend on the device's generator, so a seed names a checkpoint only per device."""
     cfg = TARGET_PRESETS[target_cfg] if isinstance(target_cfg, str) else target_cfg
     out = Path(out)
     tdir, ddir = out / "target", out / "drafter"
@@ -189,7 +191,7 @@ def write_pair(out, target_cfg="tiny-qwen3", drafter_layers: int = 2, block_size
     eos, mask = write_byte_tokenizer(tdir, cfg.vocab_size) if cfg.vocab_size >= 258 else (cfg.vocab_size - 2,
                                                                                            cfg.vocab_size - 1)
     dcfg = drafter_config_for(cfg, drafter_layers, block_size, layer_ids, mask_token_id=mask, **drafter_extra)
-    target = random_target(cfg, "cpu", dtype, seed)
+    target = random_target(cfg, device, dtype, seed)
     drafter = random_drafter(dcfg, target, seed + 1)
     (tdir / "config.json").write_text(json.dumps(hf_target_config(cfg, eos), indent=2))
     (tdir / "generation_config.json").write_text(json.dumps({"eos_token_id": eos, "pad_token_id": eos,
