@@ -130,3 +130,24 @@ def test_zoo_pair_token_forces_against_stock_fp32():
     assert report.spec_identical == 2, report.per_prompt
     eager = engine.generate_spec(prompts[0], 64, stop_ids=stop)
     assert eager.tokens == static[0].tokens and eager.acceptance_lengths == static[0].acceptance_lengths
+
+
+def test_arbiter_sides_with_the_unbroken_side_and_keeps_the_verdict(pair):
+    """The fp32 arbiter is diagnostic: on a broken engine it sides with stock (the unbroken side) at
+    the disagreements it scores, and the verdict still fails."""
+    import copy
+
+    prompts = [pair.random_prompt(8) for _ in range(2)]
+    arbiter = copy.deepcopy(pair.target)                     # the unbroken weights
+    w = pair.target.layers[1].mlp.down.weight
+    saved = w.clone()
+    try:
+        w.mul_(-3.0)
+        bad = token_force(pair.engine, pair.stock, prompts, 16, arbiter=arbiter)
+    finally:
+        w.copy_(saved)
+    scored = bad.mismatch_list + bad.tolerated_list
+    assert not bad.passed and scored and bad.arbiter == "float32"
+    assert bad.arbiter_sides_with_stock == len(scored) and bad.arbiter_sides_with_ours == 0
+    assert all(m["arbiter_ours_minus_stock"] < 0 for m in scored)
+    assert bad.summary()["arbiter_sides_with_stock"] == len(scored)

@@ -11,6 +11,9 @@ def configure(parser):
     parser.add_argument("--prompts", required=True, help="JSONL file: {id, prompt} or {id, turns} rows")
     parser.add_argument("--limit", type=int, default=None, help="first N prompts")
     parser.add_argument("--block-size", type=int, default=None, help="default: the drafter's")
+    parser.add_argument("--arbiter", choices=("none", "fp32"), default="none",
+                        help="fp32: also load the target in fp32 and report which side it takes at each "
+                             "disagreement (diagnostic; the verdict is unchanged)")
 
 
 def run(args) -> int:
@@ -22,9 +25,13 @@ def run(args) -> int:
     prompts = prompts_from_args(args, tok)
     engine = engine_for(target, drafter, prompts, args.max_new_tokens)
     stock = load_stock(args.target, args.drafter, args.device, args.dtype)
+    arbiter = None
+    if args.arbiter == "fp32":
+        from specpilot.models import load_target
+        arbiter = load_target(args.target, device=args.device, dtype="fp32")
     report = token_force(engine, stock, [ids for _, ids in prompts], args.max_new_tokens,
                          stop_ids=stop_ids_for(target, tok), block_size=args.block_size,
-                         ids=[pid for pid, _ in prompts])
+                         ids=[pid for pid, _ in prompts], arbiter=arbiter)
     print_report(report)
     print(json.dumps(report.summary()))
     return 0 if report.passed else 1
@@ -38,7 +45,18 @@ def print_report(report):
               f"{row['tokens']} tokens; tau stock {row['stock_tau']:.2f} ours {row['our_tau']:.2f}  [{verdict}]")
     for item in report.tolerated_list:
         print(f"  tolerated near-tie: prompt {item['prompt']} token {item['position']}: ours {item['ours']} "
-              f"stock {item['stock']}, stock margin {item['margin']:.3g} < eps {item['eps']:.3g}")
+              f"stock {item['stock']}, stock margin {item['margin']:.3g} < eps {item['eps']:.3g}{_arbiter_note(item)}")
     for item in report.mismatch_list:
         print(f"  MISMATCH: prompt {item['prompt']} token {item['position']}: ours {item['ours']} "
-              f"stock {item['stock']}, stock margin {item['margin']:.3g} >= eps {item['eps']:.3g}")
+              f"stock {item['stock']}, stock margin {item['margin']:.3g} >= eps {item['eps']:.3g}{_arbiter_note(item)}")
+    if report.arbiter:
+        print(f"{report.arbiter} arbiter over {len(report.tolerated_list) + len(report.mismatch_list)} disagreements: "
+              f"sides with ours {report.arbiter_sides_with_ours}, with stock {report.arbiter_sides_with_stock}")
+
+
+def _arbiter_note(item) -> str:
+    if "arbiter_choice" not in item:
+        return ""
+    side = "ours" if item["arbiter_choice"] == item["ours"] else "stock" if item["arbiter_choice"] == item["stock"] \
+        else f"neither ({item['arbiter_choice']})"
+    return f"; arbiter picks {side}, logit(ours)-logit(stock) {item['arbiter_ours_minus_stock']:+.3g}"

@@ -7,6 +7,10 @@ position (HF forward over the same sequence) is below eps: a bf16 near-tie that 
 either way. eps = 0 in fp32 (no tolerance), eps = 1e-2 * max(1, |top logit|) in bf16/fp16 (about one
 bf16 ulp of the logit). Every tolerated mismatch is listed with its margin. Separately, our own
 speculative decoding output is compared with stock's tokens (identical-prefix length).
+
+Arbiter (optional, diagnostic only: it never changes the verdict): the same target in fp32 scores
+each position where ours and stock disagree, telling which side the exact-er arithmetic takes
+(a bf16 engine that is merely rounded differently sides with fp32 about as often as stock does).
 """
 from __future__ import annotations
 
@@ -33,10 +37,17 @@ class ForcingReport:
     mismatch_list: list = field(default_factory=list)
     spec_identical: int = 0                 # prompts where our spec output == stock's tokens
     per_prompt: list = field(default_factory=list)
+    arbiter: str = ""                       # "" or the arbiter's dtype; then, over all disagreements:
+    arbiter_sides_with_ours: int = 0        # the arbiter's argmax is our token
+    arbiter_sides_with_stock: int = 0       # the arbiter's argmax is stock's token
 
     def summary(self) -> dict:
         keys = ("prompts", "tokens", "mismatches", "tolerated", "passed", "spec_identical", "eps_rule")
-        return {k: getattr(self, k) for k in keys}
+        out = {k: getattr(self, k) for k in keys}
+        if self.arbiter:
+            out.update(arbiter=self.arbiter, arbiter_sides_with_ours=self.arbiter_sides_with_ours,
+                       arbiter_sides_with_stock=self.arbiter_sides_with_stock)
+        return out
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -51,6 +62,12 @@ def eps_for(dtype: torch.dtype, top_logit: float) -> float:
 @torch.inference_mode()
 def forced_argmax(target, sequence) -> list:
     """Our target's argmax at every position of one full sequence (one forward, fresh cache)."""
+    return forced_logits(target, sequence).argmax(-1).tolist()
+
+
+@torch.inference_mode()
+def forced_logits(target, sequence) -> torch.Tensor:
+    """Our target's logits [L, V] at every position of one full sequence (one forward, fresh cache)."""
     c = target.config
     ids = torch.tensor([list(map(int, sequence))], dtype=torch.long, device=target.device)
     length = ids.shape[1]
@@ -58,7 +75,7 @@ def forced_argmax(target, sequence) -> list:
     cache = KVCache(c.num_layers, 1, c.num_kv_heads, length, c.head_dim, target.device, target.dtype)
     positions = torch.arange(length, device=target.device)
     logits, _ = target(ids, positions, cache, length)           # [1, L, V]
-    return logits[0].argmax(-1).tolist()
+    return logits[0]
 
 
 def _common_prefix(a, b) -> int:
@@ -71,20 +88,22 @@ def _common_prefix(a, b) -> int:
 
 
 def token_force(engine, stock: StockPair, prompts, max_new_tokens: int, stop_ids=(), block_size=None,
-                ids=None, spec_results=None) -> ForcingReport:
+                ids=None, spec_results=None, arbiter=None) -> ForcingReport:
     """prompts: list of token-id lists. Greedy only (token forcing compares argmax choices).
-    spec_results: our generate_spec results for the same prompts and settings, if already run."""
+    spec_results: our generate_spec results for the same prompts and settings, if already run.
+    arbiter: the same target at higher precision (e.g. loaded in fp32), or None (see module doc)."""
     target = engine.target
     dtype = target.dtype
     report = ForcingReport(eps_rule="eps=0 (fp32)" if dtype == torch.float32 else
-                           f"eps={BF16_REL_EPS}*max(1,|top logit|) ({str(dtype).replace('torch.', '')})")
+                           f"eps={BF16_REL_EPS}*max(1,|top logit|) ({str(dtype).replace('torch.', '')})",
+                           arbiter=str(arbiter.dtype).replace("torch.", "") if arbiter is not None else "")
     for index, prompt in enumerate(prompts):
         name = ids[index] if ids is not None else index
         ref = run_stock(stock, prompt, max_new_tokens, stop_ids, 0.0, block_size)
         sequence = list(prompt) + ref.tokens
         n = len(prompt)
         ours = forced_argmax(target, sequence)[n - 1:len(sequence) - 1]    # our choice for each stock token
-        stock_logits = None
+        stock_logits = arbiter_logits = None
         row = {"id": name, "prompt_len": n, "tokens": len(ref.tokens), "mismatches": 0, "tolerated": 0}
         for j, (mine, theirs) in enumerate(zip(ours, ref.tokens)):
             if mine == theirs:
@@ -94,6 +113,10 @@ def token_force(engine, stock: StockPair, prompts, max_new_tokens: int, stop_ids
             top2 = stock_logits[n - 1 + j].topk(2).values.tolist()
             margin, eps = top2[0] - top2[1], eps_for(dtype, top2[0])
             item = {"prompt": name, "position": j, "ours": mine, "stock": theirs, "margin": margin, "eps": eps}
+            if arbiter is not None:
+                if arbiter_logits is None:
+                    arbiter_logits = forced_logits(arbiter, sequence).float()
+                _arbitrate(report, item, arbiter_logits[n - 1 + j])
             if margin < eps:
                 report.tolerated_list.append(item)
                 row["tolerated"] += 1
@@ -113,6 +136,14 @@ def token_force(engine, stock: StockPair, prompts, max_new_tokens: int, stop_ids
         report.per_prompt.append(row)
     report.passed = report.mismatches == 0
     return report
+
+
+def _arbitrate(report: ForcingReport, item: dict, logits: torch.Tensor) -> None:
+    """Notes on `item` the arbiter's choice and its logit(ours) - logit(stock); counts its side."""
+    choice = int(logits.argmax())
+    item.update(arbiter_choice=choice, arbiter_ours_minus_stock=float(logits[item["ours"]] - logits[item["stock"]]))
+    report.arbiter_sides_with_ours += choice == item["ours"]
+    report.arbiter_sides_with_stock += choice == item["stock"]
 
 
 def _mean(xs) -> float:
