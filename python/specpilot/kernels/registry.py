@@ -36,7 +36,8 @@ def _import_op_families() -> None:
     # Importing an op family's Python module registers its implementations.
     import importlib
 
-    for module in ("specpilot.formats.split12.ops",):
+    for module in ("specpilot.formats.split12.ops", "specpilot.models.fused_ops",
+                   "specpilot.kernels.decode_attention"):
         try:
             importlib.import_module(module)
         except ImportError:

@@ -1,22 +1,38 @@
 """Which kernel `layers.attend` uses (a process-wide knob, read when a step is traced/captured).
 
-"auto" (default): torch's SDPA picks (on the H200 with our additive mask: cuDNN flash, ~24 us per
-layer for a T=1 decode step at a 1024-slot span). "efficient" / "math" / "cudnn": SDPA restricted
-to that backend. "matmul": scores = q k^T (bmm), + mask, fp32 softmax, p v (bmm): a few small
-kernels, no SDPA dispatch.
+"specpilot": our split-KV decode / verify kernel (kernels/decode_attention.py) for every call it
+takes (CUDA, bf16, D in {64, 128}, T <= 32, Hq/Hkv <= 8, mask with `last`), SDPA for the rest (the
+prefill); raises if this build has no CUDA kernels. "auto" (default): the kernel where it was
+measured faster than SDPA (cuDNN) on the H200, else SDPA: every T = 1 decode step (Qwen3-8B
+shape, 600 tokens in a 1024-slot span: 12.5 us vs 26.3 us per layer), and T > 1 only over spans
+longer than AUTO_MULTI_ROW_MIN_SPAN (T = 16: 39.1 vs 30.9 us at a 1024 span, 49.3 vs 97.9 us at
+4096). Inside torch.compile (compile_layers) "auto" keeps SDPA. "efficient" / "math" / "cudnn": SDPA restricted to that backend. "matmul": scores =
+q k^T (bmm), + mask, fp32 softmax, p v (bmm): a few small kernels, no SDPA dispatch.
 Exactness: every choice computes softmax(q k^T * scale + mask) v; they differ only by
-floating-point summation order / intermediate precision (bf16 engines are token-forced against
-stock; fp32 results agree to fp32 rounding).
+floating-point summation order / intermediate precision (the kernel also rounds P to bf16 before
+P.V, as flash attention does; bf16 engines are token-forced against stock; fp32 results agree to
+fp32 rounding). CPU and fp32 calls never reach the kernel.
+
+AttentionMask(additive, last): one visibility in two forms, built once per forward
+(layers.attention_mask): the additive 0 / -inf mask [1, 1, g*T, S] for SDPA and `last` int64 [T]
+(key slot j visible to query row t iff j <= last[t]) for the kernel.
 """
 from __future__ import annotations
 
 import contextlib
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
 
-BACKENDS = ("auto", "efficient", "math", "cudnn", "matmul")
+BACKENDS = ("auto", "efficient", "math", "cudnn", "matmul", "specpilot")
+AUTO_MULTI_ROW_MIN_SPAN = 2048   # "auto": T > 1 calls take the kernel only over longer spans
 _current = "auto"
+
+
+class AttentionMask(NamedTuple):
+    additive: torch.Tensor            # [1, 1, g*T, S] 0 / -inf, rows j*T + t
+    last: Optional[torch.Tensor]      # int64 [T]: key slot j visible to row t iff j <= last[t]; None: unknown
 
 
 def set_attention_backend(name: str) -> str:
@@ -32,13 +48,34 @@ def get_attention_backend() -> str:
     return _current
 
 
+def use_decode_kernel(q, k, mask) -> bool:
+    """Whether `layers.attend` hands this call (q [B, Hq, T, D], k [B, Hkv, S, D]) to our kernel."""
+    if _current not in ("auto", "specpilot") or not isinstance(mask, AttentionMask) or mask.last is None:
+        return False
+    if _current == "auto":
+        if torch.compiler.is_compiling():
+            return False                  # compile_layers traces SDPA, as before the kernel existed
+        if q.shape[2] > 1 and k.shape[2] <= AUTO_MULTI_ROW_MIN_SPAN:
+            return False                  # short multi-row calls: SDPA measured faster
+    from specpilot.kernels import decode_attention as kernel
+
+    if _current == "specpilot" and q.is_cuda and not kernel.available():
+        raise RuntimeError("attention backend 'specpilot' needs specpilot._C built with CUDA kernels "
+                           "(SPECPILOT_CUDA=1 pip install --no-build-isolation -e .)")
+    return kernel.supports(q, k)
+
+
 def masked_attention(q, k, v, mask, scale: float):
-    """q [B, H, R, D], k/v [B, H, S, D], additive mask broadcastable to [B, H, R, S] -> [B, H, R, D]."""
+    """q [B, H, R, D], k/v [B, H, S, D], additive mask broadcastable to [B, H, R, S] (or an
+    AttentionMask: its additive part) -> [B, H, R, D]. Always SDPA / matmul: the kernel is
+    dispatched by `layers.attend`, which knows the unfolded rows and the output layout."""
+    if isinstance(mask, AttentionMask):
+        mask = mask.additive
     if _current == "matmul":
         scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale + mask   # [B, H, R, S] fp32
         probs = torch.softmax(scores, dim=-1).to(v.dtype)
         return torch.matmul(probs, v)
-    if _current == "auto":
+    if _current in ("auto", "specpilot"):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     from torch.nn.attention import SDPBackend, sdpa_kernel
 

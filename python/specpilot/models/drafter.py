@@ -8,7 +8,8 @@ attention over [cached context, block]. Slot index == absolute position, as in t
 stock's "crop the draft cache to `start`" is implicit (the block's slots are overwritten later).
 
 Exactness: per-row arithmetic as stock (k_norm on context and block K, RoPE at absolute positions,
-SDPA without a causal mask); differs from stock only by kernel rounding.
+SDPA without a causal mask); differs from stock only by kernel rounding (with the fused CUDA kernels
+on bf16, fused_ops, that includes the fp32 sum-of-squares order of the RMSNorms).
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import torch
 from torch import nn
 
 from .config import DrafterConfig
-from .layers import PreNormBlock, RMSNorm, RopeTables, apply_rope, attend, attention_mask
+from .fused_ops import add_rms_norm, qk_norm_rope_cache
+from .layers import PreNormBlock, RMSNorm, RopeTables, attend, attention_mask
 
 
 class DraftAttention(nn.Module):
@@ -30,20 +32,18 @@ class DraftAttention(nn.Module):
         self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps)
         self.scale = self.d ** -0.5
 
-    def project_kv(self, x, cos, sin):
-        """x [B, T, H] -> k, v [B, Hkv, T, D] (k normed and rotated)."""
+    def project_to_cache(self, x, cos, sin, positions, k_cache, v_cache, q=None):
+        """x [B, T, H] -> k (normed, rotated) and v written into k/v_cache [B, Hkv, S, D] at `positions`.
+        q [B, T, Hq*D] (the q projection, optional) -> returned normed and rotated, [B, Hq, T, D]."""
         b, t, _ = x.shape
-        k, v = self.kv(x).split(self.nkv * self.d, dim=-1)
-        k = apply_rope(self.k_norm(k.view(b, t, self.nkv, self.d)).transpose(1, 2), cos, sin)
-        return k, v.view(b, t, self.nkv, self.d).transpose(1, 2)
+        k, v = self.kv(x).view(b, t, 2 * self.nkv, self.d).split(self.nkv, dim=2)   # views of [k; v]
+        if q is not None:
+            q = q.view(b, t, self.nq, self.d)
+        return qk_norm_rope_cache(q, k, v, None if q is None else self.q_norm.weight, self.k_norm.weight,
+                                  cos, sin, positions, self.k_norm.eps, k_cache, v_cache)
 
     def forward(self, x, cos, sin, positions, k_cache, v_cache, kv_len, mask):
-        b, t, _ = x.shape
-        q = self.q_norm(self.q(x).view(b, t, self.nq, self.d))
-        q = apply_rope(q.transpose(1, 2), cos, sin)
-        k, v = self.project_kv(x, cos, sin)
-        k_cache.index_copy_(2, positions, k)
-        v_cache.index_copy_(2, positions, v)
+        q = self.project_to_cache(x, cos, sin, positions, k_cache, v_cache, q=self.q(x))
         out = attend(q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], mask, self.scale)
         return self.o(out)
 
@@ -83,9 +83,7 @@ class DFlashDrafter(RopeTables, nn.Module):
         h = self.hidden_norm(self.fc(features))               # [B, C, H]
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         for i, layer in enumerate(self.layers):
-            k, v = layer.attn.project_kv(h, cos, sin)
-            cache.k[i].index_copy_(2, positions, k)
-            cache.v[i].index_copy_(2, positions, v)
+            layer.attn.project_to_cache(h, cos, sin, positions, cache.k[i], cache.v[i])
 
     def forward_block(self, block_ids, positions, cache, kv_len: int, last_visible=None):
         """block_ids [B, T] (anchor then masks) at `positions` [T] -> draft logits [B, T-1, V].
@@ -95,7 +93,7 @@ class DFlashDrafter(RopeTables, nn.Module):
         last slot: a block padded to a fixed size keeps its padding rows (at the trash slot) unseen.
         """
         scale = self.config.input_embedding_scale
-        x = self.target.embed(block_ids)
+        x, delta = self.target.embed(block_ids), None        # a layer's output is x + delta (PreNormBlock)
         if scale != 1.0:
             x = x * scale
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
@@ -103,10 +101,11 @@ class DFlashDrafter(RopeTables, nn.Module):
         c = self.config
         last = positions[-1] if last_visible is None else last_visible
         visible = (slots <= last).expand(positions.shape[0], kv_len)                # [T, kv_len]
-        mask = attention_mask(visible, c.num_heads // c.num_kv_heads, x.dtype)
+        mask = attention_mask(visible, c.num_heads // c.num_kv_heads, x.dtype, last=last)   # non-causal
         for i, layer in enumerate(self.layer_fns()):
-            x = layer(x, cos, sin, positions, cache.k[i], cache.v[i], kv_len, mask)
-        return self.compute_logits(self.norm(x)[:, 1:])
+            _, x, delta = layer(x, delta, cos, sin, positions, cache.k[i], cache.v[i], kv_len, mask)
+        _, x = add_rms_norm(x, delta, self.norm.weight, self.norm.eps)   # the last layer's add + final norm
+        return self.compute_logits(x[:, 1:])
 
     def compute_logits(self, hidden):
         """Stock `compute_logits`: target LM head, then output_multiplier and tanh softcapping."""

@@ -2,18 +2,20 @@
 
 Exactness: RMSNorm and RoPE follow Hugging Face transformers' Qwen3/LLaMA arithmetic step by step
 (fp32 statistics, cast back, then the weight multiply; cos/sin computed in fp32 and cast to the model
-dtype), so per-row results match HF up to GEMM/attention kernel rounding.
+dtype), so per-row results match HF up to GEMM/attention kernel rounding. The elementwise work runs
+through fused_ops (fused CUDA kernels on bf16 CUDA, else the unchanged eager formulas; see there for
+what the kernels change: only the fp32 sum-of-squares order of the norms).
 """
 from __future__ import annotations
 
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from .attention_backend import masked_attention
+from .attention_backend import AttentionMask, masked_attention, use_decode_kernel
 from .config import RopeConfig
+from .fused_ops import add_rms_norm, apply_rope, rms_normalize, rotate_half, silu_mul  # noqa: F401 (re-exported)
 
 
 class RMSNorm(nn.Module):
@@ -23,13 +25,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_normalize(x, self.eps) * self.weight
-
-
-def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """x * rsqrt(mean(x^2) + eps) computed in fp32 and rounded to x's dtype (HF's order: the weight is
-    applied after this rounding, by the caller). One fused kernel on CUDA."""
-    return F.rms_norm(x, (x.shape[-1],), eps=eps)
+        return add_rms_norm(x, None, self.weight, self.eps)[1]
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
@@ -58,16 +54,6 @@ def rope_table(rope: RopeConfig, head_dim: int, num_positions: int, device, dtyp
     return emb.cos().to(device=device, dtype=dtype), emb.sin().to(device=device, dtype=dtype)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, T, D]; cos/sin [T, D] (already gathered at the tokens' positions)."""
-    return x * cos + rotate_half(x) * sin
-
-
 class SwiGLU(nn.Module):
     """down(silu(gate(x)) * up(x)) with gate and up fused in one plain nn.Linear ([gate; up] rows)."""
 
@@ -78,23 +64,30 @@ class SwiGLU(nn.Module):
         self.down = nn.Linear(inter, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).split(self.inter, dim=-1)
-        return self.down(F.silu(gate) * up)
+        return self.down(silu_mul(self.gate_up(x)))
 
 
-def attention_mask(visible: torch.Tensor, groups: int, dtype) -> torch.Tensor:
-    """visible bool [T, S] -> additive mask [1, 1, g*T, S] (0 / -inf) for `attend`'s folded GQA rows,
-    built once per forward instead of once per layer."""
+def attention_mask(visible: torch.Tensor, groups: int, dtype, last: torch.Tensor | None = None) -> AttentionMask:
+    """visible bool [T, S] -> AttentionMask: the additive mask [1, 1, g*T, S] (0 / -inf) for `attend`'s
+    folded GQA rows, and `last` (int64 [T], or one value for every row), the same visibility as
+    "slot j visible to row t iff j <= last[t]" for the decode kernel. Built once per forward
+    instead of once per layer."""
     mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, float("-inf"))
-    return mask.repeat(groups, 1)[None, None]
+    if last is not None:
+        last = last.reshape(-1).expand(visible.shape[0]).to(torch.int64).contiguous()
+    return AttentionMask(mask.repeat(groups, 1)[None, None], last)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [B, Hq, T, D], k/v [B, Hkv, S, D], mask from attention_mask [1, 1, g*T, S] -> [B, T, Hq*D].
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, scale: float) -> torch.Tensor:
+    """q [B, Hq, T, D], k/v [B, Hkv, S, D], mask from attention_mask -> [B, T, Hq*D].
 
     GQA without copying K/V: the g query heads sharing a KV head (HF's repeat_kv order: q head h
     uses KV head h // g) are folded into the row axis, so K/V are read once per KV head.
+    On CUDA bf16 our decode kernel (attention_backend) takes T <= 32 calls and writes [B, T, Hq*D].
     """
+    if use_decode_kernel(q, k, mask):
+        from specpilot.kernels.decode_attention import decode_attention
+        return decode_attention(q, k, v, mask.last, scale)
     b, hq, t, d = q.shape
     hkv = k.shape[1]
     q = q.reshape(b, hkv, (hq // hkv) * t, d)                # rows j*T + t
@@ -105,7 +98,14 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 
 class PreNormBlock(nn.Module):
     """The decoder block of both the target and the DFlash drafter (they differ only in attention):
-    x + attn(norm(x)), then x + mlp(norm(x))."""
+    x + attn(norm(x)), then x + mlp(norm(x)).
+
+    Each residual add is fused with the norm that follows it (add_rms_norm), so the block's own
+    final add is left to the next block (or the model's final norm): the block takes its input as
+    (x, delta) with input = x + delta (delta None: x itself) and returns (input, h, mlp_out), its
+    input materialised (the previous layer's output, HF hidden_states[i]) and its output as the
+    pending sum h + mlp_out. Same bf16 adds in the same order as the unfused block.
+    """
 
     def __init__(self, hidden_size: int, intermediate_size: int, eps: float, attn: nn.Module):
         super().__init__()
@@ -114,9 +114,11 @@ class PreNormBlock(nn.Module):
         self.mlp_norm = RMSNorm(hidden_size, eps)
         self.mlp = SwiGLU(hidden_size, intermediate_size)
 
-    def forward(self, x, cos, sin, positions, k_cache, v_cache, kv_len, mask):
-        x = x + self.attn(self.attn_norm(x), cos, sin, positions, k_cache, v_cache, kv_len, mask)
-        return x + self.mlp(self.mlp_norm(x))
+    def forward(self, x, delta, cos, sin, positions, k_cache, v_cache, kv_len, mask):
+        block_input, normed = add_rms_norm(x, delta, self.attn_norm.weight, self.attn_norm.eps)
+        attn_out = self.attn(normed, cos, sin, positions, k_cache, v_cache, kv_len, mask)
+        h, normed = add_rms_norm(block_input, attn_out, self.mlp_norm.weight, self.mlp_norm.eps)
+        return block_input, h, self.mlp(normed)
 
 
 class RopeTables:

@@ -8,7 +8,8 @@ Cache convention: slot index == absolute position, so attention visibility is pu
 positions are simply overwritten by the next write at that position.
 
 Exactness: same per-row arithmetic as HF Qwen3ForCausalLM / LlamaForCausalLM; outputs differ from HF
-only by GEMM / attention kernel rounding (fused QKV and gate/up change the GEMM shapes).
+only by GEMM / attention kernel rounding (fused QKV and gate/up change the GEMM shapes) and, with the
+fused CUDA kernels on bf16 (fused_ops), by the fp32 sum-of-squares order of the RMSNorms.
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import torch
 from torch import nn
 
 from .config import TargetConfig
-from .layers import PreNormBlock, RMSNorm, RopeTables, apply_rope, attend, attention_mask, rms_normalize
+from .fused_ops import add_rms_norm, qk_norm_rope_cache
+from .layers import PreNormBlock, RMSNorm, RopeTables, attend, attention_mask
 
 
 class Attention(nn.Module):
@@ -29,28 +31,16 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = self.d ** -0.5
-        self._qk_norm_weight = None                            # [Hq + Hkv, D], built on first use
-
-    def qk_norm_weight(self):
-        """q_norm / k_norm weights per head, so q and k are normalised by one kernel (same rounding)."""
-        w = self._qk_norm_weight
-        if w is None or w.device != self.q_norm.weight.device or w.dtype != self.q_norm.weight.dtype:
-            w = torch.cat([self.q_norm.weight.expand(self.nq, self.d), self.k_norm.weight.expand(self.nkv, self.d)])
-            self._qk_norm_weight = w
-        return w
 
     def forward(self, x, cos, sin, positions, k_cache, v_cache, kv_len, mask):
         # x [B, T, H]; cos/sin [T, D]; positions [T]; k/v_cache [B, Hkv, S, D]; mask [1, 1, g*T, kv_len]
         b, t, _ = x.shape
         qkv = self.qkv(x).view(b, t, self.nq + 2 * self.nkv, self.d)
-        qk, v = qkv[:, :, :self.nq + self.nkv], qkv[:, :, self.nq + self.nkv:]
-        if self.q_norm is not None:                            # Qwen3: per-head RMSNorm of q and k
-            qk = rms_normalize(qk, self.eps) * self.qk_norm_weight()
-        qk = apply_rope(qk.transpose(1, 2), cos, sin)          # [B, Hq + Hkv, T, D], q and k together
-        q, k = qk[:, :self.nq], qk[:, self.nq:]
-        v = v.transpose(1, 2)                                  # [B, Hkv, T, D]
-        k_cache.index_copy_(2, positions, k)
-        v_cache.index_copy_(2, positions, v)
+        q, k, v = qkv.split((self.nq, self.nkv, self.nkv), dim=2)        # views, no copy
+        qk_norm = self.q_norm is not None                                # Qwen3: per-head RMSNorm of q and k
+        q = qk_norm_rope_cache(q, k, v, self.q_norm.weight if qk_norm else None,
+                               self.k_norm.weight if qk_norm else None, cos, sin, positions, self.eps,
+                               k_cache, v_cache)                         # q [B, Hq, T, D]; k/v -> cache
         out = attend(q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], mask, self.scale)
         return self.o(out)
 
@@ -85,18 +75,20 @@ class TargetLM(RopeTables, nn.Module):
         features concatenates the outputs of `feature_layers` (HF `hidden_states[i + 1]`: the output of
         layer i; for the last layer HF reports the final-normed state, and so do we).
         """
-        x = self.embed(ids)                                    # [B, T, H]
+        x, delta = self.embed(ids), None                       # [B, T, H]; a layer's output is x + delta
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         slots = torch.arange(kv_len, device=ids.device)
         c = self.config
-        mask = attention_mask(slots[None, :] <= positions[:, None], c.num_heads // c.num_kv_heads, x.dtype)
+        mask = attention_mask(slots[None, :] <= positions[:, None], c.num_heads // c.num_kv_heads, x.dtype,
+                              last=positions)                      # causal: row t sees slots <= positions[t]
         feats = {}
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layer_fns()):
-            x = layer(x, cos, sin, positions, cache.k[i], cache.v[i], kv_len, mask)
-            if i in feature_layers and i != last:
-                feats[i] = x
-        x = self.norm(x)
+            # Layer i materialises its input, the output of layer i - 1 (PreNormBlock fuses the adds).
+            block_input, x, delta = layer(x, delta, cos, sin, positions, cache.k[i], cache.v[i], kv_len, mask)
+            if i > 0 and i - 1 in feature_layers:
+                feats[i - 1] = block_input
+        _, x = add_rms_norm(x, delta, self.norm.weight, self.norm.eps)   # the last layer's add + final norm
         if last in feature_layers:
             feats[last] = x
         features = torch.cat([feats[i] for i in feature_layers], dim=-1) if feature_layers else None
@@ -116,10 +108,8 @@ class TargetLM(RopeTables, nn.Module):
     use_compiled = False
 
     def prepare(self) -> None:
-        """Builds the per-head q/k norm weights eagerly (before any graph capture or compile trace)."""
-        if self.config.qk_norm:
-            for layer in self.layers:                      # (built once: captured graphs keep reading it)
-                layer.attn.qk_norm_weight()
+        """Called by the Engine before any graph capture or compile trace. Nothing needs building now:
+        the q/k norm weights are read per head by qk_norm_rope_cache as they are."""
 
     def layer_fns(self):
         return self.compiled_layers if self.use_compiled and self.compiled_layers else self.layers

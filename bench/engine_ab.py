@@ -1,0 +1,66 @@
+"""Side-by-side step times of the engine's kernel choices on one random-weight target (H200):
+
+    python -m specpilot.bench.engine_ab --preset qwen3-8b [--out FILE.json]
+
+Builds the target + 5-layer drafter once, then for each configuration captures fresh CUDA graphs and
+times the AR step, the 16-token verify step and the draft step (bench.gpu_engine.time_steps, 512
+tokens of context). Configurations: the unfused eager elementwise path with SDPA (cuDNN), fused
+elementwise kernels with SDPA, and fused kernels with our decode-attention kernel (the default).
+All in one process, so the ratios are side by side. Prints a markdown table last.
+"""
+import argparse
+import gc
+import json
+
+import torch
+
+CONFIGS = (("unfused + SDPA cudnn", False, "cudnn"),
+           ("fused + SDPA cudnn", True, "cudnn"),
+           ("fused + specpilot attention", True, "specpilot"))
+
+
+def main(argv=None) -> int:
+    from specpilot.engine import Engine
+    from specpilot.models import fused_ops
+    from specpilot.models.attention_backend import set_attention_backend
+    from specpilot.models.random_ckpt import TARGET_PRESETS, drafter_config_for, random_drafter, random_target
+
+    from .gpu_engine import HBM_BYTES_PER_S, time_steps, weight_bytes
+
+    p = argparse.ArgumentParser(prog="python -m specpilot.bench.engine_ab", description=__doc__.split("\n")[0])
+    p.add_argument("--preset", default="qwen3-8b", choices=sorted(TARGET_PRESETS))
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    cfg = TARGET_PRESETS[args.preset]
+    target = random_target(cfg, "cuda", torch.bfloat16, seed=0)
+    drafter = random_drafter(drafter_config_for(cfg, num_layers=5, block_size=16), target, seed=1)
+    floor = weight_bytes(target) / HBM_BYTES_PER_S * 1e3
+    rows = []
+    for name, fused, attention in CONFIGS:
+        previous = fused_ops.set_fused_kernels(fused), set_attention_backend(attention)
+        engine = Engine(target, drafter, max_seq_len=1024)
+        steps = time_steps(engine, 16, args.iters)
+        rows.append({"config": name, **steps})
+        print(name, json.dumps({k: round(v, 4) for k, v in steps.items()}), flush=True)
+        del engine
+        gc.collect()
+        torch.cuda.empty_cache()
+        fused_ops.set_fused_kernels(previous[0])
+        set_attention_backend(previous[1])
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"preset": args.preset, "floor_ms": floor, "rows": rows}, f, indent=1)
+    base = rows[0]
+    print(f"\n{args.preset}, random weights, bf16, 512 tokens of context, CUDA graphs; weight floor {floor:.3f} ms")
+    print("| config | AR ms | verify16 ms | draft ms | verify/AR | draft/verify | AR/floor | AR vs first |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['config']} | {r['ar_ms']:.3f} | {r['verify_ms']:.3f} | {r['draft_ms']:.3f} | "
+              f"{r['verify_ms'] / r['ar_ms']:.2f} | {r['draft_ms'] / r['verify_ms']:.2f} | {r['ar_ms'] / floor:.2f} | "
+              f"{base['ar_ms'] / r['ar_ms']:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,127 @@
+// specpilot::decode_attention (CUDA only; schema here, so the op exists only in CUDA builds):
+//   decode_attention(q [B,Hq,T,D], k_cache [B,Hkv,S,D], v_cache [B,Hkv,S,D], last [T] int64, span,
+//                    scale, out [B,T,Hq*D]!, workspace [splits, B*T*Hq, D+1] fp32!) -> ()
+// Key slot j is visible to query row t iff j < span and j <= last[t]; semantics and exactness in
+// csrc/include/specpilot/decode_attention.h. Out-parameters and torch's current stream, so CUDA-graph
+// capture allocates nothing here; the number of key splits is the workspace's first dimension.
+//   decode_attention_pdl(enable) -> previous: launch the combine kernel with programmatic dependent
+//   launch (1) or plainly (0, default); -1 only reads it. A benchmark knob, process-global.
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+#include <torch/extension.h>
+
+#include <atomic>
+#include <cmath>
+
+#include "specpilot/decode_attention.h"
+
+namespace specpilot {
+namespace attention {
+namespace {
+
+std::atomic<bool>& pdl_setting() {
+  static std::atomic<bool> pdl{false};
+  return pdl;
+}
+
+int64_t decode_attention_pdl(int64_t enable) {
+  const bool previous = pdl_setting().load();
+  if (enable >= 0) pdl_setting().store(enable != 0);
+  return previous ? 1 : 0;
+}
+
+// bf16, on `device`, d contiguous, 16-byte aligned rows (the kernel copies 16-byte chunks).
+void check_rows(const char* name, const at::Tensor& t, const at::Device& device) {
+  TORCH_CHECK(t.scalar_type() == at::kBFloat16, "decode_attention: ", name, " must be bfloat16, got ",
+              t.scalar_type());
+  TORCH_CHECK(t.dim() == 4, "decode_attention: ", name, " must be 4-D, got shape ", t.sizes());
+  TORCH_CHECK(t.device() == device, "decode_attention: ", name, " is on ", t.device(), " but q is on ", device);
+  TORCH_CHECK(t.stride(3) == 1, "decode_attention: ", name, " must be contiguous in its last dim, got strides ",
+              t.strides());
+  for (int i = 0; i < 3; ++i)
+    TORCH_CHECK(t.stride(i) % 8 == 0, "decode_attention: ", name, " strides must be multiples of 8 elements "
+                "(16-byte rows), got ", t.strides());
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "decode_attention: ", name,
+              " must start 16-byte aligned, got ", t.data_ptr());
+}
+
+void decode_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                           const at::Tensor& last, int64_t span, double scale, at::Tensor& out,
+                           at::Tensor& workspace) {
+  TORCH_CHECK(q.is_cuda(), "decode_attention: q must be a CUDA tensor, got ", q.device());
+  const at::Device dev = q.device();
+  check_rows("q", q, dev);
+  check_rows("k_cache", k_cache, dev);
+  check_rows("v_cache", v_cache, dev);
+  const int64_t B = q.size(0), Hq = q.size(1), T = q.size(2), D = q.size(3);
+  const int64_t Hkv = k_cache.size(1), S = k_cache.size(2);
+  TORCH_CHECK(D == 64 || D == 128, "decode_attention: head dim must be 64 or 128, got ", D);
+  TORCH_CHECK(T >= 1 && T <= kMaxTokens, "decode_attention: T must be in 1..", kMaxTokens, ", got ", T,
+              " (longer blocks, e.g. the prefill, go to SDPA)");
+  TORCH_CHECK(k_cache.size(0) == B && k_cache.size(3) == D, "decode_attention: k_cache shape ", k_cache.sizes(),
+              " does not match q ", q.sizes(), " (want [", B, ", Hkv, S, ", D, "])");
+  TORCH_CHECK(v_cache.sizes() == k_cache.sizes(), "decode_attention: v_cache shape ", v_cache.sizes(),
+              " != k_cache shape ", k_cache.sizes());
+  TORCH_CHECK(Hkv >= 1 && Hq % Hkv == 0 && Hq / Hkv <= kMaxGroups, "decode_attention: Hq=", Hq,
+              " must be a multiple of Hkv=", Hkv, " with Hq/Hkv <= ", kMaxGroups);
+  TORCH_CHECK(span >= 1 && span <= S, "decode_attention: span must be in 1..S=", S, ", got ", span);
+  TORCH_CHECK(B * Hkv <= 65535, "decode_attention: B*Hkv=", B * Hkv, " exceeds the grid's 65535");
+  TORCH_CHECK(std::isfinite(scale), "decode_attention: scale must be finite, got ", scale);
+  TORCH_CHECK(last.scalar_type() == at::kLong && last.dim() == 1 && last.size(0) == T && last.is_contiguous(),
+              "decode_attention: last must be a contiguous int64 [T=", T, "], got ", last.scalar_type(), " ",
+              last.sizes());
+  TORCH_CHECK(last.device() == dev, "decode_attention: last is on ", last.device(), " but q is on ", dev);
+  TORCH_CHECK(out.scalar_type() == at::kBFloat16 && out.is_contiguous() && out.device() == dev &&
+                  out.sizes() == at::IntArrayRef({B, T, Hq * D}),
+              "decode_attention: out must be a contiguous bfloat16 [", B, ", ", T, ", ", Hq * D, "] on ", dev,
+              ", got ", out.scalar_type(), " ", out.sizes(), " on ", out.device());
+  TORCH_CHECK(workspace.scalar_type() == at::kFloat && workspace.is_contiguous() && workspace.device() == dev &&
+                  workspace.dim() == 3 && workspace.size(1) == B * T * Hq && workspace.size(2) == D + 1,
+              "decode_attention: workspace must be a contiguous float32 [splits, ", B * T * Hq, ", ", D + 1,
+              "] on ", dev, ", got ", workspace.scalar_type(), " ", workspace.sizes(), " on ", workspace.device());
+  const int64_t splits = workspace.size(0);
+  TORCH_CHECK(splits >= 1 && splits <= kMaxSplits, "decode_attention: workspace.size(0) (the key splits) must be "
+              "in 1..", kMaxSplits, ", got ", splits);
+
+  DecodeAttentionArgs a{};
+  a.q = reinterpret_cast<const uint16_t*>(q.data_ptr());
+  a.k = reinterpret_cast<const uint16_t*>(k_cache.data_ptr());
+  a.v = reinterpret_cast<const uint16_t*>(v_cache.data_ptr());
+  a.last = last.data_ptr<int64_t>();
+  a.out = reinterpret_cast<uint16_t*>(out.data_ptr());
+  a.workspace = workspace.data_ptr<float>();
+  a.batch = (int)B;
+  a.q_heads = (int)Hq;
+  a.kv_heads = (int)Hkv;
+  a.tokens = (int)T;
+  a.head_dim = (int)D;
+  a.span = (int)span;
+  a.num_splits = (int)splits;
+  for (int i = 0; i < 3; ++i) {
+    a.q_stride[i] = q.stride(i);
+    a.k_stride[i] = k_cache.stride(i);
+    a.v_stride[i] = v_cache.stride(i);
+  }
+  a.scale = (float)scale;
+  a.pdl = pdl_setting().load();
+  if (B == 0 || Hq == 0) return;
+  const c10::cuda::CUDAGuard guard(dev);
+  const int err = cuda_decode_attention(a, c10::cuda::getCurrentCUDAStream(dev.index()).stream());
+  TORCH_CHECK(err == 0, "decode_attention: CUDA launch failed for B=", B, " Hq=", Hq, " Hkv=", Hkv, " T=", T,
+              " D=", D, " span=", span, " splits=", splits, ": ", cudaGetErrorString(static_cast<cudaError_t>(err)));
+}
+
+}  // namespace
+}  // namespace attention
+}  // namespace specpilot
+
+TORCH_LIBRARY_FRAGMENT(specpilot, m) {
+  m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor last, int span, float scale, "
+        "Tensor(a!) out, Tensor(b!) workspace) -> ()");
+  m.def("decode_attention_pdl(int enable) -> int", &specpilot::attention::decode_attention_pdl);
+}
+
+TORCH_LIBRARY_IMPL(specpilot, CUDA, m) {
+  m.impl("decode_attention", &specpilot::attention::decode_attention_cuda);
+}

@@ -1,0 +1,391 @@
+// Split-KV decode / verify attention (flash-decoding) with mma.sync m16n8k16 bf16 tensor cores.
+// Semantics, workspace layout and the key split: csrc/include/specpilot/decode_attention.h.
+//
+// Exactness: not bit-identical to SDPA (another summation order, and P is rounded to bf16 before
+// the P.V product, as in flash attention); within bf16 output rounding of an fp64 softmax (tests/
+// test_decode_attention_gpu.py). Deterministic: a fixed order for a given grid (no atomics).
+//
+// CTA: 4 warps, up to 64 query rows (4 m16 tiles) x one key range, in tiles of 64 keys through a
+// two-stage cp.async ring. With one m-tile (T = 1: g rows, padded to 16) the 4 warps split each
+// key tile into 16-key slices; with two, 2 warps per m-tile; with 3-4, one warp per m-tile. Each
+// warp runs its own online softmax; the warps of an m-tile merge through shared memory at the end.
+// Keys past the range are zero-filled (never read), so NaN in unseen cache slots cannot leak.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "specpilot/decode_attention.h"
+
+namespace specpilot {
+namespace attention {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRowsPerCta = 64;   // 4 m16 tiles
+constexpr int kKeyTile = 64;      // keys per pipeline stage
+constexpr int kSlice = 16;        // keys per mma k-step of P.V (and per online-softmax update)
+constexpr unsigned kFull = 0xffffffffu;
+
+template <int D>
+struct Smem {
+  static constexpr int kPitch = D + 8;         // bf16 per row; +16 B keeps ldmatrix conflict-free
+  static constexpr int kQ = kRowsPerCta * kPitch;
+  static constexpr int kTile = kKeyTile * kPitch;  // one K or one V tile
+  static constexpr int kAccPitch = D + 4;      // floats per row of the merge scratch (reuses K/V)
+  static constexpr int kMl = 2 * kWarps * 16;  // m and l of each warp's 16 rows
+  static constexpr size_t kBytes = size_t(kQ + 4 * kTile) * 2 + kMl * sizeof(float);
+  static_assert(kWarps * 16 * kAccPitch * sizeof(float) <= 4 * kTile * 2, "merge scratch must fit the K/V ring");
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared; with valid == false the destination is zero-filled, nothing is read.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+
+// c[16x8] += a[16x16] b[16x8], bf16 in, fp32 accumulate.
+__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lower 16 bits) = lo
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ uint16_t bf16_bits(float x) {
+  const __nv_bfloat16 v = __float2bfloat16_rn(x);
+  return *reinterpret_cast<const uint16_t*>(&v);
+}
+
+// Programmatic dependent launch (sm_90); both are no-ops when the launch did not ask for PDL.
+__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+// kv_end = clamp(max_t last[t] + 1, 0, span), computed by every lane of the calling warp.
+__device__ __forceinline__ int visible_end(const int64_t* last, int tokens, int span, int lane) {
+  long long v = lane < tokens ? static_cast<long long>(last[lane]) : -1ll;
+  v = v < -1ll ? -1ll : (v > span - 1 ? span - 1 : v);
+  int x = static_cast<int>(v);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) x = max(x, __shfl_xor_sync(kFull, x, off));
+  return x + 1;
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) split_kernel(const DecodeAttentionArgs a) {
+  using S = Smem<D>;
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  pdl_launch_dependents();        // the combine kernel (if PDL) may start its prologue now
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  uint16_t* sq = reinterpret_cast<uint16_t*>(smem_raw);
+  uint16_t* skv = sq + S::kQ;  // stage s: K at skv + 2s * kTile, V right after
+  float* sm = reinterpret_cast<float*>(skv + 4 * S::kTile);
+  float* sl = sm + kWarps * 16;
+  float* sacc = reinterpret_cast<float*>(skv);  // merge scratch, after the last tile
+
+  const int split = blockIdx.x, row0 = blockIdx.y * kRowsPerCta;
+  const int b = blockIdx.z / a.kv_heads, kvh = blockIdx.z % a.kv_heads;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int T = a.tokens, g = a.q_heads / a.kv_heads;
+  const int rows = min(kRowsPerCta, g * T - row0);
+  const int mtiles = (rows + 15) / 16;
+
+  // Q rows -> shared (independent of `last`, so issued first). Row r = j * T + t of this KV head.
+  const uint16_t* qb = a.q + b * a.q_stride[0];
+  for (int i = tid; i < mtiles * 16 * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks, rg = row0 + r;
+    const bool valid = r < rows;
+    const uint16_t* src = valid ? qb + (kvh * g + rg / T) * a.q_stride[1] + (rg % T) * a.q_stride[2] + c * 8 : a.q;
+    cp_async16(sq + r * S::kPitch + c * 8, src, valid);
+  }
+  cp_async_commit();
+
+  const int kv_end = visible_end(a.last, T, a.span, lane);
+  const SplitGeometry geo = split_geometry(kv_end, a.num_splits);
+  const bool direct = a.num_splits == 1;
+  if (!direct && split >= geo.active_splits) {  // no keys here; the combine skips this split
+    cp_async_wait<0>();
+    return;
+  }
+  const int kbeg = split * geo.keys_per_split;
+  const int kend = min(kbeg + geo.keys_per_split, kv_end);
+  const int ntiles = kend > kbeg ? (kend - kbeg + kKeyTile - 1) / kKeyTile : 0;
+
+  const uint16_t* kb = a.k + b * a.k_stride[0] + kvh * a.k_stride[1];
+  const uint16_t* vb = a.v + b * a.v_stride[0] + kvh * a.v_stride[1];
+  auto load_tile = [&](int tile, int stage) {
+    const int base = kbeg + tile * kKeyTile;
+    uint16_t* sk = skv + 2 * stage * S::kTile;
+    uint16_t* sv = sk + S::kTile;
+    for (int i = tid; i < kKeyTile * kChunks; i += kThreads) {
+      const int r = i / kChunks, c = i % kChunks, key = base + r;
+      const bool valid = key < kend;
+      cp_async16(sk + r * S::kPitch + c * 8, valid ? kb + key * a.k_stride[2] + c * 8 : a.k, valid);
+      cp_async16(sv + r * S::kPitch + c * 8, valid ? vb + key * a.v_stride[2] + c * 8 : a.v, valid);
+    }
+  };
+
+  // Warp roles: m-tile `mi`, and which 16-key slices of each tile (wk, wk + nwk, ...).
+  const int nwk = mtiles == 1 ? 4 : (mtiles == 2 ? 2 : 1);
+  const int mi = warp / nwk, wk = warp % nwk;
+  const bool has_rows = mi < mtiles;
+  const int quad_row = lane / 4, quad_col = 2 * (lane % 4);
+
+  // Last visible key of this thread's two rows (quad_row, quad_row + 8) within [kbeg, kend).
+  int lim[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = mi * 16 + quad_row + 8 * h;
+    long long v = -1;
+    if (has_rows && r < rows) {
+      v = static_cast<long long>(a.last[(row0 + r) % T]);
+      v = v < -1ll ? -1ll : (v > kend - 1 ? kend - 1 : v);
+    }
+    lim[h] = static_cast<int>(v);
+  }
+  int warp_lim = max(lim[0], lim[1]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) warp_lim = max(warp_lim, __shfl_xor_sync(kFull, warp_lim, off));
+
+  const float scale_log2 = a.scale * 1.4426950408889634f;  // exp(x) = exp2(x log2 e)
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float acc[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+  uint32_t qa[D / 16][4];
+
+  if (ntiles > 0) load_tile(0, 0);
+  cp_async_commit();
+  for (int tile = 0; tile < ntiles; ++tile) {
+    if (tile + 1 < ntiles) load_tile(tile + 1, (tile + 1) & 1);
+    cp_async_commit();
+    cp_async_wait<1>();  // all but the newest group: Q and this tile have landed
+    __syncthreads();
+    if (has_rows) {
+      if (tile == 0) {
+        const uint16_t* qrow = sq + (mi * 16 + ((lane / 8) % 2) * 8 + lane % 8) * S::kPitch + (lane / 16) * 8;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) ldmatrix_x4(qa[ks], qrow + ks * 16);
+      }
+      const uint16_t* sk = skv + 2 * (tile & 1) * S::kTile;
+      const uint16_t* sv = sk + S::kTile;
+      const int base = kbeg + tile * kKeyTile;
+      for (int slice = wk; slice < kKeyTile / kSlice; slice += nwk) {
+        const int key0 = base + slice * kSlice;
+        if (key0 > warp_lim) break;  // warp-uniform: no row of this warp sees these keys
+        // S = Q K^T for 16 keys: two n8 tiles.
+        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        const uint16_t* krow = sk + (slice * kSlice + (lane / 16) * 8 + lane % 8) * S::kPitch + ((lane / 8) % 2) * 8;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+          uint32_t kf[4];
+          ldmatrix_x4(kf, krow + ks * 16);
+          mma_bf16(s[0], qa[ks], kf[0], kf[1]);
+          mma_bf16(s[1], qa[ks], kf[2], kf[3]);
+        }
+        // Mask (select, so NaN in a masked key cannot pass), scale to the log2 domain, row max.
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = key0 + nt * 8 + quad_col + (e & 1);
+            s[nt][e] = key <= lim[e >> 1] ? s[nt][e] * scale_log2 : -INFINITY;
+            mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
+          }
+        float alpha[2], base_m[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          mx[h] = fmaxf(mx[h], __shfl_xor_sync(kFull, mx[h], 1));
+          mx[h] = fmaxf(mx[h], __shfl_xor_sync(kFull, mx[h], 2));
+          const float m_new = fmaxf(m[h], mx[h]);
+          base_m[h] = m_new == -INFINITY ? 0.f : m_new;  // all masked so far: exp2(-inf - 0) = 0, no NaN
+          alpha[h] = exp2f(m[h] - base_m[h]);
+          m[h] = m_new;
+        }
+        float rowsum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            s[nt][e] = exp2f(s[nt][e] - base_m[e >> 1]);
+            rowsum[e >> 1] += s[nt][e];
+          }
+        l[0] = l[0] * alpha[0] + rowsum[0];
+        l[1] = l[1] * alpha[1] + rowsum[1];
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          acc[n][0] *= alpha[0];
+          acc[n][1] *= alpha[0];
+          acc[n][2] *= alpha[1];
+          acc[n][3] *= alpha[1];
+        }
+        // O += P V: the S accumulator layout is the A-fragment layout of the next mma.
+        const uint32_t pa[4] = {pack_bf16(s[0][0], s[0][1]), pack_bf16(s[0][2], s[0][3]),
+                                pack_bf16(s[1][0], s[1][1]), pack_bf16(s[1][2], s[1][3])};
+        const uint16_t* vrow = sv + (slice * kSlice + ((lane / 8) % 2) * 8 + lane % 8) * S::kPitch + (lane / 16) * 8;
+#pragma unroll
+        for (int dn = 0; dn < D / 16; ++dn) {
+          uint32_t vf[4];
+          ldmatrix_x4_trans(vf, vrow + dn * 16);
+          mma_bf16(acc[2 * dn], pa, vf[0], vf[1]);
+          mma_bf16(acc[2 * dn + 1], pa, vf[2], vf[3]);
+        }
+      }
+    }
+    __syncthreads();  // the next iteration's load overwrites this stage
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // Each warp's (m, l, acc) -> shared; l was summed per thread, finish it over the quad.
+  if (has_rows) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l[h] += __shfl_xor_sync(kFull, l[h], 1);
+      l[h] += __shfl_xor_sync(kFull, l[h], 2);
+      if (lane % 4 == 0) {
+        sm[warp * 16 + quad_row + 8 * h] = m[h];
+        sl[warp * 16 + quad_row + 8 * h] = l[h];
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<float2*>(sacc + (warp * 16 + quad_row + 8 * h) * S::kAccPitch + n * 8 + quad_col) =
+            make_float2(acc[n][2 * h], acc[n][2 * h + 1]);
+  }
+  __syncthreads();
+
+  // Merge the warps of each m-tile, write the output (direct) or the split's partial.
+  const int rows_total = a.batch * T * a.q_heads;
+  for (int i = tid; i < rows * D; i += kThreads) {
+    const int r = i / D, d = i % D, w0 = (r / 16) * nwk, rr = r % 16;
+    float mmax = -INFINITY;
+    for (int w = w0; w < w0 + nwk; ++w) mmax = fmaxf(mmax, sm[w * 16 + rr]);
+    const float base = mmax == -INFINITY ? 0.f : mmax;
+    float lsum = 0.f, o = 0.f;
+    for (int w = w0; w < w0 + nwk; ++w) {
+      const float f = exp2f(sm[w * 16 + rr] - base);
+      lsum += f * sl[w * 16 + rr];
+      o += f * sacc[(w * 16 + rr) * S::kAccPitch + d];
+    }
+    o = lsum > 0.f ? o / lsum : 0.f;
+    const int rg = row0 + r, t = rg % T, h = kvh * g + rg / T;
+    const long long orow = (static_cast<long long>(b) * T + t) * a.q_heads + h;
+    if (direct) {
+      a.out[orow * D + d] = bf16_bits(o);
+    } else {
+      float* part = a.workspace + (static_cast<long long>(split) * rows_total + orow) * (D + 1);
+      part[d] = o;
+      if (d == 0) part[D] = lsum > 0.f ? mmax + log2f(lsum) : -INFINITY;
+    }
+  }
+}
+
+// One warp per output row: out = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max), over the
+// splits that had keys (the same split_geometry as the split kernel).
+template <int D>
+__global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeAttentionArgs a) {
+  constexpr int kPer = D / 32;
+  const int lane = threadIdx.x % 32;
+  const long long rows_total = static_cast<long long>(a.batch) * a.tokens * a.q_heads;
+  const long long orow = static_cast<long long>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  // `last` was written before the split kernel started, so it may be read before the PDL wait.
+  const int kv_end = visible_end(a.last, a.tokens, a.span, lane);
+  const int active = split_geometry(kv_end, a.num_splits).active_splits;
+  pdl_wait();
+  if (orow >= rows_total) return;
+  const long long split_stride = rows_total * (D + 1);
+  const float* part = a.workspace + orow * (D + 1);
+
+  float mmax = -INFINITY;
+  for (int s = lane; s < active; s += 32) mmax = fmaxf(mmax, part[s * split_stride + D]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) mmax = fmaxf(mmax, __shfl_xor_sync(kFull, mmax, off));
+  const float base = mmax == -INFINITY ? 0.f : mmax;
+
+  float o[kPer], lsum = 0.f;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) o[j] = 0.f;
+  for (int s = 0; s < active; ++s) {
+    const float* ps = part + s * split_stride;
+    const float w = exp2f(ps[D] - base);
+    if (w == 0.f) continue;  // warp-uniform: a split where this row saw no key
+    lsum += w;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) o[j] += w * ps[lane + 32 * j];
+  }
+  const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) a.out[orow * D + lane + 32 * j] = bf16_bits(o[j] * inv);
+}
+
+template <int D>
+int launch(const DecodeAttentionArgs& a, cudaStream_t stream) {
+  constexpr size_t smem = Smem<D>::kBytes;
+  // Set on every launch (cheap, host only, legal under graph capture): the attribute is per device.
+  cudaError_t err = cudaFuncSetAttribute(split_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (err != cudaSuccess) return (int)err;
+  const int rows = (a.q_heads / a.kv_heads) * a.tokens;
+  const dim3 grid(a.num_splits, (rows + kRowsPerCta - 1) / kRowsPerCta, a.batch * a.kv_heads);
+  split_kernel<D><<<grid, kThreads, smem, stream>>>(a);
+  err = cudaGetLastError();
+  if (err != cudaSuccess || a.num_splits == 1) return (int)err;
+
+  const long long out_rows = static_cast<long long>(a.batch) * a.tokens * a.q_heads;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>((out_rows + kWarps - 1) / kWarps));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = a.pdl ? 1 : 0;
+  return (int)cudaLaunchKernelEx(&config, combine_kernel<D>, a);
+}
+
+}  // namespace
+
+int cuda_decode_attention(const DecodeAttentionArgs& args, void* stream) {
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  switch (args.head_dim) {
+    case 64: return launch<64>(args, s);
+    case 128: return launch<128>(args, s);
+    default: return (int)cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace attention
+}  // namespace specpilot

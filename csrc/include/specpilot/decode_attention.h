@@ -1,0 +1,68 @@
+// Decode / verify attention over a static KV cache (csrc/cuda/decode_attention.cu), torch-free.
+//
+// Semantics: q [B, Hq, T, D] bf16, K/V cache [B, Hkv, S, D] bf16 (slot = absolute position),
+// last [T] int64. Query row t of head h sees key slot j iff j < span and j <= last[t]; head h
+// reads KV head h / (Hq / Hkv). out [B, T, Hq * D] bf16 = softmax(q k^T * scale) v per row, fp32
+// scores and accumulation, P rounded to bf16 for the P.V tensor-core product (as flash attention).
+// A row that sees no key gets zeros.
+//
+// Split-KV (flash-decoding): the visible keys [0, kv_end), kv_end = clamp(max(last) + 1, 0, span),
+// are cut into num_splits ranges of keys_per_split (split_geometry below, computed on the device
+// from `last`, so keys beyond max(last) cost nothing even though a CUDA graph fixes the grid).
+// Each CTA handles the up to 64 query rows of one (batch, KV head, row block) that share K/V (GQA
+// folded: rows r = j * T + t of query head kv * g + j), over one key range, and writes a partial
+// (o normalised, lse) to the fp32 workspace; a combine kernel merges the splits. With
+// num_splits == 1 the CTA writes the output directly (no workspace traffic, one launch).
+#pragma once
+
+#if defined(__CUDACC__)
+#define SPECPILOT_ATTN_HD __host__ __device__ __forceinline__
+#else
+#define SPECPILOT_ATTN_HD inline
+#endif
+
+#include <cstdint>
+
+namespace specpilot {
+namespace attention {
+
+constexpr int kMaxTokens = 32;    // T: the AR step (1), verify / draft blocks (16), a little headroom
+constexpr int kMaxGroups = 8;     // g = Hq / Hkv
+constexpr int kMaxSplits = 128;
+constexpr int kSplitKeyAlign = 16;  // key ranges start on a 16-key slice (the mma's k)
+
+struct DecodeAttentionArgs {
+  const uint16_t* q;        // bf16 bits; element (b, h, t, d) at b*q_stride[0] + h*q_stride[1] + t*q_stride[2] + d
+  const uint16_t* k;        // (b, kv, slot, d) at b*k_stride[0] + kv*k_stride[1] + slot*k_stride[2] + d
+  const uint16_t* v;
+  const int64_t* last;      // [T]
+  uint16_t* out;            // [B, T, Hq * D], contiguous
+  float* workspace;         // [num_splits, B * T * Hq, D + 1]: o (normalised) then lse (log2 domain)
+  int batch, q_heads, kv_heads, tokens, head_dim, span, num_splits;
+  int64_t q_stride[3], k_stride[3], v_stride[3];  // in elements; strides multiple of 8, d stride 1
+  float scale;
+  bool pdl;                 // launch the combine kernel with programmatic dependent launch (sm_90)
+};
+
+struct SplitGeometry {
+  int kv_end;          // keys [0, kv_end) are visible to some row
+  int keys_per_split;  // a multiple of kSplitKeyAlign
+  int active_splits;   // splits with at least one key: ceil(kv_end / keys_per_split) <= num_splits
+};
+
+// The one definition of how keys are cut, shared by the split and the combine kernel.
+SPECPILOT_ATTN_HD SplitGeometry split_geometry(int kv_end, int num_splits) {
+  SplitGeometry g;
+  g.kv_end = kv_end;
+  const int per = (kv_end + num_splits - 1) / num_splits;
+  g.keys_per_split = per < 1 ? kSplitKeyAlign : (per + kSplitKeyAlign - 1) / kSplitKeyAlign * kSplitKeyAlign;
+  g.active_splits = (kv_end + g.keys_per_split - 1) / g.keys_per_split;
+  return g;
+}
+
+// Launches the split kernel (and the combine kernel when num_splits > 1) on `stream` (a
+// cudaStream_t). head_dim 64 or 128. Returns a cudaError_t as int (0 = success).
+int cuda_decode_attention(const DecodeAttentionArgs& args, void* stream);
+
+}  // namespace attention
+}  // namespace specpilot

@@ -1,0 +1,88 @@
+"""The split-KV decode / verify attention kernel (torch.ops.specpilot.decode_attention, CUDA builds).
+
+`decode_attention(q, k, v, last, scale)`: q [B, Hq, T, D] bf16, k/v [B, Hkv, span, D] bf16 (a view
+of the cache slots [0, span)), last int64 [T]: key slot j is visible to query row t iff
+j <= last[t]. Returns [B, T, Hq * D] bf16 (the layout `layers.attend` returns).
+Exactness: softmax(q k^T * scale) v with fp32 scores and accumulation, P rounded to bf16 for the
+P.V tensor-core product (as flash attention); within bf16 rounding of an fp64 reference, not
+bit-identical to SDPA (tests/test_decode_attention_gpu.py). Outputs and workspace come from
+torch.empty (under CUDA-graph capture: the graph's pool), so the op itself allocates nothing.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from specpilot import _ext
+
+HEAD_DIMS = (64, 128)
+MAX_TOKENS = 32          # csrc/include/specpilot/decode_attention.h kMaxTokens
+MAX_GROUPS = 8           # kMaxGroups
+MAX_SPLITS = 128         # kMaxSplits
+ROWS_PER_CTA = 64        # query rows (g * T) one CTA handles
+MIN_KEYS_PER_SPLIT = 32  # fewer keys per CTA than this costs more in partials than it saves
+
+
+@functools.lru_cache(maxsize=None)
+def available() -> bool:
+    """Whether this build has the CUDA op (CPU builds do not define it)."""
+    try:
+        return _ext.has_cuda_kernels() and hasattr(_ext.ops(), "decode_attention")
+    except RuntimeError:                 # extension not built at all
+        return False
+
+
+def supports(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether the kernel takes this call (else the caller uses SDPA). Cheap checks first: on CPU
+    or in fp32 this never touches the extension."""
+    if not (q.is_cuda and q.dtype == torch.bfloat16 and k.dtype == torch.bfloat16 and q.dim() == 4):
+        return False
+    hq, t, d = q.shape[1], q.shape[2], q.shape[3]
+    hkv = k.shape[1]
+    return (d in HEAD_DIMS and 1 <= t <= MAX_TOKENS and hkv >= 1 and hq % hkv == 0
+            and hq // hkv <= MAX_GROUPS and available())
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def default_splits(batch: int, kv_heads: int, rows_per_kv_head: int, span: int, sm_count: int) -> int:
+    """Key splits for a call: enough CTAs to give every SM one, each with >= MIN_KEYS_PER_SPLIT
+    keys at a full span. Depends on the span, not on `last`, so a captured graph keeps its grid;
+    splits beyond the visible keys exit at once on the device."""
+    row_blocks = -(-rows_per_kv_head // ROWS_PER_CTA)
+    want = -(-sm_count // (batch * kv_heads * row_blocks))
+    return max(1, min(want, span // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
+
+
+def decode_attention(q, k, v, last, scale: float, splits: int | None = None) -> torch.Tensor:
+    """q [B, Hq, T, D], k/v [B, Hkv, span, D] (d contiguous), last int64 [T] -> [B, T, Hq * D]."""
+    b, hq, t, d = q.shape
+    hkv, span = k.shape[1], k.shape[2]
+    if q.stride(-1) != 1 or any(s % 8 for s in q.stride()[:3]):
+        q = q.contiguous()
+    if splits is None:
+        splits = default_splits(b, hkv, (hq // hkv) * t, span, _sm_count(q.device))
+    last = last.to(dtype=torch.int64).contiguous()
+    out = torch.empty((b, t, hq * d), dtype=q.dtype, device=q.device)
+    workspace = torch.empty((splits, b * t * hq, d + 1), dtype=torch.float32, device=q.device)
+    _ext.ops().decode_attention(q, k, v, last, span, float(scale), out, workspace)
+    return out
+
+
+def set_pdl(enable: bool) -> bool:
+    """Launch the combine kernel with programmatic dependent launch; returns the previous setting."""
+    return bool(_ext.ops().decode_attention_pdl(int(enable)))
+
+
+def _register() -> None:
+    from specpilot.kernels import registry
+
+    registry.register("decode_attention", "cuda-sm90a", available)
+    registry.register("decode_attention", "torch-sdpa", lambda: True)
+
+
+_register()

@@ -1,0 +1,276 @@
+"""The fused CUDA kernels (add_rms_norm, qk_norm_rope_cache, silu_mul) against the eager torch
+reference of python/specpilot/models/fused_ops.py (the same function with the kernels switched off),
+on fresh random bf16 inputs, every output poisoned with NaN before the kernel runs; then a tiny
+Qwen3 and a tiny LLaMA engine in bf16 with the kernels on vs off. Runs on the H200; skipped on CPU.
+
+Tolerances (bf16 "ulps" = steps between bit patterns, +0 == -0):
+- residual sums, the V cache writes, RoPE without q/k norm (LLaMA): bit-exact (same roundings).
+- RMSNorm output: the fp32 sum of squares is added in another order (and rsqrt may round
+  differently), which can flip the first bf16 rounding (x * rstd) by 1 ulp: <= 1 ulp with weight 1;
+  <= 2 ulps after the weight multiply (a 1-ulp step times |w| in [0.5, 2) then rounds again).
+- q/k with the per-head norm: that 1-ulp flip then goes through the weight, cos/sin products and
+  the RoPE sum, each adding at most one rounding at the row's scale: |diff| <= 2^-3 * max|row|.
+- SiLU * up: torch computes the same fp32 x / (1 + expf(-x)); <= 1 ulp in case expf differs.
+Flips happen only near rounding ties, so each op also asserts that < 1% of the elements differ.
+"""
+import contextlib
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import requires_gpu
+from test_engine_helpers import fresh_seed
+
+pytestmark = requires_gpu
+
+EPS = 1e-6
+
+
+def ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """|a - b| in bf16 steps, elementwise (ordered bit patterns; NaN shows as a large distance)."""
+    def ordered(t):
+        u = t.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
+        return torch.where(u >= 0x8000, -(u & 0x7FFF), u)
+    return (ordered(a) - ordered(b)).abs()
+
+
+def assert_few_flips(got, want, max_ulps: int):
+    assert not got.isnan().any(), "the kernel left poisoned (NaN) outputs"
+    d = ulps(got, want)
+    assert d.max().item() <= max_ulps, f"max {d.max().item()} ulps > {max_ulps}"
+    assert (d > 0).float().mean().item() < 0.01, f"{(d > 0).float().mean().item():.3%} of elements differ"
+
+
+@contextlib.contextmanager
+def kernels(on: bool):
+    from specpilot.models import fused_ops
+
+    previous = fused_ops.set_fused_kernels(on)
+    try:
+        yield
+    finally:
+        fused_ops.set_fused_kernels(previous)
+
+
+@pytest.fixture(scope="module")
+def ops():
+    from specpilot.models import fused_ops
+
+    found = fused_ops._cuda_ops()
+    assert found is not None, "the extension was built without the fused CUDA ops"
+    return found
+
+
+def gen():
+    return torch.Generator(device="cuda").manual_seed(fresh_seed())
+
+
+def randn(*shape, g, scale=1.0):
+    return (torch.randn(*shape, generator=g, device="cuda") * scale).to(torch.bfloat16)
+
+
+def nan_like(t):
+    return torch.full_like(t, float("nan"))
+
+
+# -- add_rms_norm ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("hidden", [512, 4096, 8192])
+@pytest.mark.parametrize("rows", [1, 7, 33])
+@pytest.mark.parametrize("with_delta", [True, False])
+def test_add_rms_norm(ops, hidden, rows, with_delta):
+    from specpilot.models import fused_ops
+
+    g = gen()
+    x, delta = randn(rows, hidden, g=g, scale=3.0), randn(rows, hidden, g=g) if with_delta else None
+    weight = (1 + 0.1 * torch.randn(hidden, generator=g, device="cuda")).to(torch.bfloat16)
+    with kernels(False):
+        want_sum, want = fused_ops.add_rms_norm(x, delta, weight, EPS)
+        _, want_unit = fused_ops.add_rms_norm(x, delta, torch.ones_like(weight), EPS)
+    total, normed = (nan_like(x) if with_delta else None), nan_like(x)
+    ops.add_rms_norm(x, delta, weight, EPS, total, normed)
+    if with_delta:
+        assert torch.equal(total, want_sum)
+    assert_few_flips(normed, want, 2)
+    unit = nan_like(x)
+    ops.add_rms_norm(x, delta, torch.ones_like(weight), EPS, None if delta is None else nan_like(x), unit)
+    assert_few_flips(unit, want_unit, 1)
+
+
+def test_add_rms_norm_rejects_bad_inputs(ops):
+    x = torch.zeros(2, 64, device="cuda", dtype=torch.bfloat16)
+    w = torch.ones(64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="x must be bfloat16"):
+        ops.add_rms_norm(x.float(), None, w, EPS, None, x.clone())
+    with pytest.raises(RuntimeError, match="weight must have shape"):
+        ops.add_rms_norm(x, None, w[:32], EPS, None, x.clone())
+    with pytest.raises(RuntimeError, match="multiple of 8"):
+        ops.add_rms_norm(x[:, :60].contiguous(), None, w[:60], EPS, None, x[:, :60].contiguous())
+
+
+# -- qk_norm_rope_cache ----------------------------------------------------------------------------
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("tokens", [1, 7, 33])
+@pytest.mark.parametrize("layout", ["fused_qkv", "separate_q_kv", "kv_only"])
+@pytest.mark.parametrize("qk_norm", [True, False])
+def test_qk_norm_rope_cache(ops, head_dim, tokens, layout, qk_norm):
+    from specpilot.models import fused_ops
+    from specpilot.models.config import RopeConfig
+    from specpilot.models.layers import rope_table
+
+    g = gen()
+    b, hq, hkv, slots, d = 2, 8, 2, 64, head_dim
+    if layout == "fused_qkv":                            # the target: views of one [B, T, (Hq + 2Hkv) D] output
+        q, k, v = randn(b, tokens, hq + 2 * hkv, d, g=g, scale=2.0).split((hq, hkv, hkv), dim=2)
+    else:                                                # the drafter: q [B, T, Hq D], kv [B, T, 2 Hkv D]
+        q = randn(b, tokens, hq * d, g=g, scale=2.0).view(b, tokens, hq, d)
+        k, v = randn(b, tokens, 2 * hkv * d, g=g, scale=2.0).view(b, tokens, 2 * hkv, d).split(hkv, dim=2)
+        q = None if layout == "kv_only" else q
+    qw, kw = ((1 + 0.1 * torch.randn(d, generator=g, device="cuda")).to(torch.bfloat16) if qk_norm else None
+              for _ in "qk")
+    qw = None if q is None else qw
+    positions = torch.randperm(slots, generator=g, device="cuda")[:tokens]
+    cos_table, sin_table = rope_table(RopeConfig(1000000.0), d, slots, "cuda", torch.bfloat16)
+    cos, sin = cos_table[positions], sin_table[positions]
+    caches = [randn(b, hkv, slots, d, g=g) for _ in "kv"]
+    for c in caches:
+        c[:, :, positions] = float("nan")                # a slot the kernel misses stays NaN
+    ref = [c.clone() for c in caches]
+    with kernels(False):
+        want_q = fused_ops.qk_norm_rope_cache(q, k, v, qw, kw, cos, sin, positions, EPS, *ref)
+    got = [c.clone() for c in caches]
+    q_out = None if q is None else torch.full((b, hq, tokens, d), float("nan"), device="cuda", dtype=torch.bfloat16)
+    ops.qk_norm_rope_cache(q, k, v, qw, kw, cos, sin, positions, EPS, *got, q_out)
+
+    untouched = torch.ones(slots, dtype=torch.bool, device="cuda")
+    untouched[positions] = False
+    for before, after in zip(caches, got):               # every other slot: the same bits as before
+        assert torch.equal(after[:, :, untouched], before[:, :, untouched])
+    assert torch.equal(got[1], ref[1])                   # V: copied bit for bit
+    pairs = [(got[0], ref[0])] + ([] if q is None else [(q_out, want_q)])
+    for mine, want in pairs:
+        if not qk_norm:                                  # RoPE alone: the same roundings, bit-exact
+            assert torch.equal(mine, want)
+            continue
+        assert not mine.isnan().any()
+        row_max = want.abs().amax(dim=-1, keepdim=True).float()
+        assert ((mine.float() - want.float()).abs() <= row_max / 8).all()
+        assert (mine != want).float().mean().item() < 0.01
+
+
+def test_qk_norm_rope_cache_leaves_out_of_range_positions_unwritten(ops):
+    g = gen()
+    k, v = randn(1, 2, 2, 64, g=g).split(1, dim=2)
+    cos, sin = randn(2, 64, g=g), randn(2, 64, g=g)
+    caches = [randn(1, 1, 8, 64, g=g) for _ in "kv"]
+    before = [c.clone() for c in caches]
+    ops.qk_norm_rope_cache(None, k, v, None, None, cos, sin, torch.tensor([8, -1], device="cuda"), EPS, *caches,
+                           None)
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(caches, before))
+
+
+# -- silu_mul --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("inter", [1024, 3072, 100])   # 100: not a multiple of 8 (scalar path)
+@pytest.mark.parametrize("rows", [1, 7, 33])
+def test_silu_mul(ops, inter, rows):
+    g = gen()
+    gate_up = randn(rows, 2 * inter, g=g, scale=4.0)
+    gate_up[0, :4] = torch.tensor([-100.0, 100.0, -20.0, 0.0], device="cuda")   # exp overflow, saturation, 0
+    gate, up = gate_up.split(inter, dim=-1)
+    want = F.silu(gate) * up                             # the eager reference, as fused_ops computes it
+    out = torch.full((rows, inter), float("nan"), device="cuda", dtype=torch.bfloat16)
+    ops.silu_mul(gate_up, out)
+    assert_few_flips(out, want, 1)
+
+
+def test_public_functions_dispatch_to_the_kernels(ops, monkeypatch):
+    """fused_ops' functions call the CUDA ops for CUDA bf16 tensors, and not when switched off."""
+    from specpilot.models import fused_ops
+
+    called = []
+
+    class Recorder:
+        def __getattr__(self, name):
+            called.append(name)
+            return getattr(ops, name)
+
+    monkeypatch.setattr(fused_ops, "_cuda_ops", lambda: Recorder())
+    g = gen()
+    x = randn(1, 3, 512, g=g)
+    w = torch.ones(512, device="cuda", dtype=torch.bfloat16)
+    fused_ops.add_rms_norm(x, x, w, EPS)
+    fused_ops.silu_mul(x)
+    k, v = randn(1, 3, 4, 64, g=g).split(2, dim=2)
+    cache = [torch.zeros(1, 2, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in "kv"]
+    cos = randn(3, 64, g=g)
+    fused_ops.qk_norm_rope_cache(None, k, v, None, None, cos, cos, torch.arange(3, device="cuda"), EPS, *cache)
+    assert called == ["add_rms_norm", "silu_mul", "qk_norm_rope_cache"]
+    with kernels(False):
+        fused_ops.add_rms_norm(x, x, w, EPS)
+    assert len(called) == 3
+
+
+# -- engine ----------------------------------------------------------------------------------------
+def kernel_sized_pair(family: str, seed: int):
+    """A tiny bf16 pair on CUDA whose shapes the kernels take (head_dim 64 / 128; the presets' 16 is not)."""
+    from specpilot.models.random_ckpt import (TARGET_PRESETS, drafter_config_for, random_drafter,
+                                              random_target)
+
+    base = TARGET_PRESETS["tiny-qwen3" if family == "qwen3" else "tiny-llama"]
+    head_dim, heads = (64, 8) if family == "qwen3" else (128, 4)
+    cfg = replace(base, hidden_size=512, num_heads=heads, num_kv_heads=2, head_dim=head_dim,
+                  intermediate_size=1024)
+    target = random_target(cfg, device="cuda", dtype=torch.bfloat16, seed=seed)
+    drafter = random_drafter(drafter_config_for(cfg, num_layers=2, block_size=8, layer_ids=[0, 2]), target,
+                             seed=seed + 1)
+    return target, drafter
+
+
+def margin_at(target, ids) -> tuple:
+    """(top-2 margin, top logit) of the kernels-off target's last logits for `ids` [1, n] (eager)."""
+    from specpilot.engine.cache import KVCache
+
+    c = target.config
+    n = ids.shape[1]
+    cache = KVCache(c.num_layers, 1, c.num_kv_heads, n, c.head_dim, "cuda", torch.bfloat16)
+    with kernels(False), torch.inference_mode():
+        logits, _ = target(ids, torch.arange(n, device="cuda"), cache, n, logits_rows=1)
+    top = logits[0, -1].float().topk(2).values
+    return float(top[0] - top[1]), float(top[0])
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_engine_with_kernels_on_vs_off(ops, family):
+    """Prefill logits and features (target) and draft logits close with the kernels on and off; 32
+    greedy AR tokens (CUDA graphs) equal, except where the kernels-off model has a near-tie (top-2
+    margin below verify/forcing.py's bf16 eps) at the first fork."""
+    from specpilot.engine import Engine
+    from specpilot.verify.forcing import eps_for
+
+    seed = fresh_seed()
+    target, drafter = kernel_sized_pair(family, seed)
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, target.config.vocab_size, (1, 37), generator=g).cuda()
+    out = {}
+    for on in (True, False):
+        with kernels(on), torch.inference_mode():
+            eng = Engine(target, drafter, max_seq_len=256)
+            logits, feats = eng.runner.prefill(prompt, with_features=True)
+            block = torch.randint(0, target.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(seed))
+            draft = eng.runner.draft_step(feats, 0, block.cuda(), prompt.shape[1], 8)
+            tokens = eng.generate_ar(prompt[0].tolist(), 32).tokens
+        out[on] = (logits.float(), feats.float(), draft.float(), tokens)
+    # Differences come only from a few 1-ulp norm flips spreading through 4 layers: a few bf16 ulps
+    # at the scale of the largest value (2^-8 relative per ulp), so 4% of the maximum is generous.
+    for got, want in zip(out[True][:3], out[False][:3]):
+        assert not got.isnan().any()
+        assert (got - want).abs().max().item() <= 0.04 * want.abs().max().item()
+    on_tokens, off_tokens = out[True][3], out[False][3]
+    if on_tokens != off_tokens:
+        j = next(i for i, (a, b) in enumerate(zip(on_tokens, off_tokens)) if a != b)
+        prefix = torch.tensor([prompt[0].tolist() + off_tokens[:j]], device="cuda")
+        margin, top = margin_at(target, prefix)
+        assert margin < eps_for(torch.bfloat16, top), (
+            f"tokens fork at step {j} ({on_tokens[j]} on vs {off_tokens[j]} off) with margin {margin:.4f}")
