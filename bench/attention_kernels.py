@@ -16,6 +16,9 @@ import math
 
 import torch
 
+from .timing import time_graph
+
+REPS = 20  # graph replays per timing
 SHAPES = {"qwen3-8b": (32, 8, 128), "zoo": (8, 2, 64)}
 # (T, span, context): the AR step and the verify / draft block at the engine's power-of-two spans.
 CASES = [(1, 256, 100), (1, 1024, 600), (16, 1024, 600), (1, 4096, 3000), (16, 4096, 3000), (16, 256, 100)]
@@ -23,27 +26,6 @@ TARGET_US = {(1, 1024): 6.0, (16, 1024): 12.0}   # Qwen3-8B shape, issue 3
 ROTATE_BYTES = 256e6                                # > 5x the H200's L2
 
 
-def time_graph(calls, reps: int = 20) -> float:
-    """Seconds per call: `calls` captured in one CUDA graph (warm-up outside capture), replayed."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for call in calls[:2]:
-            call()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e-3 / (reps * len(calls))
 
 
 def fp64_check(out, q, k, v, last, scale) -> dict:
@@ -93,14 +75,14 @@ def bench_case(shape: str, t: int, span: int, context: int, splits_list, g) -> d
         for pdl in (False, True):
             previous = kernel.set_pdl(pdl)
             try:
-                row["us"][f"kernel{'+pdl' if pdl else ''}{tag}"] = 1e6 * time_graph(calls)
+                row["us"][f"kernel{'+pdl' if pdl else ''}{tag}"] = 1e6 * time_graph(calls, REPS)
             finally:
                 kernel.set_pdl(previous)
     for backend in ("cudnn", "efficient"):
         previous = set_attention_backend(backend)
         try:
             calls = [lambda k=k, v=v: attend(q, k, v, mask, scale) for k, v in zip(ks, vs)]
-            row["us"][backend] = 1e6 * time_graph(calls)
+            row["us"][backend] = 1e6 * time_graph(calls, REPS)
         except RuntimeError as e:                     # e.g. cuDNN refusing the shape: recorded, not fatal
             row[f"{backend}_error"] = str(e)[:300]
         finally:

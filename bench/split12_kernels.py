@@ -19,6 +19,9 @@ import torch
 from specpilot import _ext
 from specpilot.formats.split12 import ops
 
+from .timing import time_graph
+
+REPS = 5   # graph replays per timing
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),
           "lm_head": (151936, 4096)}
 # Issue targets: time ratio to torch bf16 (M=1, M=16) and, at M=1, the share of copy bandwidth.
@@ -41,27 +44,6 @@ def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 10) -> float:
     return 2 * nbytes * reps / (start.elapsed_time(end) * 1e-3)
 
 
-def time_graph(calls, reps: int = 5) -> float:
-    """Seconds per call: `calls` (a list of closures) captured in one CUDA graph, replayed."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm-up outside capture (lazy init, cuBLAS workspaces)
-        for call in calls[:2]:
-            call()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e-3 / (reps * len(calls))
 
 
 def variant_runs(M: int, variants):
@@ -108,7 +90,7 @@ def check(x, w, p, out12, out16, runs) -> dict:
 def time_variant(v: int, calls) -> float:
     ops.kernel_variant(v)  # launch choice happens at capture time, so set it before time_graph
     try:
-        return 1e6 * time_graph(calls)
+        return 1e6 * time_graph(calls, REPS)
     finally:
         ops.kernel_variant(ops.SHIPPED_VARIANT)
 
@@ -130,17 +112,17 @@ def bench_shape(name: str, N: int, K: int, Ms, copy_bw: float, g, variants) -> l
         correctness = check(x, w0, p0, out12, out16, runs)
         # Several passes over the copies per graph so launch gaps are part of the number, as in decoding.
         passes = max(1, 24 // copies)
-        t_torch = time_graph([lambda w=w: torch.mm(x, w.t(), out=out_t) for w in ws] * passes)
+        t_torch = time_graph([lambda w=w: torch.mm(x, w.t(), out=out_t) for w in ws] * passes, REPS)
         us = {"torch": t_torch * 1e6}
         for v, kernel in runs:
             if "error" in correctness[f"{kernel}@v{v}"]:
                 continue
             tag = "" if v == shipped else f"@v{v}"  # unsuffixed keys = the shipped kernels
             us[f"split12_{kernel}{tag}"] = time_variant(
-                v, [lambda p=p, k=kernel: ops.split12_linear(x, p, out=out12, kernel=k) for p in ps] * passes)
+                v, [lambda p=p, k=kernel: ops.split12_linear(x, p, out=out12, kernel=k) for p in ps] * passes, REPS)
             if v == shipped or (v == 0 and kernel == "simt" and M == 1):  # the twin, where it differs
                 us[f"bf16_{kernel}{tag}"] = time_variant(
-                    v, [lambda w=w, k=kernel: ops.bf16_linear(x, w, out=out16, kernel=k) for w in ws] * passes)
+                    v, [lambda w=w, k=kernel: ops.bf16_linear(x, w, out=out16, kernel=k) for w in ws] * passes, REPS)
         bytes_bf16, bytes_s12 = 2 * N * K, p0.nbytes()
         kind = "lm_head" if name == "lm_head" else "layer"
         timed = [k for k in ops.KERNELS if f"split12_{k}" in us]  # a failed shipped kernel is left out

@@ -30,3 +30,26 @@ def dflash_clock(device):
         yield
     finally:
         dflash_model._cuda_time = original
+
+
+def time_graph(calls, reps: int) -> float:
+    """Seconds per call: `calls` (a list of closures) captured in one CUDA graph, replayed."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up outside capture (lazy init, cuBLAS workspaces)
+        for call in calls[:2]:
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e-3 / (reps * len(calls))

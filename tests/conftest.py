@@ -22,3 +22,19 @@ def pytest_collection_modifyitems(config, items):
             if "GPU" in str(mark.kwargs.get("reason", "")):
                 item.add_marker(pytest.mark.gpu)
                 break
+
+
+@pytest.fixture
+def cuda_build():
+    """On a GPU machine, a CPU-only build of specpilot._C is an error, not a skip."""
+    from specpilot import _ext
+
+    if not _ext.has_cuda_kernels():
+        pytest.fail("a GPU is present but specpilot._C was built without CUDA kernels (SPECPILOT_CUDA=1 rebuild)")
+
+
+@pytest.fixture
+def cuda_gen(fresh_seed):
+    """A CUDA generator seeded anew on every run; the seed is printed for a failing test."""
+    print(f"seed {fresh_seed}")
+    return torch.Generator(device="cuda").manual_seed(fresh_seed)

@@ -10,8 +10,6 @@ is rounded to bf16 (relative 2^-9 of |ref|) and each probability p_j is rounded 
 the P.V product (relative 2^-9 of p_j, so at most 2^-9 sum_j p_j |v_j| in the output); fp32
 scores, exp2 and accumulation add ~1e-6 relative. The bound takes twice that.
 Runs on the H200 (`python -m pytest -q tests/test_decode_attention_gpu.py`); skipped on CPU."""
-import math
-import os
 
 import pytest
 import torch
@@ -19,20 +17,12 @@ from conftest import requires_gpu
 
 from specpilot import _ext
 
-pytestmark = [requires_gpu, pytest.mark.gpu]
-
-
-@pytest.fixture(autouse=True)
-def needs_cuda_build():
-    if not _ext.has_cuda_kernels():
-        pytest.fail("a GPU is present but specpilot._C was built without CUDA kernels (SPECPILOT_CUDA=1 rebuild)")
+pytestmark = [requires_gpu, pytest.mark.gpu, pytest.mark.usefixtures("cuda_build")]
 
 
 @pytest.fixture
-def gen():
-    seed = int.from_bytes(os.urandom(4), "little")
-    print(f"seed {seed}")
-    return torch.Generator(device="cuda").manual_seed(seed)
+def gen(cuda_gen):
+    return cuda_gen
 
 
 def reference(q, k, v, last, scale):

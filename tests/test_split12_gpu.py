@@ -1,32 +1,22 @@
 """split12 on the H200: CUDA split12_linear == CUDA bf16_linear == the CPU kernels bit for bit,
 within the fp64 tolerance, batch-invariant, graph-capturable; odd shapes and Qwen3-8B shapes.
 The tensor-core twins (kernel="tc"): split12 == bf16 bit for bit, M-invariant, within tolerance."""
-import os
 
 import pytest
 import torch
 from conftest import requires_gpu
 
-from specpilot import _ext
-from specpilot.formats.split12 import ops, reference as ref
+from specpilot.formats.split12 import ops
 
-pytestmark = [requires_gpu, pytest.mark.gpu]
+pytestmark = [requires_gpu, pytest.mark.gpu, pytest.mark.usefixtures("cuda_build")]
 
 QWEN3_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),
             "lm_head": (151936, 4096)}
 
 
-@pytest.fixture(autouse=True)
-def needs_cuda_build():
-    if not _ext.has_cuda_kernels():
-        pytest.fail("a GPU is present but specpilot._C was built without CUDA kernels (SPECPILOT_CUDA=1 rebuild)")
-
-
 @pytest.fixture
-def gen():
-    seed = int.from_bytes(os.urandom(4), "little")
-    print(f"seed {seed}")
-    return torch.Generator(device="cuda").manual_seed(seed)
+def gen(cuda_gen):
+    return cuda_gen
 
 
 def weights(N, K, g, escape_share=0.002):
