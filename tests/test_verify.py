@@ -139,10 +139,12 @@ def test_arbiter_sides_with_the_unbroken_side_and_keeps_the_verdict(pair):
 
     prompts = [pair.random_prompt(8) for _ in range(2)]
     arbiter = copy.deepcopy(pair.target)                     # the unbroken weights
-    w = pair.target.layers[1].mlp.down.weight
+    # Negating the final norm negates every logit: our argmax becomes stock's argmin at every
+    # position, so the break shows for any seed (a scaled MLP weight did not always flip a token).
+    w = pair.target.norm.weight
     saved = w.clone()
     try:
-        w.mul_(-3.0)
+        w.neg_()
         bad = token_force(pair.engine, pair.stock, prompts, 16, arbiter=arbiter)
     finally:
         w.copy_(saved)
