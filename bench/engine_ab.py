@@ -6,7 +6,8 @@ Builds the target + 5-layer drafter once, then for each configuration captures f
 times the AR step, the 16-token verify step and the draft step (bench.gpu_engine.time_steps, 512
 tokens of context). Configurations: the unfused eager elementwise path with SDPA (cuDNN), fused
 elementwise kernels with SDPA, fused kernels with our decode-attention kernel for every call, and
-fused kernels with "auto" attention (the default: our kernel where it was measured faster).
+fused kernels with "auto" attention (the default: our kernel where it was measured faster), and the
+same with torch's linears routed to cuBLASLt instead of cuBLAS.
 All in one process, so the ratios are side by side. Prints a markdown table last.
 """
 import argparse
@@ -15,10 +16,12 @@ import json
 
 import torch
 
-CONFIGS = (("unfused + SDPA cudnn", False, "cudnn"),
-           ("fused + SDPA cudnn", True, "cudnn"),
-           ("fused + specpilot attention", True, "specpilot"),
-           ("fused + auto attention", True, "auto"))
+# (name, fused elementwise kernels, attention backend, cuBLAS library for the linears)
+CONFIGS = (("unfused + SDPA cudnn", False, "cudnn", "cublas"),
+           ("fused + SDPA cudnn", True, "cudnn", "cublas"),
+           ("fused + specpilot attention", True, "specpilot", "cublas"),
+           ("fused + auto attention", True, "auto", "cublas"),
+           ("fused + auto attention, cuBLASLt", True, "auto", "cublaslt"))
 
 
 def main(argv=None) -> int:
@@ -39,8 +42,10 @@ def main(argv=None) -> int:
     drafter = random_drafter(drafter_config_for(cfg, num_layers=5, block_size=16), target, seed=1)
     floor = weight_bytes(target) / HBM_BYTES_PER_S * 1e3
     rows = []
-    for name, fused, attention in CONFIGS:
+    for name, fused, attention, blas in CONFIGS:
         previous = fused_ops.set_fused_kernels(fused), set_attention_backend(attention)
+        previous_blas = torch.backends.cuda.preferred_blas_library()    # (called with a name it returns the new one)
+        torch.backends.cuda.preferred_blas_library(blas)
         engine = Engine(target, drafter, max_seq_len=1024)
         steps = time_steps(engine, 16, args.iters)
         rows.append({"config": name, **steps})
@@ -50,6 +55,7 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
         fused_ops.set_fused_kernels(previous[0])
         set_attention_backend(previous[1])
+        torch.backends.cuda.preferred_blas_library(previous_blas)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"preset": args.preset, "floor_ms": floor, "rows": rows}, f, indent=1)

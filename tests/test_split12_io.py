@@ -94,6 +94,27 @@ def test_stats_prints_json_last(tmp_path, gen, capsys):
     assert cli.main(["stats", str(tmp_path / "p"), "--quiet"]) == 0
     again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert again["bits_per_weight"] == info["bits_per_weight"] and again["split12_folder"] is True
+    assert info["left_out_not_bf16"] == 1 and info["cast_bf16"] is False   # extra.fp32_matrix, named
+    assert any("not bf16" in line and "extra.fp32_matrix" in line for line in lines[:-1])
+
+
+def test_stats_cast_bf16_measures_float_matrices_as_their_bf16_cast(tmp_path, gen, capsys):
+    """An fp32 checkpoint (e.g. a PyPI model's weights) is measured as bf16 only when asked, with
+    the same numbers as a bf16 copy of it."""
+    fp32 = {k: (v.float() if v.dim() == 2 else v) for k, v in tiny_tensors(gen).items()}
+    bf16 = {k: (v.to(torch.bfloat16) if v.dim() == 2 else v) for k, v in fp32.items()}
+    write_folder(tmp_path / "fp32", fp32, sharded=False)
+    write_folder(tmp_path / "bf16", bf16, sharded=False)
+    assert cli.main(["stats", str(tmp_path / "fp32"), "--quiet"]) == 0
+    plain = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert plain["tensors"] == 0 and plain["left_out_not_bf16"] == 4
+    assert cli.main(["stats", str(tmp_path / "fp32"), "--quiet", "--cast-bf16"]) == 0
+    cast = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert cli.main(["stats", str(tmp_path / "bf16"), "--quiet"]) == 0
+    reference = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert cast["left_out_not_bf16"] == 0 and cast["tensors"] == reference["tensors"] == 3  # + 1 kept bf16
+    assert cast["kept_bf16"] == reference["kept_bf16"] == ["extra.fp32_matrix"]
+    assert cast["bits_per_weight"] == reference["bits_per_weight"] and cast["escapes"] == reference["escapes"]
 
 
 def test_other_versions_and_layouts_are_refused(tmp_path, gen, capsys):

@@ -202,17 +202,25 @@ def unpack_folder(src, dst, overwrite: bool = False) -> int:
     return count
 
 
-def folder_stats(folder, max_bits_per_weight: float = DEFAULT_MAX_BITS) -> list:
-    """TensorStats of every 2-D bf16 matrix: read from a split12 folder, or computed by packing
-    a bf16 folder in memory (nothing written)."""
+def folder_stats(folder, max_bits_per_weight: float = DEFAULT_MAX_BITS, cast_bf16: bool = False):
+    """(TensorStats of every 2-D bf16 matrix, names of the 2-D float matrices left out): read from a
+    split12 folder, or computed by packing a bf16 folder in memory (nothing written). cast_bf16:
+    fp32 / fp16 matrices are rounded to bf16 first and measured too (the stats are then those of the
+    bf16 cast, as `specpilot pack` of a bf16 copy would see them); without it they are left out."""
     folder = Path(folder)
-    stats = []
+    stats, left_out = [], []
     split12 = is_split12_folder(folder)
     for shard in shard_files(folder):
         if split12:
             packed, _, _ = load_split12_file(folder / shard)
             stats += [stats_of(name, p) for name, p in packed.items()]
-        else:
-            tensors, _ = read_safetensors(folder / shard)
-            stats += [pack_tensor(name, t, max_bits_per_weight)[1] for name, t in tensors.items() if is_packable(t)]
-    return stats
+            continue
+        tensors, _ = read_safetensors(folder / shard)
+        for name, t in tensors.items():
+            if cast_bf16 and t.dim() == 2 and t.dtype in (torch.float32, torch.float16):
+                t = t.to(torch.bfloat16)
+            if is_packable(t):
+                stats.append(pack_tensor(name, t, max_bits_per_weight)[1])
+            elif t.dim() == 2 and t.is_floating_point():
+                left_out.append(name)
+    return stats, left_out
