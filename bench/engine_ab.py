@@ -7,7 +7,9 @@ times the AR step, the 16-token verify step and the draft step (bench.gpu_engine
 tokens of context). Configurations: the unfused eager elementwise path with SDPA (cuDNN), fused
 elementwise kernels with SDPA, fused kernels with our decode-attention kernel for every call, and
 fused kernels with "auto" attention (the default: our kernel where it was measured faster), and the
-same with torch's linears routed to cuBLASLt instead of cuBLAS.
+same with torch's linears routed to cuBLASLt instead of cuBLAS; last, "auto" with the fused one-token
+GEMVs (models/gemv_fusion.py: norm / SwiGLU gate fused into the AR step's linears; last because a
+new kernel that faults must not cost the other rows).
 All in one process, so the ratios are side by side. Prints a markdown table last.
 """
 import argparse
@@ -16,17 +18,18 @@ import json
 
 import torch
 
-# (name, fused elementwise kernels, attention backend, cuBLAS library for the linears)
-CONFIGS = (("unfused + SDPA cudnn", False, "cudnn", "cublas"),
-           ("fused + SDPA cudnn", True, "cudnn", "cublas"),
-           ("fused + specpilot attention", True, "specpilot", "cublas"),
-           ("fused + auto attention", True, "auto", "cublas"),
-           ("fused + auto attention, cuBLASLt", True, "auto", "cublaslt"))
+# (name, fused elementwise kernels, attention backend, cuBLAS library for the linears, fused GEMVs)
+CONFIGS = (("unfused + SDPA cudnn", False, "cudnn", "cublas", False),
+           ("fused + SDPA cudnn", True, "cudnn", "cublas", False),
+           ("fused + specpilot attention", True, "specpilot", "cublas", False),
+           ("fused + auto attention", True, "auto", "cublas", False),
+           ("fused + auto attention, cuBLASLt", True, "auto", "cublaslt", False),
+           ("fused + auto attention + fused GEMV (AR)", True, "auto", "cublas", True))
 
 
 def main(argv=None) -> int:
     from specpilot.engine import Engine
-    from specpilot.models import fused_ops
+    from specpilot.models import fused_ops, gemv_fusion
     from specpilot.models.attention_backend import set_attention_backend
     from specpilot.models.random_ckpt import TARGET_PRESETS, drafter_config_for, random_drafter, random_target
 
@@ -36,18 +39,26 @@ def main(argv=None) -> int:
     p.add_argument("--preset", default="qwen3-8b", choices=sorted(TARGET_PRESETS))
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--out", default=None)
+    p.add_argument("--configs", default="", help="1-based indices into CONFIGS to run, e.g. 4,6 (default: all)")
     args = p.parse_args(argv)
+    chosen = [CONFIGS[int(i) - 1] for i in args.configs.split(",") if i.strip()] or list(CONFIGS)
     cfg = TARGET_PRESETS[args.preset]
     target = random_target(cfg, "cuda", torch.bfloat16, seed=0)
     drafter = random_drafter(drafter_config_for(cfg, num_layers=5, block_size=16), target, seed=1)
     floor = weight_bytes(target) / HBM_BYTES_PER_S * 1e3
-    rows = []
-    for name, fused, attention, blas in CONFIGS:
+    rows, failed = [], []
+    for name, fused, attention, blas, gemv in chosen:
         previous = fused_ops.set_fused_kernels(fused), set_attention_backend(attention)
+        previous_gemv = gemv_fusion.set_fused_gemv(gemv)
         previous_blas = torch.backends.cuda.preferred_blas_library()    # (called with a name it returns the new one)
         torch.backends.cuda.preferred_blas_library(blas)
-        engine = Engine(target, drafter, max_seq_len=1024)
-        steps = time_steps(engine, 16, args.iters)
+        try:
+            engine = Engine(target, drafter, max_seq_len=1024)
+            steps = time_steps(engine, 16, args.iters)
+        except RuntimeError as e:                 # recorded, and the table still prints
+            print(f"{name}: FAILED {str(e)[:300]}", flush=True)
+            failed.append(name)
+            break                                 # a CUDA fault poisons the context for later configs
         rows.append({"config": name, **steps})
         print(name, json.dumps({k: round(v, 4) for k, v in steps.items()}), flush=True)
         del engine
@@ -56,9 +67,13 @@ def main(argv=None) -> int:
         fused_ops.set_fused_kernels(previous[0])
         set_attention_backend(previous[1])
         torch.backends.cuda.preferred_blas_library(previous_blas)
+        gemv_fusion.set_fused_gemv(previous_gemv)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"preset": args.preset, "floor_ms": floor, "rows": rows}, f, indent=1)
+            json.dump({"preset": args.preset, "floor_ms": floor, "rows": rows, "failed": failed}, f, indent=1)
+    if not rows:
+        print("every configuration failed")
+        return 1
     base = rows[0]
     print(f"\n{args.preset}, random weights, bf16, 512 tokens of context, CUDA graphs; weight floor {floor:.3f} ms")
     print("| config | AR ms | verify16 ms | draft ms | verify/AR | draft/verify | AR/floor | AR vs first |")
@@ -67,7 +82,9 @@ def main(argv=None) -> int:
         print(f"| {r['config']} | {r['ar_ms']:.3f} | {r['verify_ms']:.3f} | {r['draft_ms']:.3f} | "
               f"{r['verify_ms'] / r['ar_ms']:.2f} | {r['draft_ms'] / r['verify_ms']:.2f} | {r['ar_ms'] / floor:.2f} | "
               f"{base['ar_ms'] / r['ar_ms']:.2f}x |")
-    return 0
+    for name in failed:
+        print(f"| {name} | FAILED | | | | | | |")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

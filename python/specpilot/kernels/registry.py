@@ -37,7 +37,7 @@ def _import_op_families() -> None:
     import importlib
 
     for module in ("specpilot.formats.split12.ops", "specpilot.models.fused_ops",
-                   "specpilot.kernels.decode_attention"):
+                   "specpilot.models.gemv_fusion", "specpilot.kernels.decode_attention"):
         try:
             importlib.import_module(module)
         except ImportError:

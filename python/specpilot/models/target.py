@@ -9,7 +9,8 @@ positions are simply overwritten by the next write at that position.
 
 Exactness: same per-row arithmetic as HF Qwen3ForCausalLM / LlamaForCausalLM; outputs differ from HF
 only by GEMM / attention kernel rounding (fused QKV and gate/up change the GEMM shapes) and, with the
-fused CUDA kernels on bf16 (fused_ops), by the fp32 sum-of-squares order of the RMSNorms.
+fused CUDA kernels on bf16 (fused_ops), by the fp32 sum-of-squares order of the RMSNorms; with
+gemv_fusion on, one-token steps run their linears through our GEMV (another fp32 summation order).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from .config import TargetConfig
+from . import gemv_fusion
 from .fused_ops import add_rms_norm, qk_norm_rope_cache
 from .layers import PreNormBlock, RMSNorm, RopeTables, attend, attention_mask
 
@@ -34,15 +36,33 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, positions, k_cache, v_cache, kv_len, mask):
         # x [B, T, H]; cos/sin [T, D]; positions [T]; k/v_cache [B, Hkv, S, D]; mask [1, 1, g*T, kv_len]
-        b, t, _ = x.shape
-        qkv = self.qkv(x).view(b, t, self.nq + 2 * self.nkv, self.d)
+        return self.o(self.attend_qkv(self.qkv(x), cos, sin, positions, k_cache, v_cache, kv_len, mask))
+
+    def attend_qkv(self, qkv, cos, sin, positions, k_cache, v_cache, kv_len, mask):
+        """Attention from the QKV projection's output [B, T, (Hq + 2 Hkv) D]: [B, T, Hq D], before O."""
+        b, t, _ = qkv.shape
+        qkv = qkv.view(b, t, self.nq + 2 * self.nkv, self.d)
         q, k, v = qkv.split((self.nq, self.nkv, self.nkv), dim=2)        # views, no copy
         qk_norm = self.q_norm is not None                                # Qwen3: per-head RMSNorm of q and k
         q = qk_norm_rope_cache(q, k, v, self.q_norm.weight if qk_norm else None,
                                self.k_norm.weight if qk_norm else None, cos, sin, positions, self.eps,
                                k_cache, v_cache)                         # q [B, Hq, T, D]; k/v -> cache
-        out = attend(q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], mask, self.scale)
-        return self.o(out)
+        return attend(q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], mask, self.scale)
+
+
+class TargetBlock(PreNormBlock):
+    """The target's decoder block. A one-token step with gemv_fusion on runs each linear as a GEMV
+    with the norm or SwiGLU gate before it fused in; every other call is PreNormBlock's."""
+
+    def forward(self, x, delta, cos, sin, positions, k_cache, v_cache, kv_len, mask):
+        attn, mlp = self.attn, self.mlp
+        if not gemv_fusion.takes(x, attn.qkv, attn.o, mlp.gate_up, mlp.down, norm_hidden=x.shape[-1]):
+            return super().forward(x, delta, cos, sin, positions, k_cache, v_cache, kv_len, mask)
+        block_input, qkv = gemv_fusion.norm_linear(x, delta, self.attn_norm.weight, self.attn_norm.eps, attn.qkv.weight)
+        attn_out = attn.attend_qkv(qkv, cos, sin, positions, k_cache, v_cache, kv_len, mask)
+        h, gate_up = gemv_fusion.norm_linear(block_input, gemv_fusion.linear(attn_out, attn.o.weight),
+                                             self.mlp_norm.weight, self.mlp_norm.eps, mlp.gate_up.weight)
+        return block_input, h, gemv_fusion.silu_mul_linear(gate_up, mlp.down.weight)
 
 
 class TargetLM(RopeTables, nn.Module):
@@ -51,7 +71,7 @@ class TargetLM(RopeTables, nn.Module):
         self.config = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(
-            PreNormBlock(cfg.hidden_size, cfg.intermediate_size, cfg.rms_norm_eps, Attention(cfg))
+            TargetBlock(cfg.hidden_size, cfg.intermediate_size, cfg.rms_norm_eps, Attention(cfg))
             for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
@@ -88,13 +108,18 @@ class TargetLM(RopeTables, nn.Module):
             block_input, x, delta = layer(x, delta, cos, sin, positions, cache.k[i], cache.v[i], kv_len, mask)
             if i > 0 and i - 1 in feature_layers:
                 feats[i - 1] = block_input
-        _, x = add_rms_norm(x, delta, self.norm.weight, self.norm.eps)   # the last layer's add + final norm
-        if last in feature_layers:
-            feats[last] = x
+        if last not in feature_layers and gemv_fusion.takes(x, self.lm_head, norm_hidden=x.shape[-1]):
+            # one token: the final add + norm fused into the LM head's GEMV (logits_rows changes nothing)
+            _, logits = gemv_fusion.norm_linear(x, delta, self.norm.weight, self.norm.eps, self.lm_head.weight)
+        else:
+            _, x = add_rms_norm(x, delta, self.norm.weight, self.norm.eps)   # the last layer's add + final norm
+            if last in feature_layers:
+                feats[last] = x
+            if logits_rows is not None:
+                x = x[:, -logits_rows:]
+            logits = self.lm_head(x)
         features = torch.cat([feats[i] for i in feature_layers], dim=-1) if feature_layers else None
-        if logits_rows is not None:
-            x = x[:, -logits_rows:]
-        return self.lm_head(x), features
+        return logits, features
 
     def rope_device(self):
         return self.device

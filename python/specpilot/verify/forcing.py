@@ -1,8 +1,10 @@
 """Token forcing: the reward-hacking guard.
 
 For each prompt: run stock (dflash_generate on HF), keep its transcript, teacher-force prompt +
-transcript through OUR target in one forward pass and compare our argmax at every generated position
-with stock's token. A mismatch is tolerated only where stock's own top-2 logit margin at that
+transcript through OUR target twice and compare our argmax at every generated position with stock's
+token: once in one forward pass over the whole sequence (path "prefill": the multi-token kernels of
+prefill and verify), once through the engine's own one-token decode step, token by token after a
+prefill of the prompt (path "decode": the AR step's kernels and CUDA graphs, e.g. gemv_fusion). A mismatch is tolerated only where stock's own top-2 logit margin at that
 position (HF forward over the same sequence) is below eps: a bf16 near-tie that either side may break
 either way. eps = 0 in fp32 (no tolerance), eps = 1e-2 * max(1, |top logit|) in bf16/fp16 (about one
 bf16 ulp of the logit). Every tolerated mismatch is listed with its margin. Separately, our own
@@ -28,12 +30,12 @@ BF16_REL_EPS = 1e-2
 @dataclass
 class ForcingReport:
     prompts: int = 0
-    tokens: int = 0                         # positions compared
+    tokens: int = 0                         # positions compared (each on both paths)
     mismatches: int = 0                     # untolerated: each one fails the run
     tolerated: int = 0                      # near-tie mismatches (details in tolerated_list)
     passed: bool = True
     eps_rule: str = ""
-    tolerated_list: list = field(default_factory=list)   # {prompt, position, ours, stock, margin, eps}
+    tolerated_list: list = field(default_factory=list)   # {prompt, path, position, ours, stock, margin, eps}
     mismatch_list: list = field(default_factory=list)
     spec_identical: int = 0                 # prompts where our spec output == stock's tokens
     per_prompt: list = field(default_factory=list)
@@ -78,6 +80,20 @@ def forced_logits(target, sequence) -> torch.Tensor:
     return logits[0]
 
 
+@torch.inference_mode()
+def forced_decode_argmax(engine, prompt, tokens) -> list:
+    """Our argmax for each of `tokens` through the engine's AR path: prefill the prompt, then one
+    one-token decode step (graphed on CUDA) per token, fed stock's token, not our choice."""
+    runner, device = engine.runner, engine.target.device
+    logits, _ = runner.prefill(torch.tensor([list(map(int, prompt))], device=device), with_features=False)
+    choices = [int(logits[0, -1].argmax())]
+    for j, token in enumerate(tokens[:-1]):
+        logits, _ = runner.target_step(torch.tensor([[int(token)]], device=device), len(prompt) + j,
+                                       with_features=False)
+        choices.append(int(logits[0, -1].argmax()))
+    return choices
+
+
 def _common_prefix(a, b) -> int:
     n = 0
     for x, y in zip(a, b):
@@ -102,17 +118,19 @@ def token_force(engine, stock: StockPair, prompts, max_new_tokens: int, stop_ids
         ref = run_stock(stock, prompt, max_new_tokens, stop_ids, 0.0, block_size)
         sequence = list(prompt) + ref.tokens
         n = len(prompt)
-        ours = forced_argmax(target, sequence)[n - 1:len(sequence) - 1]    # our choice for each stock token
+        paths = {"prefill": forced_argmax(target, sequence)[n - 1:len(sequence) - 1],   # our choice per stock token
+                 "decode": forced_decode_argmax(engine, prompt, ref.tokens)}
         stock_logits = arbiter_logits = None
         row = {"id": name, "prompt_len": n, "tokens": len(ref.tokens), "mismatches": 0, "tolerated": 0}
-        for j, (mine, theirs) in enumerate(zip(ours, ref.tokens)):
-            if mine == theirs:
-                continue
+        disagreements = [(path, j, mine, theirs) for path, ours in paths.items()
+                         for j, (mine, theirs) in enumerate(zip(ours, ref.tokens)) if mine != theirs]
+        for path, j, mine, theirs in disagreements:
             if stock_logits is None:
                 stock_logits = hf_logits(stock, sequence)
             top2 = stock_logits[n - 1 + j].topk(2).values.tolist()
             margin, eps = top2[0] - top2[1], eps_for(dtype, top2[0])
-            item = {"prompt": name, "position": j, "ours": mine, "stock": theirs, "margin": margin, "eps": eps}
+            item = {"prompt": name, "path": path, "position": j, "ours": mine, "stock": theirs, "margin": margin,
+                    "eps": eps}
             if arbiter is not None:
                 if arbiter_logits is None:
                     arbiter_logits = forced_logits(arbiter, sequence).float()

@@ -1,0 +1,109 @@
+"""The AR step's linears as one-token GEMVs with the elementwise work before them fused in
+(torch.ops.specpilot.gemv_m1, csrc/cuda/gemv_m1.cu):
+
+  norm_linear(x, delta, norm_w, eps, w) -> (x + delta, W @ RMSNorm(x + delta))   add_rms_norm + linear
+  silu_mul_linear(gate_up, w)           -> W @ (silu(gate) * up)                 silu_mul + linear
+  linear(x, w)                          -> W @ x
+
+so a decoder layer's T = 1 step runs 4 GEMV kernels, qk_norm_rope_cache and attention, instead of
+those plus two add_rms_norm and one silu_mul kernels; each GEMV is launched with programmatic
+dependent launch, so its first weight loads overlap the end of the previous kernel.
+
+Off by default (`set_fused_gemv`), like every kernel choice until measured in the engine on the
+H200 (bench/engine_ab.py times it beside cuBLAS). `takes(...)` says when it applies: the switch is
+on, one token row, CUDA bf16, plain nn.Linear weights without bias (split12 linears keep their own
+kernels), K a multiple of 8, the norm's hidden size <= 4096. Otherwise callers run the separate ops.
+
+Exactness: the prologue's output is bit-identical to add_rms_norm / silu_mul's CUDA kernels (same
+arithmetic, same summation order); the GEMV sums in fp32 in its own fixed order, so results differ
+from cuBLAS by summation rounding only. bf16 engines are held to token forcing against stock.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+from specpilot import _ext
+from specpilot.kernels import registry
+
+PLAIN, ADD_NORM, SILU_MUL = 0, 1, 2    # csrc/include/specpilot/gemv_m1.h GemvPrologue
+MAX_K = 16384                          # kMaxK
+MAX_NORM_HIDDEN = 4096                 # kMaxNormHidden
+
+_enabled = False
+_pdl = True
+
+
+def set_fused_gemv(on: bool) -> bool:
+    """Turns the fused GEMVs on or off for steps run or captured from now on; returns the previous."""
+    global _enabled
+    previous, _enabled = _enabled, bool(on)
+    return previous
+
+
+def set_pdl(on: bool) -> bool:
+    """Launch the GEMVs with programmatic dependent launch (default on); returns the previous."""
+    global _pdl
+    previous, _pdl = _pdl, bool(on)
+    return previous
+
+
+@functools.lru_cache(maxsize=None)
+def available() -> bool:
+    """Whether this build has the CUDA op (CPU builds do not)."""
+    try:
+        return _ext.has_cuda_kernels() and hasattr(_ext.ops(), "gemv_m1")
+    except RuntimeError:                 # extension not built at all
+        return False
+
+
+def _plain_linear(m) -> bool:
+    w = getattr(m, "weight", None)
+    return (type(m) is nn.Linear and m.bias is None and w.is_cuda and w.dtype == torch.bfloat16
+            and w.is_contiguous() and w.shape[1] % 8 == 0 and w.shape[1] <= MAX_K and w.data_ptr() % 16 == 0)
+
+
+def takes(x: torch.Tensor, *linears, norm_hidden: int | None = None) -> bool:
+    """Whether the fused GEMVs run for input x [..., H] (one token row) through these linears."""
+    if not _enabled or torch.compiler.is_compiling():
+        return False
+    if not (x.is_cuda and x.dtype == torch.bfloat16 and x.numel() == x.shape[-1]):
+        return False
+    if norm_hidden is not None and norm_hidden > MAX_NORM_HIDDEN:
+        return False
+    return all(_plain_linear(m) for m in linears) and available()
+
+
+def _contiguous(t):
+    return t if t is None or (t.is_contiguous() and t.data_ptr() % 16 == 0) else t.contiguous()
+
+
+def norm_linear(x, delta, norm_weight, eps: float, weight):
+    """(sum, y): sum = x + delta (x when delta is None), y = weight @ (rms_normalize(sum) * norm_weight)."""
+    x, delta, norm_weight = _contiguous(x), _contiguous(delta), _contiguous(norm_weight)
+    y = x.new_empty(*x.shape[:-1], weight.shape[0])
+    total = None if delta is None else torch.empty_like(x)
+    _ext.ops().gemv_m1(weight, x, delta, norm_weight, eps, ADD_NORM, _pdl, y, total)
+    return (x if total is None else total), y
+
+
+def silu_mul_linear(gate_up, weight):
+    """weight @ (silu(gate) * up) for gate_up [..., 2I] = [gate | up]."""
+    gate_up = _contiguous(gate_up)
+    y = gate_up.new_empty(*gate_up.shape[:-1], weight.shape[0])
+    _ext.ops().gemv_m1(weight, gate_up, None, None, 0.0, SILU_MUL, _pdl, y, None)
+    return y
+
+
+def linear(x, weight):
+    """weight @ x for one token row."""
+    x = _contiguous(x)
+    y = x.new_empty(*x.shape[:-1], weight.shape[0])
+    _ext.ops().gemv_m1(weight, x, None, None, 0.0, PLAIN, _pdl, y, None)
+    return y
+
+
+registry.register("gemv_m1", "cuda-sm90a", lambda: available() and torch.cuda.is_available())
+registry.register("gemv_m1", "cublas+separate-ops", lambda: True)
