@@ -1,4 +1,7 @@
 import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -38,3 +41,37 @@ def cuda_gen(fresh_seed):
     """A CUDA generator seeded anew on every run; the seed is printed for a failing test."""
     print(f"seed {fresh_seed}")
     return torch.Generator(device="cuda").manual_seed(fresh_seed)
+
+
+# Prelude of refused_in_subprocess: what every case may use.
+_REFUSAL_PRELUDE = """
+import re, sys, torch
+from specpilot import _ext
+ops = _ext.ops()
+bf = lambda *shape: torch.zeros(*shape, device="cuda", dtype=torch.bfloat16)
+"""
+
+
+def refused_in_subprocess(setup: str, cases) -> None:
+    """Asserts that each (statement, pattern) in `cases` raises a RuntimeError whose message matches
+    `pattern`, after `setup` (Python; the prelude above is in scope). The cases run in one fresh
+    interpreter so that a crash in an op's error path (a segfault seen on the H200 for the CUDA ops'
+    argument checks) fails this test with the case that crashed, instead of killing the test run."""
+    lines = [_REFUSAL_PRELUDE, textwrap.dedent(setup)]
+    for i, (statement, pattern) in enumerate(cases):
+        lines.append(f"print('case {i}', flush=True)\n"
+                     f"try:\n    {statement}\n"
+                     f"except RuntimeError as e:\n"
+                     f"    print('raised' if re.search({pattern!r}, str(e)) else 'wrong message: ' + str(e)[:200],"
+                     f" flush=True)\n"
+                     f"else:\n    print('no error', flush=True)\n")
+    run = subprocess.run([sys.executable, "-c", "\n".join(lines)], capture_output=True, text=True, timeout=300)
+    out = run.stdout.split("\n")
+    for i, (statement, pattern) in enumerate(cases):
+        if f"case {i}" not in out:
+            break
+        verdict = out[out.index(f"case {i}") + 1] if out.index(f"case {i}") + 1 < len(out) else ""
+        assert verdict == "raised", (f"case {i} `{statement}`: "
+                                     + (verdict or f"the process died (exit {run.returncode}) instead of raising")
+                                     + f" (wanted a RuntimeError matching {pattern!r})\n{run.stderr[-1500:]}")
+    assert run.returncode == 0, f"exit {run.returncode}\n{run.stderr[-1500:]}"

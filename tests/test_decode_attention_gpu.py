@@ -13,7 +13,7 @@ Runs on the H200 (`python -m pytest -q tests/test_decode_attention_gpu.py`); ski
 
 import pytest
 import torch
-from conftest import requires_gpu
+from conftest import refused_in_subprocess, requires_gpu
 
 from specpilot import _ext
 
@@ -177,23 +177,21 @@ def test_graph_replay_follows_last(gen, pdl):
 
 
 def test_rejects_bad_arguments():
-    q = torch.zeros(1, 8, 1, 128, dtype=torch.bfloat16, device="cuda")
-    k = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16, device="cuda")
+    setup = """
+    q, k = bf(1, 8, 1, 128), bf(1, 2, 256, 128)
     last = torch.zeros(1, dtype=torch.long, device="cuda")
     out = torch.empty(1, 1, 1024, dtype=torch.bfloat16, device="cuda")
     ws = torch.empty(4, 8, 129, dtype=torch.float32, device="cuda")
-    op = _ext.ops().decode_attention
-    with pytest.raises(RuntimeError, match="head dim"):
-        op(q[..., :96], k[..., :96], k[..., :96], last, 256, 0.1, out, ws)
-    with pytest.raises(RuntimeError, match="span"):
-        op(q, k, k, last, 257, 0.1, out, ws)
-    with pytest.raises(RuntimeError, match="last"):
-        op(q, k, k, last.int(), 256, 0.1, out, ws)
-    with pytest.raises(RuntimeError, match="workspace"):
-        op(q, k, k, last, 256, 0.1, out, ws[:, :4])
-    with pytest.raises(RuntimeError, match="T must be"):
-        op(torch.zeros(1, 8, 33, 128, dtype=torch.bfloat16, device="cuda"), k, k,
-           torch.zeros(33, dtype=torch.long, device="cuda"), 256, 0.1, out, ws)
+    op = ops.decode_attention
+    """
+    refused_in_subprocess(setup, [
+        ("op(q[..., :96], k[..., :96], k[..., :96], last, 256, 0.1, out, ws)", "head dim"),
+        ("op(q, k, k, last, 257, 0.1, out, ws)", "span"),
+        ("op(q, k, k, last.int(), 256, 0.1, out, ws)", "last"),
+        ("op(q, k, k, last, 256, 0.1, out, ws[:, :4])", "workspace"),
+        ("op(bf(1, 8, 33, 128), k, k, torch.zeros(33, dtype=torch.long, device='cuda'), 256, 0.1, out, ws)",
+         "T must be"),
+    ])
 
 
 # -- engine level -----------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import requires_gpu
+from conftest import refused_in_subprocess, requires_gpu
 from test_engine_helpers import fresh_seed
 
 pytestmark = requires_gpu
@@ -99,14 +99,15 @@ def test_add_rms_norm(ops, hidden, rows, with_delta):
 
 
 def test_add_rms_norm_rejects_bad_inputs(ops):
-    x = torch.zeros(2, 64, device="cuda", dtype=torch.bfloat16)
-    w = torch.ones(64, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises(RuntimeError, match="x must be bfloat16"):
-        ops.add_rms_norm(x.float(), None, w, EPS, None, x.clone())
-    with pytest.raises(RuntimeError, match="weight must have shape"):
-        ops.add_rms_norm(x, None, w[:32], EPS, None, x.clone())
-    with pytest.raises(RuntimeError, match="multiple of 8"):
-        ops.add_rms_norm(x[:, :60].contiguous(), None, w[:60], EPS, None, x[:, :60].contiguous())
+    setup = """
+    x, w = bf(2, 64), torch.ones(64, device="cuda", dtype=torch.bfloat16)
+    """
+    refused_in_subprocess(setup, [
+        ("ops.add_rms_norm(x.float(), None, w, 1e-6, None, x.clone())", "x must be bfloat16"),
+        ("ops.add_rms_norm(x, None, w[:32], 1e-6, None, x.clone())", "weight must have shape"),
+        ("ops.add_rms_norm(x[:, :60].contiguous(), None, w[:60], 1e-6, None, x[:, :60].contiguous())",
+         "multiple of 8"),
+    ])
 
 
 # -- qk_norm_rope_cache ----------------------------------------------------------------------------
