@@ -1,8 +1,8 @@
 """The gap table: each component's measured time against its ceiling, ranked by time lost per
 generated token. `cost_report(...)` is the API the agents read; `specpilot cost` prints it.
 
-measured: the live implementation timed on the device (bf16 matmul on the GPU, or the split12 op
-where it is built; fp32 on the CPU). ceiling: max(bytes / copy bandwidth, flops / matmul rate,
+measured: the live implementation timed on the device (on the GPU: bf16 matmul, our one-token GEMV
+(gemv_fusion) at M = 1, or the split12 op where it is built; fp32 matmul on the CPU). ceiling: max(bytes / copy bandwidth, flops / matmul rate,
 one launch). lost per token = (measured - ceiling) * count / tokens the step produces.
 An AR decode step produces `batch` tokens; a draft + verify step `batch * tau` (tau is stated).
 """
@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from specpilot.cost.ceilings import Ceilings, measure_ceilings
 from specpilot.cost.shapes import ModelShape, drafter_target_layers, step_components
 from specpilot.cost.timer import time_call
+from specpilot.models import gemv_fusion
 
 SPLIT12_BYTES_PER_WEIGHT = 1.5  # 8-bit low byte + 4-bit code (escapes are a fraction of a percent)
 SPLIT12_OP_MAX_M = 32           # the CUDA split12_linear takes M <= 32 (kCudaMaxM); larger M: bf16 matmul
@@ -68,7 +69,23 @@ class _Measurer:
             op = _ext.ops().split12_linear
             return time_call(lambda: op(x, *contract_args(a), k, out), self.device, self.reps)
         w = torch.randn(n, k, device=self.device, dtype=self.dtype)
+        if m == 1 and self.one_token_gemv(w):      # what the engine's one-token steps run
+            return time_call(lambda: gemv_fusion.linear(x, w), self.device, self.reps)
         return time_call(lambda: F.linear(x, w), self.device, self.reps)
+
+    def linear_label(self, dtype: str) -> str:
+        if self.split12:
+            return "split12_linear op"
+        label = f"torch {dtype} matmul"
+        if self.device == "cuda" and gemv_fusion.enabled() and gemv_fusion.available():
+            label = "gemv_m1 (gemv_fusion) at M = 1, " + label + " otherwise"
+        if self.weights == "split12" and self.device == "cuda":
+            label += " (split12 op not built: stand-in)"
+        return label
+
+    @staticmethod
+    def one_token_gemv(w) -> bool:
+        return gemv_fusion.enabled() and gemv_fusion.available() and gemv_fusion.weight_ok(w)
 
     @functools.lru_cache(maxsize=None)
     def attention(self, batch: int, q_len: int, heads: int, context: int, head_dim: int) -> float:
@@ -107,8 +124,7 @@ def cost_report(target_dir, drafter_dir=None, batch: int = 1, block_size: int | 
     deployment = {"target": target.name, "drafter": drafter.name if drafter else None, "batch": batch,
                   "block_size": block_size, "tau": tau, "tau_source": "stated" if drafter else None,
                   "context": context, "device": device, "device_name": ceil.device_name, "weights": weights,
-                  "measured_dtype": ceil.dtype, "linear_impl": "split12_linear op" if meas.split12 else
-                  f"torch {ceil.dtype} matmul" + (" (split12 op not built: stand-in)" if weights == "split12" and device == "cuda" else "")}
+                  "measured_dtype": ceil.dtype, "linear_impl": meas.linear_label(ceil.dtype)}
     return CostReport(deployment, ceil, rows)
 
 

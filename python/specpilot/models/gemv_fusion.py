@@ -60,10 +60,18 @@ def available() -> bool:
         return False
 
 
+def enabled() -> bool:
+    return _enabled
+
+
+def weight_ok(w: torch.Tensor) -> bool:
+    """A weight [N, K] the kernel reads: CUDA bf16, contiguous, 16-byte aligned, K % 8 == 0, K <= MAX_K."""
+    return (w.dim() == 2 and w.is_cuda and w.dtype == torch.bfloat16 and w.is_contiguous()
+            and w.shape[1] % 8 == 0 and w.shape[1] <= MAX_K and w.data_ptr() % 16 == 0)
+
+
 def _plain_linear(m) -> bool:
-    w = getattr(m, "weight", None)
-    return (type(m) is nn.Linear and m.bias is None and w.is_cuda and w.dtype == torch.bfloat16
-            and w.is_contiguous() and w.shape[1] % 8 == 0 and w.shape[1] <= MAX_K and w.data_ptr() % 16 == 0)
+    return type(m) is nn.Linear and m.bias is None and weight_ok(m.weight)
 
 
 def takes(x: torch.Tensor, *linears, norm_hidden: int | None = None) -> bool:
