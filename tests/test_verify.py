@@ -88,15 +88,34 @@ def test_forcing_fails_a_broken_engine(pair):
     ok = token_force(pair.engine, pair.stock, prompts, 16)
     assert ok.passed and ok.mismatches == 0 and ok.tolerated == 0 and ok.tokens == 32
     assert ok.spec_identical == 2
-    w = pair.target.layers[1].mlp.down.weight
+    w = pair.target.norm.weight
     saved = w.clone()
     try:
-        w.mul_(-3.0)                                         # a "faster" but wrong engine
+        w.neg_()                      # a "faster" but wrong engine: every logit negated, any seed
         bad = token_force(pair.engine, pair.stock, prompts, 16)
     finally:
         w.copy_(saved)
     assert not bad.passed and bad.mismatches > 0
     assert all(m["margin"] >= m["eps"] for m in bad.mismatch_list)
+    assert {m["path"] for m in bad.mismatch_list} == {"prefill", "decode"}
+
+
+def test_forcing_catches_a_bug_in_the_one_token_decode_path_alone(pair, monkeypatch):
+    """A bug that only one-token steps hit (as a broken AR kernel would be) passes the one-forward
+    check but fails the decode path: the first choice comes from the prefill, every later one not."""
+    prompts = [pair.random_prompt(8) for _ in range(2)]
+    real_forward = pair.target.forward
+
+    def one_token_steps_broken(ids, *args, **kwargs):
+        logits, features = real_forward(ids, *args, **kwargs)
+        return (-logits if ids.shape[1] == 1 else logits), features
+
+    monkeypatch.setattr(pair.target, "forward", one_token_steps_broken)
+    bad = token_force(pair.engine, pair.stock, prompts, 16)
+    assert not bad.passed
+    assert {m["path"] for m in bad.mismatch_list} == {"decode"}
+    assert all(m["position"] > 0 for m in bad.mismatch_list)
+    assert len(bad.mismatch_list) == bad.tokens - 2 * 1      # every decode position after the first
 
 
 @pytest.mark.skipif(settings.zoo_pair() is None, reason="the zoo pair (SPECPILOT_ZOO) is not present")
