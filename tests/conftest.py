@@ -1,3 +1,4 @@
+import contextlib
 import os
 import subprocess
 import sys
@@ -75,3 +76,13 @@ def refused_in_subprocess(setup: str, cases) -> None:
                                      + (verdict or f"the process died (exit {run.returncode}) instead of raising")
                                      + f" (wanted a RuntimeError matching {pattern!r})\n{run.stderr[-1500:]}")
     assert run.returncode == 0, f"exit {run.returncode}\n{run.stderr[-1500:]}"
+
+
+@contextlib.contextmanager
+def switched(setter, value):
+    """Within the block, a process-wide knob set through `setter` (which returns the previous value)."""
+    previous = setter(value)
+    try:
+        yield
+    finally:
+        setter(previous)

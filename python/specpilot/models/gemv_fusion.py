@@ -11,9 +11,10 @@ dependent launch, so its first weight loads overlap the end of the previous kern
 
 On by default (`set_fused_gemv` switches it): measured on the H200 (bench/engine_ab.py, Qwen3-8B
 shape, side by side) the AR step took 4.568 ms with it vs 5.253 ms with cuBLAS and the separate
-kernels (docs/PERF_NOTES.md, 2026-12-03). `takes(...)` says when it applies: the switch is on, one
-token row, CUDA bf16, plain nn.Linear weights without bias (split12 linears keep their own kernels),
-K a multiple of 8, the norm's hidden size <= 4096. Otherwise callers run the separate ops.
+kernels (docs/PERF_NOTES.md, 2026-12-03). `takes(...)` says when it applies: the switch is on and so
+are fused_ops' kernels (set_fused_kernels(False) turns both off), one token row, CUDA bf16, plain
+nn.Linear weights without bias (split12 linears keep their own kernels), K a multiple of 8, the
+norm's hidden size <= 4096. Otherwise callers run the separate ops.
 
 Exactness: the prologue's output is bit-identical to add_rms_norm / silu_mul's CUDA kernels (same
 arithmetic, same summation order); the GEMV sums in fp32 in its own fixed order, so results differ
@@ -28,6 +29,8 @@ from torch import nn
 
 from specpilot import _ext
 from specpilot.kernels import registry
+
+from . import fused_ops
 
 PLAIN, ADD_NORM, SILU_MUL = 0, 1, 2    # csrc/include/specpilot/gemv_m1.h GemvPrologue
 MAX_K = 16384                          # kMaxK
@@ -76,8 +79,8 @@ def _plain_linear(m) -> bool:
 
 def takes(x: torch.Tensor, *linears, norm_hidden: int | None = None) -> bool:
     """Whether the fused GEMVs run for input x [..., H] (one token row) through these linears."""
-    if not _enabled or torch.compiler.is_compiling():
-        return False
+    if not (_enabled and fused_ops.fused_kernels_enabled()) or torch.compiler.is_compiling():
+        return False                     # its prologues are the fused kernels' arithmetic: off with them
     if not (x.is_cuda and x.dtype == torch.bfloat16 and x.numel() == x.shape[-1]):
         return False
     if norm_hidden is not None and norm_hidden > MAX_NORM_HIDDEN:
