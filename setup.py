@@ -40,6 +40,14 @@ def want_cuda(torch_version, torch_cuda, mode):
     return True
 
 
+def cxx_standard(torch_version):
+    """-std flag for the C++ sources (they include torch): torch's headers need C++20 from torch 2.14
+    on (torch/all.h refuses older standards); older torch keeps C++17. The .cu kernels are torch-free
+    and stay C++17."""
+    major, minor = (int(p) for p in torch_version.split("+")[0].split(".")[:2])
+    return "-std=c++20" if (major, minor) >= (2, 14) else "-std=c++17"
+
+
 def check_cuda_toolchain(torch_version, torch_cuda, nvcc, arch, capability, gpu_name):
     """Refuses a CUDA build that cannot work: no nvcc, an arch the kernels are not written for,
     or a GPU that is not Hopper. `capability` is None when no GPU is visible (compile only)."""
@@ -63,7 +71,8 @@ def extensions():
     rel = lambda pattern: sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
     bindings = rel("csrc/bindings/*.cpp")
     cpu_sources = rel("csrc/cpu/*.cpp") + [b for b in bindings if not b.endswith("_cuda.cpp")]
-    cxx_flags = ["-O3", "-std=c++17"]
+    std = cxx_standard(torch.__version__)
+    cxx_flags = ["-O3", std]
     include_dirs = [os.path.join(ROOT, "csrc", "include")]
 
     if not want_cuda(torch.__version__, torch.version.cuda, os.environ.get("SPECPILOT_CUDA", "auto")):

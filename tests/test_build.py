@@ -73,3 +73,12 @@ def test_build_mode_switch():
         setup.want_cuda("2.13.0+cpu", None, "1")
     with pytest.raises(SystemExit, match="must be auto, 0 or 1"):
         setup.want_cuda("2.11.0", "13.0", "yes")
+
+
+def test_cxx_standard_follows_torch():
+    """torch 2.14's headers refuse anything before C++20 (found building against torch 2.14.1)."""
+    setup = _setup_module()
+    assert setup.cxx_standard("2.11.0+cu130") == "-std=c++17"
+    assert setup.cxx_standard("2.13.0+cpu") == "-std=c++17"
+    assert setup.cxx_standard("2.14.1+cu130") == "-std=c++20"
+    assert setup.cxx_standard("3.0.0") == "-std=c++20"
