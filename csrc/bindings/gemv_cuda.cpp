@@ -16,7 +16,8 @@ namespace {
 
 // A contiguous, 16-byte aligned bf16 CUDA tensor of `numel` elements on `device`.
 void check_vector(const char* name, const at::Tensor& t, int64_t numel, const at::Device& device) {
-  TORCH_CHECK(t.is_cuda() && t.device() == device, "gemv_m1: ", name, " must be on ", device, ", got ", t.device());
+  TORCH_CHECK(t.is_cuda(), "gemv_m1: ", name, " must be a CUDA tensor, got one on ", t.device());
+  TORCH_CHECK(t.device() == device, "gemv_m1: ", name, " is on ", t.device(), " but the weight is on ", device);
   TORCH_CHECK(t.scalar_type() == at::kBFloat16, "gemv_m1: ", name, " must be bfloat16, got ", t.scalar_type());
   TORCH_CHECK(t.is_contiguous(), "gemv_m1: ", name, " must be contiguous, got strides ", t.strides());
   TORCH_CHECK(t.numel() == numel, "gemv_m1: ", name, " must hold ", numel, " values (one token), got shape ",
