@@ -215,3 +215,16 @@ def test_models_equal_old_formulas(name, dtype):
         logits, args = layer_args(drafter, lambda: drafter.forward_block(block, positions, new, 13))
         assert torch.equal(logits, old_forward_block(drafter, block, old, args))
         assert all(torch.equal(a, b) for a, b in zip(new.k + new.v, old.k + old.v))
+
+
+def test_fused_gemv_setting_switches_the_default_off():
+    import os
+    import subprocess
+    import sys
+
+    code = "from specpilot.models import gemv_fusion; print(gemv_fusion.enabled())"
+    env = {**os.environ, "SPECPILOT_FUSED_GEMV": "0"}
+    off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    env["SPECPILOT_FUSED_GEMV"] = "1"
+    on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert (off.stdout.strip(), on.stdout.strip()) == ("False", "True"), off.stderr + on.stderr

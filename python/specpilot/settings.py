@@ -29,6 +29,9 @@ class Settings:
     llm_api_key: str = field(default_factory=lambda: _env("SPECPILOT_LLM_API_KEY", _env("OPENAI_API_KEY", "")))
     # CUDA graphs for the engine's step functions (1 = on where a GPU is used).
     cuda_graphs: bool = field(default_factory=lambda: _env("SPECPILOT_CUDA_GRAPHS", "1") == "1")
+    # One-token steps through our GEMV with the norm / SwiGLU gate fused in (models/gemv_fusion.py);
+    # 0 = cuBLAS and the separate kernels, as before it was measured faster.
+    fused_gemv: bool = field(default_factory=lambda: _env("SPECPILOT_FUSED_GEMV", "1") == "1")
 
 
 def get() -> Settings:

@@ -9,7 +9,7 @@ so a decoder layer's T = 1 step runs 4 GEMV kernels, qk_norm_rope_cache and atte
 those plus two add_rms_norm and one silu_mul kernels; each GEMV is launched with programmatic
 dependent launch, so its first weight loads overlap the end of the previous kernel.
 
-On by default (`set_fused_gemv` switches it): measured on the H200 (bench/engine_ab.py, Qwen3-8B
+On by default (`set_fused_gemv` or SPECPILOT_FUSED_GEMV=0 switch it off): measured on the H200 (bench/engine_ab.py, Qwen3-8B
 shape, side by side) the AR step took 4.568 ms with it vs 5.253 ms with cuBLAS and the separate
 kernels (docs/PERF_NOTES.md, 2026-12-03). `takes(...)` says when it applies: the switch is on and so
 are fused_ops' kernels (set_fused_kernels(False) turns both off), one token row, CUDA bf16, plain
@@ -27,7 +27,7 @@ import functools
 import torch
 from torch import nn
 
-from specpilot import _ext
+from specpilot import _ext, settings
 from specpilot.kernels import registry
 
 from . import fused_ops
@@ -36,7 +36,7 @@ PLAIN, ADD_NORM, SILU_MUL = 0, 1, 2    # csrc/include/specpilot/gemv_m1.h GemvPr
 MAX_K = 16384                          # kMaxK
 MAX_NORM_HIDDEN = 4096                 # kMaxNormHidden
 
-_enabled = True
+_enabled = settings.get().fused_gemv      # SPECPILOT_FUSED_GEMV, default on
 _pdl = True
 
 
