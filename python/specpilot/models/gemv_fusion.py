@@ -9,9 +9,10 @@ so a decoder layer's T = 1 step runs 4 GEMV kernels, qk_norm_rope_cache and atte
 those plus two add_rms_norm and one silu_mul kernels; each GEMV is launched with programmatic
 dependent launch, so its first weight loads overlap the end of the previous kernel.
 
-On by default (`set_fused_gemv` or SPECPILOT_FUSED_GEMV=0 switch it off): measured on the H200 (bench/engine_ab.py, Qwen3-8B
-shape, side by side) the AR step took 4.568 ms with it vs 5.253 ms with cuBLAS and the separate
-kernels (docs/PERF_NOTES.md, 2026-12-03). `takes(...)` says when it applies: the switch is on and so
+On by default (`set_fused_gemv(False)` or SPECPILOT_FUSED_GEMV=0 turn it off): measured on the H200
+(bench/engine_ab.py, Qwen3-8B shape, side by side) the AR step took 4.568 ms with the 4 layer
+linears fused vs 5.253 ms with cuBLAS and the separate kernels (docs/PERF_NOTES.md, 2026-12-03);
+the final norm + LM head (TargetLM.forward) was fused after that run, not yet timed in the engine. `takes(...)` says when it applies: the switch is on and so
 are fused_ops' kernels (set_fused_kernels(False) turns both off), one token row, CUDA bf16, plain
 nn.Linear weights without bias (split12 linears keep their own kernels), K a multiple of 8, the
 norm's hidden size <= 4096. Otherwise callers run the separate ops.
