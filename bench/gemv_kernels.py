@@ -46,7 +46,8 @@ def main(argv=None) -> int:
         for pdl in (False, True):
             previous = gemv_fusion.set_pdl(pdl)
             try:
-                us["gemv+pdl" if pdl else "gemv"] = 1e6 * time_graph([lambda w=w: gemv_fusion.linear(x, w) for w in ws], REPS)
+                calls = [lambda w=w: gemv_fusion.linear(x, w) for w in ws]
+                us["gemv+pdl" if pdl else "gemv"] = 1e6 * time_graph(calls, REPS)
             finally:
                 gemv_fusion.set_pdl(previous)
         row = {"shape": name, "n": n, "k": k, "copies": copies, "close_to_torch": close, "us": us,

@@ -27,3 +27,12 @@ def build_info() -> dict:
 
 def has_cuda_kernels() -> bool:
     return bool(build_info()["with_cuda"])
+
+
+def has_cuda_op(name: str) -> bool:
+    """Whether this build registers the CUDA op torch.ops.specpilot.<name> (False on CPU builds and
+    when the extension is not built at all)."""
+    try:
+        return has_cuda_kernels() and hasattr(ops(), name)
+    except RuntimeError:                 # extension not built
+        return False

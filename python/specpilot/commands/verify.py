@@ -44,10 +44,12 @@ def print_report(report):
               f"tolerated; our spec output identical to stock for {row['spec_identical_prefix']}/"
               f"{row['tokens']} tokens; tau stock {row['stock_tau']:.2f} ours {row['our_tau']:.2f}  [{verdict}]")
     for item in report.tolerated_list:
-        print(f"  tolerated near-tie: prompt {item['prompt']} token {item['position']} ({item['path']} path): ours {item['ours']} "
+        print(f"  tolerated near-tie: prompt {item['prompt']} token {item['position']} ({item['path']} path): "
+              f"ours {item['ours']} "
               f"stock {item['stock']}, stock margin {item['margin']:.3g} < eps {item['eps']:.3g}{_arbiter_note(item)}")
     for item in report.mismatch_list:
-        print(f"  MISMATCH: prompt {item['prompt']} token {item['position']} ({item['path']} path): ours {item['ours']} "
+        print(f"  MISMATCH: prompt {item['prompt']} token {item['position']} ({item['path']} path): "
+              f"ours {item['ours']} "
               f"stock {item['stock']}, stock margin {item['margin']:.3g} >= eps {item['eps']:.3g}{_arbiter_note(item)}")
     if report.arbiter:
         print(f"{report.arbiter} arbiter over {len(report.tolerated_list) + len(report.mismatch_list)} disagreements: "

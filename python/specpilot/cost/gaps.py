@@ -2,8 +2,9 @@
 generated token. `cost_report(...)` is the API the agents read; `specpilot cost` prints it.
 
 measured: the live implementation timed on the device (on the GPU: bf16 matmul, our one-token GEMV
-(gemv_fusion) at M = 1, or the split12 op where it is built; fp32 matmul on the CPU). ceiling: max(bytes / copy bandwidth, flops / matmul rate,
-one launch). lost per token = (measured - ceiling) * count / tokens the step produces.
+(gemv_fusion) at M = 1, or the split12 op where it is built; fp32 matmul on the CPU).
+ceiling: max(bytes / copy bandwidth, flops / matmul rate, one launch).
+lost per token = (measured - ceiling) * count / tokens the step produces.
 An AR decode step produces `batch` tokens; a draft + verify step `batch * tau` (tau is stated).
 """
 import functools

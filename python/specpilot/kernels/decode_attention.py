@@ -27,10 +27,7 @@ MIN_KEYS_PER_SPLIT = 32  # fewer keys per CTA than this costs more in partials t
 @functools.lru_cache(maxsize=None)
 def available() -> bool:
     """Whether this build has the CUDA op (CPU builds do not define it)."""
-    try:
-        return _ext.has_cuda_kernels() and hasattr(_ext.ops(), "decode_attention")
-    except RuntimeError:                 # extension not built at all
-        return False
+    return _ext.has_cuda_op("decode_attention")
 
 
 def supports(q: torch.Tensor, k: torch.Tensor) -> bool:

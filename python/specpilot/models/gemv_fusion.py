@@ -12,10 +12,12 @@ dependent launch, so its first weight loads overlap the end of the previous kern
 On by default (`set_fused_gemv(False)` or SPECPILOT_FUSED_GEMV=0 turn it off): measured on the H200
 (bench/engine_ab.py, Qwen3-8B shape, side by side) the AR step took 4.568 ms with the 4 layer
 linears fused vs 5.253 ms with cuBLAS and the separate kernels (docs/PERF_NOTES.md, 2026-12-03);
-the final norm + LM head (TargetLM.forward) was fused after that run, not yet timed in the engine. `takes(...)` says when it applies: the switch is on and so
-are fused_ops' kernels (set_fused_kernels(False) turns both off), one token row, CUDA bf16, plain
-nn.Linear weights without bias (split12 linears keep their own kernels), K a multiple of 8, the
-norm's hidden size <= 4096. Otherwise callers run the separate ops.
+the final norm + LM head (TargetLM.forward) was fused after that run, not yet timed in the engine.
+
+`takes(...)` says when it applies: the switch is on and so are fused_ops' kernels
+(set_fused_kernels(False) turns both off), one token row, CUDA bf16, plain nn.Linear weights
+without bias (split12 linears keep their own kernels), K a multiple of 8, the norm's hidden size
+<= 4096. Otherwise callers run the separate ops.
 
 Exactness: the prologue's output is bit-identical to add_rms_norm / silu_mul's CUDA kernels (same
 arithmetic, same summation order); the GEMV sums in fp32 in its own fixed order, so results differ
@@ -58,10 +60,7 @@ def set_pdl(on: bool) -> bool:
 @functools.lru_cache(maxsize=None)
 def available() -> bool:
     """Whether this build has the CUDA op (CPU builds do not)."""
-    try:
-        return _ext.has_cuda_kernels() and hasattr(_ext.ops(), "gemv_m1")
-    except RuntimeError:                 # extension not built at all
-        return False
+    return _ext.has_cuda_op("gemv_m1")
 
 
 def enabled() -> bool:
@@ -93,13 +92,14 @@ def _contiguous(t):
     return t if t is None or (t.is_contiguous() and t.data_ptr() % 16 == 0) else t.contiguous()
 
 
-def norm_linear(x, delta, norm_weight, eps: float, weight):
-    """(sum, y): sum = x + delta (x when delta is None), y = weight @ (rms_normalize(sum) * norm_weight)."""
+def norm_linear(x, delta, norm_weight, eps: float, weight, keep_sum: bool = True):
+    """(sum, y): sum = x + delta (x when delta is None; None when keep_sum is False and there is a
+    delta: not stored), y = weight @ (rms_normalize(sum) * norm_weight)."""
     x, delta, norm_weight = _contiguous(x), _contiguous(delta), _contiguous(norm_weight)
     y = x.new_empty(*x.shape[:-1], weight.shape[0])
-    total = None if delta is None else torch.empty_like(x)
+    total = torch.empty_like(x) if delta is not None and keep_sum else None
     _ext.ops().gemv_m1(weight, x, delta, norm_weight, eps, ADD_NORM, _pdl, y, total)
-    return (x if total is None else total), y
+    return (x if delta is None else total), y
 
 
 def silu_mul_linear(gate_up, weight):

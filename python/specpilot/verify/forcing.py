@@ -4,7 +4,8 @@ For each prompt: run stock (dflash_generate on HF), keep its transcript, teacher
 transcript through OUR target twice and compare our argmax at every generated position with stock's
 token: once in one forward pass over the whole sequence (path "prefill": the multi-token kernels of
 prefill and verify), once through the engine's own one-token decode step, token by token after a
-prefill of the prompt (path "decode": the AR step's kernels and CUDA graphs, e.g. gemv_fusion). A mismatch is tolerated only where stock's own top-2 logit margin at that
+prefill of the prompt (path "decode": the AR step's kernels and CUDA graphs, e.g. gemv_fusion).
+A mismatch is tolerated only where stock's own top-2 logit margin at that
 position (HF forward over the same sequence) is below eps: a bf16 near-tie that either side may break
 either way. eps = 0 in fp32 (no tolerance), eps = 1e-2 * max(1, |top logit|) in bf16/fp16 (about one
 bf16 ulp of the logit). Every tolerated mismatch is listed with its margin. Separately, our own
