@@ -8,8 +8,11 @@ tokens of context). Configurations: the unfused eager elementwise path with SDPA
 elementwise kernels with SDPA, fused kernels with our decode-attention kernel for every call, and
 fused kernels with "auto" attention (the default: our kernel where it was measured faster), and the
 same with torch's linears routed to cuBLASLt instead of cuBLAS; last, "auto" with the fused one-token
-GEMVs (models/gemv_fusion.py: norm / SwiGLU gate fused into the AR step's linears; last because a
-new kernel that faults must not cost the other rows).
+GEMVs (models/gemv_fusion.py: norm / SwiGLU gate fused into the AR step's linears; late because a
+new kernel that faults must not cost the other rows); last, the same with split12 weights (every
+layer's linears and the LM head swapped for Split12Linear, bench.gpu_engine_split12's shared
+planes: the fused split12 GEMV at T = 1, or split12_linear after separate norm / gate kernels;
+the tensor-core kernel for verify). The swap cannot be undone, so they run last.
 All in one process, so the ratios are side by side. Prints a markdown table last.
 """
 import argparse
@@ -18,13 +21,17 @@ import json
 
 import torch
 
-# (name, fused elementwise kernels, attention backend, cuBLAS library for the linears, fused GEMVs)
-CONFIGS = (("unfused + SDPA cudnn", False, "cudnn", "cublas", False),
-           ("fused + SDPA cudnn", True, "cudnn", "cublas", False),
-           ("fused + specpilot attention", True, "specpilot", "cublas", False),
-           ("fused + auto attention", True, "auto", "cublas", False),
-           ("fused + auto attention, cuBLASLt", True, "auto", "cublaslt", False),
-           ("fused + auto attention + fused GEMV (AR)", True, "auto", "cublas", True))
+# (name, fused elementwise kernels, attention backend, cuBLAS library for the linears, fused GEMVs,
+#  weights)
+CONFIGS = (("unfused + SDPA cudnn", False, "cudnn", "cublas", False, "bf16"),
+           ("fused + SDPA cudnn", True, "cudnn", "cublas", False, "bf16"),
+           ("fused + specpilot attention", True, "specpilot", "cublas", False, "bf16"),
+           ("fused + auto attention", True, "auto", "cublas", False, "bf16"),
+           ("fused + auto attention, cuBLASLt", True, "auto", "cublaslt", False, "bf16"),
+           ("fused + auto attention + fused GEMV (AR)", True, "auto", "cublas", True, "bf16"),
+           ("fused + auto attention + fused GEMV (AR), split12 weights", True, "auto", "cublas", True, "split12"),
+           ("fused + auto attention, split12 weights (split12_linear at T = 1)", True, "auto", "cublas", False,
+            "split12"))
 
 
 def main(argv=None) -> int:
@@ -42,14 +49,23 @@ def main(argv=None) -> int:
     p.add_argument("--configs", default="", help="1-based indices into CONFIGS to run, e.g. 4,6 (default: all)")
     args = p.parse_args(argv)
     chosen = [CONFIGS[int(i) - 1] for i in args.configs.split(",") if i.strip()] or list(CONFIGS)
+    kinds = [c[5] for c in chosen]
+    if "split12" in kinds and "bf16" in kinds[kinds.index("split12"):]:
+        raise SystemExit("engine_ab: the split12 configurations swap the target's weights for good; run them last")
     cfg = TARGET_PRESETS[args.preset]
     target = random_target(cfg, "cuda", torch.bfloat16, seed=0)
     drafter = random_drafter(drafter_config_for(cfg, num_layers=5, block_size=16), target, seed=1)
     floor = weight_bytes(target) / HBM_BYTES_PER_S * 1e3
-    rows, failed = [], []
-    for name, fused, attention, blas, gemv in chosen:
+    rows, failed, split12_done = [], [], False
+    for name, fused, attention, blas, gemv, weights in chosen:
+        if weights == "split12" and not split12_done:
+            split12_done = True
+            from .gpu_engine_split12 import shared_plane_split12
+
+            print("split12 bits/weight", shared_plane_split12(target), flush=True)
         previous = fused_ops.set_fused_kernels(fused), set_attention_backend(attention)
         previous_gemv = gemv_fusion.set_fused_gemv(gemv)
+        previous_split12_gemv = gemv_fusion.set_fused_split12_gemv(gemv and weights == "split12")
         previous_blas = torch.backends.cuda.preferred_blas_library()    # (called with a name it returns the new one)
         torch.backends.cuda.preferred_blas_library(blas)
         try:
@@ -68,6 +84,7 @@ def main(argv=None) -> int:
         set_attention_backend(previous[1])
         torch.backends.cuda.preferred_blas_library(previous_blas)
         gemv_fusion.set_fused_gemv(previous_gemv)
+        gemv_fusion.set_fused_split12_gemv(previous_split12_gemv)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"preset": args.preset, "floor_ms": floor, "rows": rows, "failed": failed}, f, indent=1)

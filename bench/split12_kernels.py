@@ -95,6 +95,23 @@ def time_variant(v: int, calls) -> float:
         ops.kernel_variant(ops.SHIPPED_VARIANT)
 
 
+def check_and_time_m1(x, p0, ps, out, passes):
+    """split12_gemv_m1 (plain prologue, PDL): bit-identical to split12_linear (shipped) and its bf16
+    twin, then timed like the others."""
+    m1 = torch.ops.specpilot.split12_gemv_m1
+    K = p0.K
+    want = ops.split12_linear(x, p0).view(torch.int16)
+    m1(*p0.planes().values(), K, x[0], None, None, 0.0, 0, True, out.fill_(float("nan"))[0], None)
+    twin = torch.empty_like(out)
+    torch.ops.specpilot.bf16_gemv_m1_twin(ops.unpack(p0), x[0], None, None, 0.0, 0, True, twin[0], None)
+    torch.cuda.synchronize()
+    got = out.view(torch.int16).clone()
+    check = {"bit_identical_to_bf16_twin": bool(torch.equal(got, twin.view(torch.int16))),
+             "bit_identical_across_variants": bool(torch.equal(got, want)), "no_nan": not bool(out.isnan().any())}
+    calls = [lambda p=p: m1(*p.planes().values(), K, x[0], None, None, 0.0, 0, True, out[0], None) for p in ps]
+    return check, 1e6 * time_graph(calls * passes, REPS)
+
+
 def bench_shape(name: str, N: int, K: int, Ms, copy_bw: float, g, variants) -> list:
     w0 = (torch.randn(N, K, generator=g, device="cuda") * 0.02).to(torch.bfloat16)
     t0 = time.perf_counter()
@@ -119,13 +136,18 @@ def bench_shape(name: str, N: int, K: int, Ms, copy_bw: float, g, variants) -> l
                 continue
             tag = "" if v == shipped else f"@v{v}"  # unsuffixed keys = the shipped kernels
             us[f"split12_{kernel}{tag}"] = time_variant(
-                v, [lambda p=p, k=kernel: ops.split12_linear(x, p, out=out12, kernel=k) for p in ps] * passes, REPS)
+                v, [lambda p=p, k=kernel: ops.split12_linear(x, p, out=out12, kernel=k) for p in ps] * passes)
             if v == shipped or (v == 0 and kernel == "simt" and M == 1):  # the twin, where it differs
                 us[f"bf16_{kernel}{tag}"] = time_variant(
-                    v, [lambda w=w, k=kernel: ops.bf16_linear(x, w, out=out16, kernel=k) for w in ws] * passes, REPS)
+                    v, [lambda w=w, k=kernel: ops.bf16_linear(x, w, out=out16, kernel=k) for w in ws] * passes)
+        if M == 1 and K % 32 == 0:  # the persistent one-token kernel the engine's AR step uses
+            correctness["m1"], us["split12_m1"] = check_and_time_m1(x, p0, ps, out12, passes)
+            us["bf16_gemv_m1"] = 1e6 * time_graph(  # our fastest bf16 one-token GEMV (models/gemv_fusion.py)
+                [lambda w=w: torch.ops.specpilot.gemv_m1(w, x[0], None, None, 0.0, 0, True, out16[0], None)
+                 for w in ws] * passes, REPS)
         bytes_bf16, bytes_s12 = 2 * N * K, p0.nbytes()
         kind = "lm_head" if name == "lm_head" else "layer"
-        timed = [k for k in ops.KERNELS if f"split12_{k}" in us]  # a failed shipped kernel is left out
+        timed = [k for k in (*ops.KERNELS, "m1") if f"split12_{k}" in us]  # a failed kernel is left out
         best = min(timed, key=lambda k: us[f"split12_{k}"]) if timed else None
         row = {"shape": name, "N": N, "K": K, "M": M, "copies": copies, "pack_s": pack_s,
                "bits_per_weight": p0.bits_per_weight(), "escapes": p0.escapes, "check": correctness,
@@ -156,22 +178,25 @@ def _us(us: dict, key: str) -> str:
 def print_table(rows, copy_bw):
     print(f"\ncopy bandwidth {copy_bw / 1e9:.0f} GB/s (read+write); GB/s = stored weight bytes / time; "
           "x torch = time / torch bf16 time; shipped = variant 0, v1 = load-ahead kernels, "
-          "v2 / v3 = M=1 alternatives, v4 = v1 + PDL launches; exact = split12 == bf16 twin and == v0 bit for bit; ok: the best shipped "
+          "v2 / v3 = M=1 alternatives, v4 = v1 + PDL launches, m1 = split12_gemv_m1 (persistent, PDL); exact = split12 == bf16 twin and == v0 bit for bit; ok: the best shipped "
           "split12 kernel meets the ratio (and 85% copy BW at M=1)")
-    print("| shape | M | exact | torch us | bf16 simt us | shipped simt us | shipped tc us | v1 simt us | v1 tc us "
-          "| v2 simt | v3 simt | v4 simt | v4 tc | best GB/s | % copy | x torch simt | x torch tc | target | ok |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| shape | M | exact | torch us | bf16 simt us | shipped simt us | shipped tc us | m1 us | v1 simt us "
+          "| v1 tc us | v2 simt | v3 simt | v4 simt | v4 tc | best GB/s | % copy | x torch simt | x torch tc "
+          "| x torch m1 | bf16 gemv_m1 us | m1 / bf16 gemv_m1 | target | ok |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         us, best = r["us"], r["best_kernel"]
         ok = r["meets_ratio"] and (r["M"] != 1 or r["meets_copy_bw"])
         print(f"| {r['shape']} {r['N']}x{r['K']} | {r['M']} | {'yes' if r['exact'] else 'NO'} | {us['torch']:.1f} "
               f"| {_us(us, 'bf16_simt')} | {_us(us, 'split12_simt')} | {_us(us, 'split12_tc')} "
-              f"| {_us(us, 'split12_simt@v1')} | {_us(us, 'split12_tc@v1')} | {_us(us, 'split12_simt@v2')} "
+              f"| {_us(us, 'split12_m1')} | {_us(us, 'split12_simt@v1')} | {_us(us, 'split12_tc@v1')} | {_us(us, 'split12_simt@v2')} "
               f"| {_us(us, 'split12_simt@v3')} | {_us(us, 'split12_simt@v4')} | {_us(us, 'split12_tc@v4')} "
               f"| {r.get(f'gbps_split12_{best}', float('nan')):.0f} "
               f"| {100 * r.get(f'copy_frac_split12_{best}', float('nan')):.0f} "
               f"| {r.get('ratio_split12_simt_to_torch', float('nan')):.3f} "
               f"| {r.get('ratio_split12_tc_to_torch', float('nan')):.3f} "
+              f"| {r.get('ratio_split12_m1_to_torch', float('nan')):.3f} | {_us(us, 'bf16_gemv_m1')} "
+              f"| {us.get('split12_m1', float('nan')) / us.get('bf16_gemv_m1', float('nan')):.3f} "
               f"| <= {r['target_ratio']} | {'PASS' if ok else 'MISS'} |")
 
 

@@ -11,6 +11,8 @@
 #include <cuda_runtime.h>
 #include <torch/extension.h>
 
+#include "check.h"
+
 #include <atomic>
 #include <cmath>
 
@@ -33,55 +35,55 @@ int64_t decode_attention_pdl(int64_t enable) {
 
 // bf16, on `device`, d contiguous, 16-byte aligned rows (the kernel copies 16-byte chunks).
 void check_rows(const char* name, const at::Tensor& t, const at::Device& device) {
-  TORCH_CHECK(t.scalar_type() == at::kBFloat16, "decode_attention: ", name, " must be bfloat16, got ",
+  SP_CHECK(t.scalar_type() == at::kBFloat16, "decode_attention: ", name, " must be bfloat16, got ",
               t.scalar_type());
-  TORCH_CHECK(t.dim() == 4, "decode_attention: ", name, " must be 4-D, got shape ", t.sizes());
-  TORCH_CHECK(t.device() == device, "decode_attention: ", name, " is on ", t.device(), " but q is on ", device);
-  TORCH_CHECK(t.stride(3) == 1, "decode_attention: ", name, " must be contiguous in its last dim, got strides ",
+  SP_CHECK(t.dim() == 4, "decode_attention: ", name, " must be 4-D, got shape ", t.sizes());
+  SP_CHECK(t.device() == device, "decode_attention: ", name, " is on ", t.device(), " but q is on ", device);
+  SP_CHECK(t.stride(3) == 1, "decode_attention: ", name, " must be contiguous in its last dim, got strides ",
               t.strides());
   for (int i = 0; i < 3; ++i)
-    TORCH_CHECK(t.stride(i) % 8 == 0, "decode_attention: ", name, " strides must be multiples of 8 elements "
+    SP_CHECK(t.stride(i) % 8 == 0, "decode_attention: ", name, " strides must be multiples of 8 elements "
                 "(16-byte rows), got ", t.strides());
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "decode_attention: ", name,
+  SP_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "decode_attention: ", name,
               " must start 16-byte aligned, got ", t.data_ptr());
 }
 
 void decode_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& last, int64_t span, double scale, at::Tensor& out,
                            at::Tensor& workspace) {
-  TORCH_CHECK(q.is_cuda(), "decode_attention: q must be a CUDA tensor, got ", q.device());
+  SP_CHECK(q.is_cuda(), "decode_attention: q must be a CUDA tensor, got ", q.device());
   const at::Device dev = q.device();
   check_rows("q", q, dev);
   check_rows("k_cache", k_cache, dev);
   check_rows("v_cache", v_cache, dev);
   const int64_t B = q.size(0), Hq = q.size(1), T = q.size(2), D = q.size(3);
   const int64_t Hkv = k_cache.size(1), S = k_cache.size(2);
-  TORCH_CHECK(D == 64 || D == 128, "decode_attention: head dim must be 64 or 128, got ", D);
-  TORCH_CHECK(T >= 1 && T <= kMaxTokens, "decode_attention: T must be in 1..", kMaxTokens, ", got ", T,
+  SP_CHECK(D == 64 || D == 128, "decode_attention: head dim must be 64 or 128, got ", D);
+  SP_CHECK(T >= 1 && T <= kMaxTokens, "decode_attention: T must be in 1..", kMaxTokens, ", got ", T,
               " (longer blocks, e.g. the prefill, go to SDPA)");
-  TORCH_CHECK(k_cache.size(0) == B && k_cache.size(3) == D, "decode_attention: k_cache shape ", k_cache.sizes(),
+  SP_CHECK(k_cache.size(0) == B && k_cache.size(3) == D, "decode_attention: k_cache shape ", k_cache.sizes(),
               " does not match q ", q.sizes(), " (want [", B, ", Hkv, S, ", D, "])");
-  TORCH_CHECK(v_cache.sizes() == k_cache.sizes(), "decode_attention: v_cache shape ", v_cache.sizes(),
+  SP_CHECK(v_cache.sizes() == k_cache.sizes(), "decode_attention: v_cache shape ", v_cache.sizes(),
               " != k_cache shape ", k_cache.sizes());
-  TORCH_CHECK(Hkv >= 1 && Hq % Hkv == 0 && Hq / Hkv <= kMaxGroups, "decode_attention: Hq=", Hq,
+  SP_CHECK(Hkv >= 1 && Hq % Hkv == 0 && Hq / Hkv <= kMaxGroups, "decode_attention: Hq=", Hq,
               " must be a multiple of Hkv=", Hkv, " with Hq/Hkv <= ", kMaxGroups);
-  TORCH_CHECK(span >= 1 && span <= S, "decode_attention: span must be in 1..S=", S, ", got ", span);
-  TORCH_CHECK(B * Hkv <= 65535, "decode_attention: B*Hkv=", B * Hkv, " exceeds the grid's 65535");
-  TORCH_CHECK(std::isfinite(scale), "decode_attention: scale must be finite, got ", scale);
-  TORCH_CHECK(last.scalar_type() == at::kLong && last.dim() == 1 && last.size(0) == T && last.is_contiguous(),
+  SP_CHECK(span >= 1 && span <= S, "decode_attention: span must be in 1..S=", S, ", got ", span);
+  SP_CHECK(B * Hkv <= 65535, "decode_attention: B*Hkv=", B * Hkv, " exceeds the grid's 65535");
+  SP_CHECK(std::isfinite(scale), "decode_attention: scale must be finite, got ", scale);
+  SP_CHECK(last.scalar_type() == at::kLong && last.dim() == 1 && last.size(0) == T && last.is_contiguous(),
               "decode_attention: last must be a contiguous int64 [T=", T, "], got ", last.scalar_type(), " ",
               last.sizes());
-  TORCH_CHECK(last.device() == dev, "decode_attention: last is on ", last.device(), " but q is on ", dev);
-  TORCH_CHECK(out.scalar_type() == at::kBFloat16 && out.is_contiguous() && out.device() == dev &&
+  SP_CHECK(last.device() == dev, "decode_attention: last is on ", last.device(), " but q is on ", dev);
+  SP_CHECK(out.scalar_type() == at::kBFloat16 && out.is_contiguous() && out.device() == dev &&
                   out.sizes() == at::IntArrayRef({B, T, Hq * D}),
               "decode_attention: out must be a contiguous bfloat16 [", B, ", ", T, ", ", Hq * D, "] on ", dev,
               ", got ", out.scalar_type(), " ", out.sizes(), " on ", out.device());
-  TORCH_CHECK(workspace.scalar_type() == at::kFloat && workspace.is_contiguous() && workspace.device() == dev &&
+  SP_CHECK(workspace.scalar_type() == at::kFloat && workspace.is_contiguous() && workspace.device() == dev &&
                   workspace.dim() == 3 && workspace.size(1) == B * T * Hq && workspace.size(2) == D + 1,
               "decode_attention: workspace must be a contiguous float32 [splits, ", B * T * Hq, ", ", D + 1,
               "] on ", dev, ", got ", workspace.scalar_type(), " ", workspace.sizes(), " on ", workspace.device());
   const int64_t splits = workspace.size(0);
-  TORCH_CHECK(splits >= 1 && splits <= kMaxSplits, "decode_attention: workspace.size(0) (the key splits) must be "
+  SP_CHECK(splits >= 1 && splits <= kMaxSplits, "decode_attention: workspace.size(0) (the key splits) must be "
               "in 1..", kMaxSplits, ", got ", splits);
 
   DecodeAttentionArgs a{};
@@ -108,7 +110,7 @@ void decode_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const
   if (B == 0 || Hq == 0) return;
   const c10::cuda::CUDAGuard guard(dev);
   const int err = cuda_decode_attention(a, c10::cuda::getCurrentCUDAStream(dev.index()).stream());
-  TORCH_CHECK(err == 0, "decode_attention: CUDA launch failed for B=", B, " Hq=", Hq, " Hkv=", Hkv, " T=", T,
+  SP_CHECK(err == 0, "decode_attention: CUDA launch failed for B=", B, " Hq=", Hq, " Hkv=", Hkv, " T=", T,
               " D=", D, " span=", span, " splits=", splits, ": ", cudaGetErrorString(static_cast<cudaError_t>(err)));
 }
 

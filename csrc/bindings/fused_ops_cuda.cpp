@@ -8,6 +8,8 @@
 #include <cuda_runtime.h>
 #include <torch/extension.h>
 
+#include "check.h"
+
 #include <vector>
 
 #include "specpilot/fused_ops.h"
@@ -17,30 +19,30 @@ namespace fused {
 namespace {
 
 void check_bf16(const char* op, const char* name, const at::Tensor& t, const at::Device& device) {
-  TORCH_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got one on ", t.device());
-  TORCH_CHECK(t.device() == device, op, ": ", name, " is on ", t.device(), " but the other inputs are on ", device);
-  TORCH_CHECK(t.scalar_type() == at::kBFloat16, op, ": ", name, " must be bfloat16, got ", t.scalar_type());
+  SP_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got one on ", t.device());
+  SP_CHECK(t.device() == device, op, ": ", name, " is on ", t.device(), " but the other inputs are on ", device);
+  SP_CHECK(t.scalar_type() == at::kBFloat16, op, ": ", name, " must be bfloat16, got ", t.scalar_type());
 }
 
 void check_contiguous(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous (shape ", t.sizes(), ", strides ", t.strides(),
+  SP_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous (shape ", t.sizes(), ", strides ", t.strides(),
               ")");
 }
 
 // The wanted shape is owned (a vector), never an ArrayRef into a braced temporary: a failing check
 // formats it into the error message.
 void check_shape(const char* op, const char* name, const at::Tensor& t, const std::vector<int64_t>& shape) {
-  TORCH_CHECK(t.sizes().vec() == shape, op, ": ", name, " must have shape ", c10::IntArrayRef(shape), ", got ",
+  SP_CHECK(t.sizes().vec() == shape, op, ": ", name, " must have shape ", c10::IntArrayRef(shape), ", got ",
               t.sizes());
 }
 
 void check_aligned(const char* op, const char* name, const at::Tensor& t, int bytes) {
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % bytes == 0, op, ": ", name, " must start ", bytes,
+  SP_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % bytes == 0, op, ": ", name, " must start ", bytes,
               "-byte aligned, got ", t.data_ptr(), " (a view with an odd storage offset? pass .contiguous())");
 }
 
 void check_launch(const char* op, int err) {
-  TORCH_CHECK(err == 0, op, ": CUDA launch failed: ", cudaGetErrorString(static_cast<cudaError_t>(err)));
+  SP_CHECK(err == 0, op, ": CUDA launch failed: ", cudaGetErrorString(static_cast<cudaError_t>(err)));
 }
 
 const uint16_t* bits(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr()); }
@@ -52,9 +54,9 @@ void add_rms_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& del
                        double eps, const std::optional<at::Tensor>& sum, const at::Tensor& normed) {
   const char* op = "add_rms_norm";
   const at::Device dev = x.device();
-  TORCH_CHECK(x.dim() >= 1, op, ": x must have a hidden dimension, got shape ", x.sizes());
+  SP_CHECK(x.dim() >= 1, op, ": x must have a hidden dimension, got shape ", x.sizes());
   const int64_t hidden = x.size(-1);
-  TORCH_CHECK(hidden % 8 == 0 && hidden <= kMaxHidden, op, ": the hidden size must be a multiple of 8 and <= ",
+  SP_CHECK(hidden % 8 == 0 && hidden <= kMaxHidden, op, ": the hidden size must be a multiple of 8 and <= ",
               kMaxHidden, ", got ", hidden);
   const std::vector<std::pair<const char*, const at::Tensor*>> rows = {
       {"x", &x}, {"normed", &normed}, {"delta", delta ? &*delta : nullptr}, {"sum", sum ? &*sum : nullptr}};
@@ -65,7 +67,7 @@ void add_rms_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& del
     check_contiguous(op, name, *t);
     check_aligned(op, name, *t, 16);
   }
-  TORCH_CHECK(delta || !sum, op, ": sum is written only with a delta (without one the sum is x itself)");
+  SP_CHECK(delta || !sum, op, ": sum is written only with a delta (without one the sum is x itself)");
   check_bf16(op, "weight", weight, dev);
   check_shape(op, "weight", weight, {hidden});
   check_contiguous(op, "weight", weight);
@@ -83,12 +85,12 @@ void add_rms_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& del
 HeadRows head_rows(const char* op, const char* name, const at::Tensor& t, const at::Device& dev, int64_t B,
                    int64_t T, int64_t D) {
   check_bf16(op, name, t, dev);
-  TORCH_CHECK(t.dim() == 4 && t.size(0) == B && t.size(1) == T && t.size(3) == D, op, ": ", name,
+  SP_CHECK(t.dim() == 4 && t.size(0) == B && t.size(1) == T && t.size(3) == D, op, ": ", name,
               " must be [B=", B, ", T=", T, ", heads, D=", D, "], got shape ", t.sizes());
   const int64_t vec = D / 64;  // elements per lane access (rope_cache.cu)
-  TORCH_CHECK(t.stride(3) == 1 && (t.stride(2) == D || t.size(2) == 1), op, ": ", name,
+  SP_CHECK(t.stride(3) == 1 && (t.stride(2) == D || t.size(2) == 1), op, ": ", name,
               " must have contiguous heads and elements (strides [*, *, ", D, ", 1]), got strides ", t.strides());
-  TORCH_CHECK(t.stride(0) % vec == 0 && t.stride(1) % vec == 0, op, ": ", name, " batch / token strides ",
+  SP_CHECK(t.stride(0) % vec == 0 && t.stride(1) % vec == 0, op, ": ", name, " batch / token strides ",
               t.strides(), " must be multiples of ", vec);
   check_aligned(op, name, t, (int)(2 * vec));
   return HeadRows{bits(t), t.stride(0), t.stride(1), (int)t.size(2)};
@@ -101,17 +103,17 @@ void qk_norm_rope_cache_cuda(const std::optional<at::Tensor>& q, const at::Tenso
                              const std::optional<at::Tensor>& q_out) {
   const char* op = "qk_norm_rope_cache";
   const at::Device dev = k.device();
-  TORCH_CHECK(k.dim() == 4, op, ": k must be [B, T, Hkv, D], got shape ", k.sizes());
+  SP_CHECK(k.dim() == 4, op, ": k must be [B, T, Hkv, D], got shape ", k.sizes());
   const int64_t B = k.size(0), T = k.size(1), Hkv = k.size(2), D = k.size(3);
-  TORCH_CHECK(D == 64 || D == 128 || D == 256, op, ": head_dim must be 64, 128 or 256, got ", D);
-  TORCH_CHECK(B <= INT32_MAX && T <= INT32_MAX, op, ": B=", B, " and T=", T, " must fit int32");
+  SP_CHECK(D == 64 || D == 128 || D == 256, op, ": head_dim must be 64, 128 or 256, got ", D);
+  SP_CHECK(B <= INT32_MAX && T <= INT32_MAX, op, ": B=", B, " and T=", T, " must fit int32");
   const HeadRows k_rows = head_rows(op, "k", k, dev, B, T, D);
   const HeadRows v_rows = head_rows(op, "v", v, dev, B, T, D);
-  TORCH_CHECK(v.size(2) == Hkv, op, ": v has ", v.size(2), " heads but k has ", Hkv);
+  SP_CHECK(v.size(2) == Hkv, op, ": v has ", v.size(2), " heads but k has ", Hkv);
   HeadRows q_rows{nullptr, 0, 0, 0};
-  TORCH_CHECK(q.has_value() == q_out.has_value(), op, ": q and q_out come together (q ",
+  SP_CHECK(q.has_value() == q_out.has_value(), op, ": q and q_out come together (q ",
               q ? "given" : "absent", ", q_out ", q_out ? "given" : "absent", ")");
-  TORCH_CHECK(q || !q_weight, op, ": q_weight given without q");
+  SP_CHECK(q || !q_weight, op, ": q_weight given without q");
   if (q) {
     q_rows = head_rows(op, "q", *q, dev, B, T, D);
     check_bf16(op, "q_out", *q_out, dev);
@@ -132,12 +134,12 @@ void qk_norm_rope_cache_cuda(const std::optional<at::Tensor>& q, const at::Tenso
     check_contiguous(op, name, *t);
     check_aligned(op, name, *t, (int)(D / 32));
   }
-  TORCH_CHECK(positions.is_cuda() && positions.device() == dev, op, ": positions must be on ", dev, ", got ",
+  SP_CHECK(positions.is_cuda() && positions.device() == dev, op, ": positions must be on ", dev, ", got ",
               positions.device());
-  TORCH_CHECK(positions.scalar_type() == at::kLong, op, ": positions must be int64, got ", positions.scalar_type());
+  SP_CHECK(positions.scalar_type() == at::kLong, op, ": positions must be int64, got ", positions.scalar_type());
   check_shape(op, "positions", positions, {T});
   check_contiguous(op, "positions", positions);
-  TORCH_CHECK(k_cache.dim() == 4, op, ": k_cache must be [B, Hkv, slots, D], got shape ", k_cache.sizes());
+  SP_CHECK(k_cache.dim() == 4, op, ": k_cache must be [B, Hkv, slots, D], got shape ", k_cache.sizes());
   const int64_t slots = k_cache.size(2);
   for (const auto& [name, t] : {std::make_pair("k_cache", &k_cache), std::make_pair("v_cache", &v_cache)}) {
     check_bf16(op, name, *t, dev);
@@ -160,7 +162,7 @@ void silu_mul_cuda(const at::Tensor& gate_up, const at::Tensor& out) {
   const at::Device dev = gate_up.device();
   check_bf16(op, "gate_up", gate_up, dev);
   check_contiguous(op, "gate_up", gate_up);
-  TORCH_CHECK(gate_up.dim() >= 1 && gate_up.size(-1) % 2 == 0, op,
+  SP_CHECK(gate_up.dim() >= 1 && gate_up.size(-1) % 2 == 0, op,
               ": gate_up must end in an even dimension [..., 2I] = [gate | up], got shape ", gate_up.sizes());
   const int64_t inter = gate_up.size(-1) / 2;
   std::vector<int64_t> shape = gate_up.sizes().vec();

@@ -1,14 +1,18 @@
-// Schema and CUDA impl of gemv_m1 (csrc/cuda/gemv_m1.cu): the one-token bf16 GEMV with a fused
-// add+RMSNorm or SiLU*mul prologue. CUDA only (python/specpilot/models/gemv_fusion.py falls back to
+// Schemas and CUDA impls of the one-token GEMVs with a fused add+RMSNorm or SiLU*mul prologue:
+// gemv_m1 (bf16, csrc/cuda/gemv_m1.cu), split12_gemv_m1 and its bf16 twin bf16_gemv_m1_twin
+// (split12's reduction order, csrc/cuda/split12_gemv_m1.cu). CUDA only (python/specpilot/models/gemv_fusion.py falls back to
 // the separate ops elsewhere). Out-parameters, torch's current stream: capturable, allocation-free.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 #include <torch/extension.h>
 
+#include "check.h"
+
 #include <string>
 
 #include "specpilot/gemv_m1.h"
+#include "split12_checks.h"
 
 namespace specpilot {
 namespace gemv {
@@ -16,48 +20,44 @@ namespace {
 
 // A contiguous, 16-byte aligned bf16 CUDA tensor of `numel` elements on `device`.
 void check_vector(const char* name, const at::Tensor& t, int64_t numel, const at::Device& device) {
-  TORCH_CHECK(t.is_cuda(), "gemv_m1: ", name, " must be a CUDA tensor, got one on ", t.device());
-  TORCH_CHECK(t.device() == device, "gemv_m1: ", name, " is on ", t.device(), " but the weight is on ", device);
-  TORCH_CHECK(t.scalar_type() == at::kBFloat16, "gemv_m1: ", name, " must be bfloat16, got ", t.scalar_type());
-  TORCH_CHECK(t.is_contiguous(), "gemv_m1: ", name, " must be contiguous, got strides ", t.strides());
-  TORCH_CHECK(t.numel() == numel, "gemv_m1: ", name, " must hold ", numel, " values (one token), got shape ",
+  SP_CHECK(t.is_cuda(), "gemv_m1: ", name, " must be a CUDA tensor, got one on ", t.device());
+  SP_CHECK(t.device() == device, "gemv_m1: ", name, " is on ", t.device(), " but the weight is on ", device);
+  SP_CHECK(t.scalar_type() == at::kBFloat16, "gemv_m1: ", name, " must be bfloat16, got ", t.scalar_type());
+  SP_CHECK(t.is_contiguous(), "gemv_m1: ", name, " must be contiguous, got strides ", t.strides());
+  SP_CHECK(t.numel() == numel, "gemv_m1: ", name, " must hold ", numel, " values (one token), got shape ",
               t.sizes());
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "gemv_m1: ", name,
+  SP_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "gemv_m1: ", name,
               " must start 16-byte aligned (pass .contiguous())");
 }
 
 const uint16_t* bits(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr()); }
 uint16_t* mutable_bits(const at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); }
 
-void gemv_m1_cuda(const at::Tensor& weight, const at::Tensor& x, const std::optional<at::Tensor>& delta,
-                  const std::optional<at::Tensor>& norm_weight, double eps, int64_t prologue, bool pdl,
-                  const at::Tensor& y, const std::optional<at::Tensor>& sum_out) {
-  const at::Device dev = weight.device();
-  TORCH_CHECK(weight.dim() == 2, "gemv_m1: weight must be [N, K], got shape ", weight.sizes());
-  const int64_t N = weight.size(0), K = weight.size(1);
-  TORCH_CHECK(K % 8 == 0 && K >= 8 && K <= kMaxK, "gemv_m1: K must be a multiple of 8 in 8..", kMaxK, ", got ", K);
-  TORCH_CHECK(N >= 1 && N <= INT32_MAX, "gemv_m1: N must be in 1..2^31-1, got ", N);
-  check_vector("weight", weight, N * K, dev);
-  TORCH_CHECK(prologue >= kGemvPlain && prologue <= kGemvSiluMul, "gemv_m1: prologue must be 0 (plain), 1 "
+// The shared arguments: x, the prologue's tensors and y, for a weight of N x K on `dev`.
+GemvArgs io_args(int64_t N, int64_t K, const at::Device& dev, const at::Tensor& x,
+                 const std::optional<at::Tensor>& delta, const std::optional<at::Tensor>& norm_weight, double eps,
+                 int64_t prologue, bool pdl, const at::Tensor& y, const std::optional<at::Tensor>& sum_out) {
+  SP_CHECK(K % 8 == 0 && K >= 8 && K <= kMaxK, "gemv_m1: K must be a multiple of 8 in 8..", kMaxK, ", got ", K);
+  SP_CHECK(N >= 1 && N <= INT32_MAX, "gemv_m1: N must be in 1..2^31-1, got ", N);
+  SP_CHECK(prologue >= kGemvPlain && prologue <= kGemvSiluMul, "gemv_m1: prologue must be 0 (plain), 1 "
               "(add + RMSNorm) or 2 (SiLU * mul), got ", prologue);
   check_vector("x", x, prologue == kGemvSiluMul ? 2 * K : K, dev);
   check_vector("y", y, N, dev);
   GemvArgs a{};
   if (prologue == kGemvAddNorm) {
-    TORCH_CHECK(K <= kMaxNormHidden, "gemv_m1: the add + RMSNorm prologue takes K <= ", kMaxNormHidden, ", got ", K);
-    TORCH_CHECK(norm_weight.has_value(), "gemv_m1: the add + RMSNorm prologue needs norm_weight");
+    SP_CHECK(K <= kMaxNormHidden, "gemv_m1: the add + RMSNorm prologue takes K <= ", kMaxNormHidden, ", got ", K);
+    SP_CHECK(norm_weight.has_value(), "gemv_m1: the add + RMSNorm prologue needs norm_weight");
     check_vector("norm_weight", *norm_weight, K, dev);
-    TORCH_CHECK(delta || !sum_out, "gemv_m1: sum_out is written only with a delta (without one the sum is x)");
+    SP_CHECK(delta || !sum_out, "gemv_m1: sum_out is written only with a delta (without one the sum is x)");
     if (delta) check_vector("delta", *delta, K, dev);
     if (sum_out) check_vector("sum_out", *sum_out, K, dev);
     a.delta = delta ? bits(*delta) : nullptr;
     a.norm_w = bits(*norm_weight);
     a.sum_out = sum_out ? mutable_bits(*sum_out) : nullptr;
   } else {
-    TORCH_CHECK(!delta && !norm_weight && !sum_out, "gemv_m1: delta, norm_weight and sum_out belong to the "
+    SP_CHECK(!delta && !norm_weight && !sum_out, "gemv_m1: delta, norm_weight and sum_out belong to the "
                 "add + RMSNorm prologue (1), got prologue ", prologue);
   }
-  a.w = bits(weight);
   a.n = (int)N;
   a.k = (int)K;
   a.prologue = (int)prologue;
@@ -65,10 +65,65 @@ void gemv_m1_cuda(const at::Tensor& weight, const at::Tensor& x, const std::opti
   a.eps = (float)eps;
   a.y = mutable_bits(y);
   a.pdl = pdl;
-  const c10::cuda::CUDAGuard guard(dev);
-  const int err = cuda_gemv_m1(a, c10::cuda::getCurrentCUDAStream(dev.index()).stream());
-  TORCH_CHECK(err == 0, "gemv_m1: CUDA launch failed for N=", N, " K=", K, " prologue ", prologue, ": ",
+  return a;
+}
+
+void check_launch(const char* op, int err, const GemvArgs& a) {
+  SP_CHECK(err == 0, op, ": CUDA launch failed for N=", a.n, " K=", a.k, " prologue ", a.prologue, ": ",
               cudaGetErrorString(static_cast<cudaError_t>(err)));
+}
+
+void gemv_m1_cuda(const at::Tensor& weight, const at::Tensor& x, const std::optional<at::Tensor>& delta,
+                  const std::optional<at::Tensor>& norm_weight, double eps, int64_t prologue, bool pdl,
+                  const at::Tensor& y, const std::optional<at::Tensor>& sum_out) {
+  const at::Device dev = weight.device();
+  SP_CHECK(weight.dim() == 2, "gemv_m1: weight must be [N, K], got shape ", weight.sizes());
+  const int64_t N = weight.size(0), K = weight.size(1);
+  GemvArgs a = io_args(N, K, dev, x, delta, norm_weight, eps, prologue, pdl, y, sum_out);
+  check_vector("weight", weight, N * K, dev);
+  a.w = bits(weight);
+  const c10::cuda::CUDAGuard guard(dev);
+  check_launch("gemv_m1", cuda_gemv_m1(a, c10::cuda::getCurrentCUDAStream(dev.index()).stream()), a);
+}
+
+// The bf16 twin of split12_gemv_m1 (split12's reduction order).
+void bf16_gemv_m1_twin_cuda(const at::Tensor& weight, const at::Tensor& x, const std::optional<at::Tensor>& delta,
+                            const std::optional<at::Tensor>& norm_weight, double eps, int64_t prologue, bool pdl,
+                            const at::Tensor& y, const std::optional<at::Tensor>& sum_out) {
+  const at::Device dev = weight.device();
+  SP_CHECK(weight.dim() == 2, "bf16_gemv_m1_twin: weight must be [N, K], got shape ", weight.sizes());
+  const int64_t N = weight.size(0), K = weight.size(1);
+  SP_CHECK(K % 32 == 0, "bf16_gemv_m1_twin: K must be a multiple of 32 (split12 chunks), got ", K);
+  GemvArgs a = io_args(N, K, dev, x, delta, norm_weight, eps, prologue, pdl, y, sum_out);
+  check_vector("weight", weight, N * K, dev);
+  a.w = bits(weight);
+  const c10::cuda::CUDAGuard guard(dev);
+  check_launch("bf16_gemv_m1_twin", cuda_bf16_gemv_m1_twin(a, c10::cuda::getCurrentCUDAStream(dev.index()).stream()),
+               a);
+}
+
+void split12_gemv_m1_cuda(const at::Tensor& lo, const at::Tensor& codes, const at::Tensor& base,
+                          const at::Tensor& esc_rowptr, const at::Tensor& esc_col, const at::Tensor& esc_val,
+                          int64_t K, const at::Tensor& x, const std::optional<at::Tensor>& delta,
+                          const std::optional<at::Tensor>& norm_weight, double eps, int64_t prologue, bool pdl,
+                          const at::Tensor& y, const std::optional<at::Tensor>& sum_out) {
+  SP_CHECK(K % 32 == 0, "split12_gemv_m1: K must be a multiple of 32 (split12 chunks), got ", K);
+  SP_CHECK(lo.dim() == 2, "split12_gemv_m1: lo must be [N, kpad], got shape ", lo.sizes());
+  const int64_t N = lo.size(0);
+  const at::Device dev = x.device();
+  GemvArgs a = io_args(N, K, dev, x, delta, norm_weight, eps, prologue, pdl, y, sum_out);
+  // The planes' shapes, dtypes and device, against x and y viewed as [1, K] and [1, N].
+  split12::check_split12_args(x.view({1, -1}).narrow(1, 0, K), lo, codes, base, esc_rowptr, esc_col, esc_val, K,
+                              y.view({1, N}));
+  SP_CHECK(reinterpret_cast<uintptr_t>(lo.data_ptr()) % 16 == 0 &&
+                  reinterpret_cast<uintptr_t>(codes.data_ptr()) % 16 == 0,
+              "split12_gemv_m1: lo and codes must start 16-byte aligned (a view with a storage offset? pass .clone())");
+  const Split12Planes w{lo.data_ptr<uint8_t>(), codes.data_ptr<uint8_t>(), base.data_ptr<uint8_t>(),
+                        esc_rowptr.data_ptr<int32_t>(), esc_col.data_ptr<int32_t>(),
+                        reinterpret_cast<const uint16_t*>(esc_val.data_ptr())};
+  const c10::cuda::CUDAGuard guard(dev);
+  check_launch("split12_gemv_m1", cuda_split12_gemv_m1(w, a, c10::cuda::getCurrentCUDAStream(dev.index()).stream()),
+               a);
 }
 
 }  // namespace
@@ -78,6 +133,15 @@ void gemv_m1_cuda(const at::Tensor& weight, const at::Tensor& x, const std::opti
 TORCH_LIBRARY_FRAGMENT(specpilot, m) {
   m.def("gemv_m1(Tensor weight, Tensor x, Tensor? delta, Tensor? norm_weight, float eps, int prologue, bool pdl, "
         "Tensor(a!) y, Tensor(b!)? sum_out) -> ()");
+  m.def("bf16_gemv_m1_twin(Tensor weight, Tensor x, Tensor? delta, Tensor? norm_weight, float eps, int prologue, "
+        "bool pdl, Tensor(a!) y, Tensor(b!)? sum_out) -> ()");
+  m.def("split12_gemv_m1(Tensor lo, Tensor codes, Tensor base, Tensor esc_rowptr, Tensor esc_col, Tensor esc_val, "
+        "int K, Tensor x, Tensor? delta, Tensor? norm_weight, float eps, int prologue, bool pdl, Tensor(a!) y, "
+        "Tensor(b!)? sum_out) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(specpilot, CUDA, m) { m.impl("gemv_m1", &specpilot::gemv::gemv_m1_cuda); }
+TORCH_LIBRARY_IMPL(specpilot, CUDA, m) {
+  m.impl("gemv_m1", &specpilot::gemv::gemv_m1_cuda);
+  m.impl("bf16_gemv_m1_twin", &specpilot::gemv::bf16_gemv_m1_twin_cuda);
+  m.impl("split12_gemv_m1", &specpilot::gemv::split12_gemv_m1_cuda);
+}

@@ -8,6 +8,8 @@
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include "check.h"
+
 #include <tuple>
 
 #include "split12_checks.h"
@@ -20,10 +22,10 @@ namespace {
 const uint16_t* bits16(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr()); }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> pack_cpu(const at::Tensor& w) {
-  TORCH_CHECK(w.dim() == 2, "split12_pack: w must be 2-D [N, K], got shape ", w.sizes());
-  TORCH_CHECK(w.scalar_type() == at::kBFloat16, "split12_pack: w must be bfloat16, got ", w.scalar_type());
-  TORCH_CHECK(w.device().is_cpu(), "split12_pack: w must be on the CPU, got ", w.device());
-  TORCH_CHECK(w.size(1) >= 1, "split12_pack: K must be >= 1, got shape ", w.sizes());
+  SP_CHECK(w.dim() == 2, "split12_pack: w must be 2-D [N, K], got shape ", w.sizes());
+  SP_CHECK(w.scalar_type() == at::kBFloat16, "split12_pack: w must be bfloat16, got ", w.scalar_type());
+  SP_CHECK(w.device().is_cpu(), "split12_pack: w must be on the CPU, got ", w.device());
+  SP_CHECK(w.size(1) >= 1, "split12_pack: K must be >= 1, got shape ", w.sizes());
   const at::Tensor wc = w.contiguous();
   const int64_t N = wc.size(0), K = wc.size(1), kpad = round_up_kpad(K);
   auto u8 = at::TensorOptions().dtype(at::kByte);
@@ -35,7 +37,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   at::Tensor rowptr = at::zeros({N + 1}, at::TensorOptions().dtype(at::kLong));
   rowptr.narrow(0, 1, N).copy_(count.to(at::kLong).cumsum(0));
   const int64_t E = rowptr[N].item<int64_t>();
-  TORCH_CHECK(E <= INT32_MAX, "split12_pack: ", E, " escapes do not fit int32 esc_rowptr");
+  SP_CHECK(E <= INT32_MAX, "split12_pack: ", E, " escapes do not fit int32 esc_rowptr");
   rowptr = rowptr.to(at::kInt);
   at::Tensor lo = at::empty({N, kpad}, u8), codes = at::empty({N, kpad / 2}, u8);
   at::Tensor col = at::empty({E}, at::TensorOptions().dtype(at::kInt));
@@ -51,14 +53,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 
 at::Tensor unpack_cpu(const at::Tensor& lo, const at::Tensor& codes, const at::Tensor& base,
                       const at::Tensor& esc_rowptr, const at::Tensor& esc_col, const at::Tensor& esc_val, int64_t K) {
-  TORCH_CHECK(lo.dim() == 2, "split12_unpack: lo must be 2-D [N, kpad], got shape ", lo.sizes());
+  SP_CHECK(lo.dim() == 2, "split12_unpack: lo must be 2-D [N, kpad], got shape ", lo.sizes());
   const int64_t N = lo.size(0);
   // Reuse the linear checks with a dummy 1-row x / out on the planes' device.
   at::Tensor x = at::empty({0, K}, lo.options().dtype(at::kBFloat16));
   at::Tensor out = at::empty({0, N}, lo.options().dtype(at::kBFloat16));
   check_split12_args(x, lo, codes, base, esc_rowptr, esc_col, esc_val, K, out);
-  TORCH_CHECK(lo.device().is_cpu(), "split12_unpack: planes must be on the CPU, got ", lo.device());
-  TORCH_CHECK(esc_rowptr[0].item<int32_t>() == 0 && esc_rowptr[N].item<int32_t>() == esc_col.size(0),
+  SP_CHECK(lo.device().is_cpu(), "split12_unpack: planes must be on the CPU, got ", lo.device());
+  SP_CHECK(esc_rowptr[0].item<int32_t>() == 0 && esc_rowptr[N].item<int32_t>() == esc_col.size(0),
               "split12_unpack: esc_rowptr must run from 0 to E=", esc_col.size(0), ", got ",
               esc_rowptr[0].item<int32_t>(), "..", esc_rowptr[N].item<int32_t>());
   at::Tensor w = at::empty({N, K}, lo.options().dtype(at::kBFloat16));
@@ -83,7 +85,7 @@ void split12_linear_cpu(const at::Tensor& x, const at::Tensor& lo, const at::Ten
 }
 
 void bf16_linear_cpu(const at::Tensor& x, const at::Tensor& w, at::Tensor& out) {
-  TORCH_CHECK(w.dim() == 2, "bf16_linear: w must be 2-D [N, K], got shape ", w.sizes());
+  SP_CHECK(w.dim() == 2, "bf16_linear: w must be 2-D [N, K], got shape ", w.sizes());
   const int64_t N = w.size(0), K = w.size(1);
   check_tensor(w, "w", at::kBFloat16, {N, K}, x.device());
   const int64_t M = check_x_out(x, out, N, K);
@@ -95,7 +97,7 @@ void bf16_linear_cpu(const at::Tensor& x, const at::Tensor& w, at::Tensor& out) 
 // Sets the CUDA kernel variant (split12_format.h, cuda_kernel_variant) and returns the previous
 // one; -1 only reads it. A benchmark knob: outputs are the same bits under every variant.
 int64_t split12_kernel_variant(int64_t variant) {
-  TORCH_CHECK(variant >= -1 && variant < kCudaVariantCount, "split12_kernel_variant: variant must be in -1..",
+  SP_CHECK(variant >= -1 && variant < kCudaVariantCount, "split12_kernel_variant: variant must be in -1..",
               kCudaVariantCount - 1, ", got ", variant);
   const int previous = cuda_kernel_variant();
   if (variant >= 0) cuda_kernel_variant() = (int)variant;

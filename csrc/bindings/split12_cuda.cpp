@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 #include <torch/extension.h>
 
+#include "check.h"
+
 #include "split12_checks.h"
 #include "specpilot/split12_format.h"
 
@@ -17,14 +19,14 @@ namespace {
 const uint16_t* bits16(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr()); }
 
 void check_cuda_m(const char* op, const at::Tensor& x, int64_t M, int64_t N, int64_t K) {
-  TORCH_CHECK(x.is_cuda(), op, ": x must be a CUDA tensor, got ", x.device());
-  TORCH_CHECK(M <= kCudaMaxM, op, ": the CUDA kernels take M <= ", kCudaMaxM, " tokens, got M=", M,
+  SP_CHECK(x.is_cuda(), op, ": x must be a CUDA tensor, got ", x.device());
+  SP_CHECK(M <= kCudaMaxM, op, ": the CUDA kernels take M <= ", kCudaMaxM, " tokens, got M=", M,
               " (split the call into chunks of ", kCudaMaxM, ")");
-  TORCH_CHECK(N <= INT32_MAX && K <= INT32_MAX, op, ": N=", N, " and K=", K, " must fit int32");
+  SP_CHECK(N <= INT32_MAX && K <= INT32_MAX, op, ": N=", N, " and K=", K, " must fit int32");
 }
 
 void check_launch(const char* op, int err, int64_t M, int64_t N, int64_t K) {
-  TORCH_CHECK(err == 0, op, " CUDA launch failed for M=", M, " N=", N, " K=", K, ": ",
+  SP_CHECK(err == 0, op, " CUDA launch failed for M=", M, " N=", N, " K=", K, ": ",
               cudaGetErrorString(static_cast<cudaError_t>(err)));
 }
 
@@ -40,7 +42,7 @@ void split12_linear_cuda(const at::Tensor& x, const at::Tensor& lo, const at::Te
   const int64_t M = x.size(0);
   check_cuda_m("split12_linear", x, M, N, K);
   // The kernels read both planes with 16-byte loads (fresh torch allocations always qualify).
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(lo.data_ptr()) % 16 == 0 &&
+  SP_CHECK(reinterpret_cast<uintptr_t>(lo.data_ptr()) % 16 == 0 &&
                   reinterpret_cast<uintptr_t>(codes.data_ptr()) % 16 == 0,
               "split12_linear: lo and codes must start 16-byte aligned, got lo at ", lo.data_ptr(), ", codes at ",
               codes.data_ptr(), " (a view with a storage offset? pass .clone())");
@@ -56,7 +58,7 @@ void split12_linear_cuda(const at::Tensor& x, const at::Tensor& lo, const at::Te
 
 template <Bf16Launcher launch>
 void bf16_linear_cuda(const at::Tensor& x, const at::Tensor& w, at::Tensor& out) {
-  TORCH_CHECK(w.dim() == 2, "bf16_linear: w must be 2-D [N, K], got shape ", w.sizes());
+  SP_CHECK(w.dim() == 2, "bf16_linear: w must be 2-D [N, K], got shape ", w.sizes());
   const int64_t N = w.size(0), K = w.size(1);
   check_tensor(w, "w", at::kBFloat16, {N, K}, x.device());
   const int64_t M = check_x_out(x, out, N, K);

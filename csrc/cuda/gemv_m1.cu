@@ -12,23 +12,20 @@
 #include <cuda_runtime.h>
 
 #include "fused_bf16.cuh"
+#include "gemv_prologue.cuh"
 #include "specpilot/gemv_m1.h"
+#include "split12_launch.h"  // sm_count
 
 namespace specpilot {
 namespace gemv {
 namespace {
 
-using fused::bf16_to_f32;
 using fused::f32_to_bf16;
-using fused::round_bf16;
-using fused::vec_get;
-using fused::vec_set;
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kUnroll = 8;                    // 16-byte chunks per lane per step
 constexpr int kStepVecs = kUnroll * 32;       // chunks of a row per warp step
-constexpr int kNormVecsPerThread = 4;         // fused_norm.cu kVecsPerThread
 constexpr int kCtasPerSm = 2;
 
 __device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
@@ -43,67 +40,6 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc)
     acc = __fmaf_rn(__uint_as_float(a & 0xFFFF0000u), __uint_as_float(b & 0xFFFF0000u), acc);
   }
   return acc;
-}
-
-// add_rms_norm_kernel's order: a virtual block of `vthreads` threads (its launch formula), thread t
-// owning vectors t, t + vthreads, ...; the real block is larger and its extra threads add 0.0.
-__device__ __forceinline__ void prologue_add_norm(const GemvArgs& a, uint4* in, int kvec, float* scratch) {
-  const uint4* x = reinterpret_cast<const uint4*>(a.x);
-  const uint4* delta = reinterpret_cast<const uint4*>(a.delta);
-  const uint4* weight = reinterpret_cast<const uint4*>(a.norm_w);
-  uint4* sum = reinterpret_cast<uint4*>(a.sum_out);
-  int vthreads = ((kvec + 1) / 2 + 31) / 32 * 32;
-  vthreads = vthreads < 32 ? 32 : vthreads;
-  const int t = threadIdx.x;
-  float sq = 0.0f;
-  if (t < vthreads) {
-#pragma unroll
-    for (int i = 0; i < kNormVecsPerThread; ++i) {
-      const int v = t + i * vthreads;
-      if (v >= kvec) break;
-      uint4 s = x[v];
-      if (delta != nullptr) {
-        const uint4 d = delta[v];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) vec_set(s, j, vec_get(s, j) + vec_get(d, j));
-        if (sum != nullptr && blockIdx.x == 0) sum[v] = s;
-      }
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float f = vec_get(s, j);
-        sq = fmaf(f, f, sq);
-      }
-      in[v] = s;
-    }
-  }
-  const float rstd = rsqrtf(fused::block_sum(sq, scratch) * (1.0f / (float)a.k) + a.eps);
-  if (t < vthreads) {
-#pragma unroll
-    for (int i = 0; i < kNormVecsPerThread; ++i) {
-      const int v = t + i * vthreads;
-      if (v >= kvec) break;
-      const uint4 s = in[v], w = weight[v];
-      uint4 out = make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) vec_set(out, j, round_bf16(vec_get(s, j) * rstd) * vec_get(w, j));
-      in[v] = out;
-    }
-  }
-}
-
-__device__ __forceinline__ void prologue_silu_mul(const GemvArgs& a, uint4* in, int kvec) {
-  const uint4* gate = reinterpret_cast<const uint4*>(a.x);
-  const uint4* up = gate + kvec;
-  for (int v = threadIdx.x; v < kvec; v += kThreads) {
-    const uint4 g = gate[v], u = up[v];
-    uint4 out = make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float gf = vec_get(g, j);
-      vec_set(out, j, round_bf16(gf / (1.0f + expf(-gf))) * vec_get(u, j));
-    }
-    in[v] = out;
-  }
 }
 
 template <int P>
@@ -132,14 +68,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) gemv_kernel(const GemvAr
   if (row < a.n) fetch(row, 0);
 
   pdl_wait();  // x, delta and the outputs belong to the previous kernel until now
-  if constexpr (P == kGemvAddNorm) {
-    prologue_add_norm(a, in, kvec, scratch);
-  } else if constexpr (P == kGemvSiluMul) {
-    prologue_silu_mul(a, in, kvec);
-  } else {
-    const uint4* x = reinterpret_cast<const uint4*>(a.x);
-    for (int v = threadIdx.x; v < kvec; v += kThreads) in[v] = x[v];
-  }
+  prologue<P>(a, kvec, scratch, [in](int v, const uint4& value) { in[v] = value; });
   __syncthreads();
 
   float acc = 0.0f;
@@ -169,17 +98,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) gemv_kernel(const GemvAr
   }
 }
 
-int sm_count() {
-  static int count = 0;
-  if (count == 0) {
-    int device = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-    if (count <= 0) count = 132;
-  }
-  return count;
-}
-
 }  // namespace
 
 int cuda_gemv_m1(const GemvArgs& a, void* stream) {
@@ -188,7 +106,7 @@ int cuda_gemv_m1(const GemvArgs& a, void* stream) {
   if (a.prologue < kGemvPlain || a.prologue > kGemvSiluMul) return (int)cudaErrorInvalidValue;
   const int rows_per_cta = kWarps;
   int grid = (a.n + rows_per_cta - 1) / rows_per_cta;
-  grid = grid < kCtasPerSm * sm_count() ? grid : kCtasPerSm * sm_count();
+  grid = grid < kCtasPerSm * split12::sm_count() ? grid : kCtasPerSm * split12::sm_count();
 
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(grid);

@@ -68,9 +68,20 @@ struct Split12Source {
   // Base and escape cursor, needed by decode. esc_col waits on esc_rowptr (two latencies in a
   // row), so latency-hiding callers issue their weight loads before calling this.
   __device__ __forceinline__ void row_tables(Row& r, int n) const {
+    row_bounds(r, n);
+    escape_cursor(r);
+  }
+
+  // row_tables in two halves, for kernels that prefetch a row one step ahead: row_bounds issues
+  // the independent loads (base, escape range) beside the weights; escape_cursor, called when the
+  // row's first chunk is decoded, reads the first escape's column (rows without escapes: no load).
+  __device__ __forceinline__ void row_bounds(Row& r, int n) const {
     r.base4 = (uint32_t)__ldg(base + n) * 0x01010101u;
     r.e = __ldg(esc_rowptr + n);
     r.e_end = __ldg(esc_rowptr + n + 1);
+  }
+
+  __device__ __forceinline__ void escape_cursor(Row& r) const {
     r.e_col = r.e < r.e_end ? __ldg(esc_col + r.e) : kNoEscape;
   }
 
@@ -150,6 +161,8 @@ struct Bf16Source {
   __device__ __forceinline__ Row row(int n) const { return Row{w + (int64_t)n * K}; }
   __device__ __forceinline__ Row row_planes(int n) const { return row(n); }
   __device__ __forceinline__ void row_tables(Row&, int) const {}
+  __device__ __forceinline__ void row_bounds(Row&, int) const {}
+  __device__ __forceinline__ void escape_cursor(Row&) const {}
 
   static constexpr int kRawWords = 4;
   struct Raw {

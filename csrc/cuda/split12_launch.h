@@ -1,7 +1,8 @@
-// Host-side launch of the split12 kernels, plain or with programmatic dependent launch (PDL,
-// sm_90): with pdl the kernel may start while the previous kernel of the stream still runs; the
-// kernels issue their weight loads, then pdl_wait() (split12_kernel.cuh) before x and y. Legal
-// under CUDA-graph capture (the edge becomes a programmatic dependency). Returns a cudaError_t.
+// Host-side launch of the split12 kernels and the one-token GEMVs (gemv_m1.cu), plain or with
+// programmatic dependent launch (PDL, sm_90): with pdl the kernel may start while the previous
+// kernel of the stream still runs; the kernels issue their weight loads, then pdl_wait()
+// (split12_kernel.cuh) before x and y. Legal under CUDA-graph capture (the edge becomes a
+// programmatic dependency). Returns a cudaError_t. sm_count(): the persistent grids' size.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,6 +13,18 @@ namespace specpilot {
 namespace split12 {
 
 constexpr int kCudaVariantPdl = 4;  // see cuda_kernel_variant() in split12_format.h
+
+// SMs of the current device (cached; 132 on an H200 if the query fails).
+inline int sm_count() {
+  static int count = 0;
+  if (count == 0) {
+    int device = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+    if (count <= 0) count = 132;
+  }
+  return count;
+}
 
 template <class... Params, class... Args>
 int launch_kernel(void (*kernel)(Params...), int grid, int block, int smem, cudaStream_t stream, bool pdl,

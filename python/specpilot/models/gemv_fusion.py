@@ -9,19 +9,26 @@ so a decoder layer's T = 1 step runs 4 GEMV kernels, qk_norm_rope_cache and atte
 those plus two add_rms_norm and one silu_mul kernels; each GEMV is launched with programmatic
 dependent launch, so its first weight loads overlap the end of the previous kernel.
 
-On by default (`set_fused_gemv(False)` or SPECPILOT_FUSED_GEMV=0 turn it off): measured on the H200
-(bench/engine_ab.py, Qwen3-8B shape, side by side) the AR step took 4.568 ms with the 4 layer
-linears fused vs 5.253 ms with cuBLAS and the separate kernels (docs/PERF_NOTES.md, 2026-12-03);
-the final norm + LM head (TargetLM.forward) was fused after that run, not yet timed in the engine.
+On by default for bf16 weights (`set_fused_gemv(False)` or SPECPILOT_FUSED_GEMV=0 turn it off):
+measured on the H200 (bench/engine_ab.py, Qwen3-8B shape, side by side) the AR step took 4.49 ms
+with the layer linears and the LM head fused vs 5.25 ms with cuBLAS and the separate kernels
+(docs/PERF_NOTES.md, 2026-12-03). Off by default for split12 weights (`set_fused_split12_gemv(True)`
+turns it on): there the fused kernel (split12_gemv_m1) made the AR step slower, 4.74 ms vs 4.56 ms
+with split12_linear after the separate kernels (same run).
 
 `takes(...)` says when it applies: the switch is on and so are fused_ops' kernels
-(set_fused_kernels(False) turns both off), one token row, CUDA bf16, plain nn.Linear weights
-without bias (split12 linears keep their own kernels), K a multiple of 8, the norm's hidden size
-<= 4096. Otherwise callers run the separate ops.
+(set_fused_kernels(False) turns both off), one token row, CUDA bf16, and every linear one of
+  - a plain nn.Linear without bias, K a multiple of 8 (torch.ops.specpilot.gemv_m1),
+  - with set_fused_split12_gemv(True), a Split12Linear or its twin Bf16Linear on kernel "simt",
+    K a multiple of 32
+    (split12_gemv_m1 / bf16_gemv_m1_twin, csrc/cuda/split12_gemv_m1.cu: split12's reduction order),
+and the norm's hidden size <= 4096. Otherwise callers run the separate ops.
 
 Exactness: the prologue's output is bit-identical to add_rms_norm / silu_mul's CUDA kernels (same
-arithmetic, same summation order); the GEMV sums in fp32 in its own fixed order, so results differ
-from cuBLAS by summation rounding only. bf16 engines are held to token forcing against stock.
+arithmetic, same summation order). For nn.Linear the GEMV sums in fp32 in its own fixed order, so
+results differ from cuBLAS by summation rounding only (bf16 engines are held to token forcing
+against stock). For Split12Linear / Bf16Linear it keeps split12's order: the fused step is bit for
+bit the separate ops followed by split12_linear / bf16_linear, and split12 == its bf16 twin.
 """
 from __future__ import annotations
 
@@ -31,6 +38,7 @@ import torch
 from torch import nn
 
 from specpilot import _ext, settings
+from specpilot.formats.split12.linear import Bf16Linear, Split12Linear
 from specpilot.kernels import registry
 
 from . import fused_ops
@@ -41,12 +49,20 @@ MAX_NORM_HIDDEN = 4096                 # kMaxNormHidden
 
 _enabled = settings.get().fused_gemv      # SPECPILOT_FUSED_GEMV, default on
 _pdl = True
+_split12 = False                          # split12 / twin linears too (measured slower: see above)
 
 
 def set_fused_gemv(on: bool) -> bool:
     """Turns the fused GEMVs on or off for steps run or captured from now on; returns the previous."""
     global _enabled
     previous, _enabled = _enabled, bool(on)
+    return previous
+
+
+def set_fused_split12_gemv(on: bool) -> bool:
+    """Lets the fused GEMVs take Split12Linear / Bf16Linear too (default off); returns the previous."""
+    global _split12
+    previous, _split12 = _split12, bool(on)
     return previous
 
 
@@ -73,8 +89,34 @@ def weight_ok(w: torch.Tensor) -> bool:
             and w.shape[1] % 8 == 0 and w.shape[1] <= MAX_K and w.data_ptr() % 16 == 0)
 
 
-def _plain_linear(m) -> bool:
-    return type(m) is nn.Linear and m.bias is None and weight_ok(m.weight)
+SPLIT12_CHUNK = 32                     # split12's kernels take K % 32 == 0 (no tail chunk)
+
+
+def _gemv_linear(m) -> bool:
+    if type(m) is nn.Linear:
+        return m.bias is None and weight_ok(m.weight)
+    if type(m) in (Split12Linear, Bf16Linear) and _split12:
+        planes = (m.lo, m.codes) if type(m) is Split12Linear else (m.weight,)  # read with 16-byte loads
+        return (m.kernel == "simt" and m.in_features % SPLIT12_CHUNK == 0 and m.in_features <= MAX_K
+                and all(t.is_cuda and t.data_ptr() % 16 == 0 for t in planes))
+    return False
+
+
+def _launch(proj, x, delta, norm_weight, eps: float, prologue: int, y, total) -> None:
+    """One GEMV launch: `proj` is a bf16 weight tensor, an nn.Linear, a Split12Linear or a Bf16Linear."""
+    ops = _ext.ops()
+    if type(proj) is Split12Linear:
+        p = proj.packed()
+        ops.split12_gemv_m1(*p.planes().values(), p.K, x, delta, norm_weight, eps, prologue, _pdl, y, total)
+    elif type(proj) is Bf16Linear:
+        ops.bf16_gemv_m1_twin(proj.weight, x, delta, norm_weight, eps, prologue, _pdl, y, total)
+    else:
+        weight = proj.weight if isinstance(proj, nn.Module) else proj
+        ops.gemv_m1(weight, x, delta, norm_weight, eps, prologue, _pdl, y, total)
+
+
+def _out_features(proj) -> int:
+    return proj.out_features if isinstance(proj, nn.Module) else proj.shape[0]
 
 
 def takes(x: torch.Tensor, *linears, norm_hidden: int | None = None) -> bool:
@@ -85,36 +127,38 @@ def takes(x: torch.Tensor, *linears, norm_hidden: int | None = None) -> bool:
         return False
     if norm_hidden is not None and norm_hidden > MAX_NORM_HIDDEN:
         return False
-    return all(_plain_linear(m) for m in linears) and available()
+    return all(_gemv_linear(m) for m in linears) and available()
 
 
 def _contiguous(t):
     return t if t is None or (t.is_contiguous() and t.data_ptr() % 16 == 0) else t.contiguous()
 
 
-def norm_linear(x, delta, norm_weight, eps: float, weight, keep_sum: bool = True):
+# `proj` below: a bf16 weight tensor [N, K], or a module `takes` accepts.
+
+def norm_linear(x, delta, norm_weight, eps: float, proj, keep_sum: bool = True):
     """(sum, y): sum = x + delta (x when delta is None; None when keep_sum is False and there is a
-    delta: not stored), y = weight @ (rms_normalize(sum) * norm_weight)."""
+    delta: not stored), y = proj(rms_normalize(sum) * norm_weight)."""
     x, delta, norm_weight = _contiguous(x), _contiguous(delta), _contiguous(norm_weight)
-    y = x.new_empty(*x.shape[:-1], weight.shape[0])
+    y = x.new_empty(*x.shape[:-1], _out_features(proj))
     total = torch.empty_like(x) if delta is not None and keep_sum else None
-    _ext.ops().gemv_m1(weight, x, delta, norm_weight, eps, ADD_NORM, _pdl, y, total)
+    _launch(proj, x, delta, norm_weight, eps, ADD_NORM, y, total)
     return (x if delta is None else total), y
 
 
-def silu_mul_linear(gate_up, weight):
-    """weight @ (silu(gate) * up) for gate_up [..., 2I] = [gate | up]."""
+def silu_mul_linear(gate_up, proj):
+    """proj(silu(gate) * up) for gate_up [..., 2I] = [gate | up]."""
     gate_up = _contiguous(gate_up)
-    y = gate_up.new_empty(*gate_up.shape[:-1], weight.shape[0])
-    _ext.ops().gemv_m1(weight, gate_up, None, None, 0.0, SILU_MUL, _pdl, y, None)
+    y = gate_up.new_empty(*gate_up.shape[:-1], _out_features(proj))
+    _launch(proj, gate_up, None, None, 0.0, SILU_MUL, y, None)
     return y
 
 
-def linear(x, weight):
-    """weight @ x for one token row."""
+def linear(x, proj):
+    """proj(x) for one token row."""
     x = _contiguous(x)
-    y = x.new_empty(*x.shape[:-1], weight.shape[0])
-    _ext.ops().gemv_m1(weight, x, None, None, 0.0, PLAIN, _pdl, y, None)
+    y = x.new_empty(*x.shape[:-1], _out_features(proj))
+    _launch(proj, x, None, None, 0.0, PLAIN, y, None)
     return y
 
 

@@ -58,12 +58,11 @@ class TargetBlock(PreNormBlock):
         attn, mlp = self.attn, self.mlp
         if not gemv_fusion.takes(x, attn.qkv, attn.o, mlp.gate_up, mlp.down, norm_hidden=x.shape[-1]):
             return super().forward(x, delta, cos, sin, positions, k_cache, v_cache, kv_len, mask)
-        block_input, qkv = gemv_fusion.norm_linear(x, delta, self.attn_norm.weight, self.attn_norm.eps,
-                                                   attn.qkv.weight)
+        block_input, qkv = gemv_fusion.norm_linear(x, delta, self.attn_norm.weight, self.attn_norm.eps, attn.qkv)
         attn_out = attn.attend_qkv(qkv, cos, sin, positions, k_cache, v_cache, kv_len, mask)
-        h, gate_up = gemv_fusion.norm_linear(block_input, gemv_fusion.linear(attn_out, attn.o.weight),
-                                             self.mlp_norm.weight, self.mlp_norm.eps, mlp.gate_up.weight)
-        return block_input, h, gemv_fusion.silu_mul_linear(gate_up, mlp.down.weight)
+        h, gate_up = gemv_fusion.norm_linear(block_input, gemv_fusion.linear(attn_out, attn.o),
+                                             self.mlp_norm.weight, self.mlp_norm.eps, mlp.gate_up)
+        return block_input, h, gemv_fusion.silu_mul_linear(gate_up, mlp.down)
 
 
 class TargetLM(RopeTables, nn.Module):
@@ -111,7 +110,7 @@ class TargetLM(RopeTables, nn.Module):
                 feats[i - 1] = block_input
         if last not in feature_layers and gemv_fusion.takes(x, self.lm_head, norm_hidden=x.shape[-1]):
             # one token: the final add + norm fused into the LM head's GEMV (logits_rows changes nothing)
-            _, logits = gemv_fusion.norm_linear(x, delta, self.norm.weight, self.norm.eps, self.lm_head.weight,
+            _, logits = gemv_fusion.norm_linear(x, delta, self.norm.weight, self.norm.eps, self.lm_head,
                                                 keep_sum=False)
         else:
             _, x = add_rms_norm(x, delta, self.norm.weight, self.norm.eps)   # the last layer's add + final norm
