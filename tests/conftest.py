@@ -56,8 +56,9 @@ bf = lambda *shape: torch.zeros(*shape, device="cuda", dtype=torch.bfloat16)
 def refused_in_subprocess(setup: str, cases) -> None:
     """Asserts that each (statement, pattern) in `cases` raises a RuntimeError whose message matches
     `pattern`, after `setup` (Python; the prelude above is in scope). The cases run in one fresh
-    interpreter so that a crash in an op's error path (a segfault seen on the H200 for the CUDA ops'
-    argument checks) fails this test with the case that crashed, instead of killing the test run."""
+    interpreter so that a crash in an op's error path (the H200 segfaulted there until the bindings
+    moved to SP_CHECK, csrc/bindings/check.h) fails this test with the case that crashed, instead of
+    killing the test run."""
     lines = [_REFUSAL_PRELUDE, textwrap.dedent(setup)]
     for i, (statement, pattern) in enumerate(cases):
         lines.append(f"print('case {i}', flush=True)\n"

@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) gemv_m1_kernel(const Sou
   int group = (blockIdx.x * kWarps + threadIdx.x / 32) * kRows, j = 0;
   Row ahead[kRows];  // next_group's planes, base and escape range
   Raw next[kRows];
-  auto fetch = [&](int g, int step) {
+  auto fetch = [&](int step) {  // step `step` of the rows in `ahead`
     const int c = lane + kLanes * step;
     if (c >= nchunks) return;
 #pragma unroll
@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) gemv_m1_kernel(const Sou
   auto start_group = [&](int g) {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) ahead[r] = src.row_planes(clamp_row(g + r));
-    fetch(g, 0);
+    fetch(0);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) src.row_bounds(ahead[r], clamp_row(g + r));
   };
@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) gemv_m1_kernel(const Sou
       if (last_step) {
         start_group(next_group);
       } else {
-        fetch(group, j + 1);
+        fetch(j + 1);
       }
     }
     const int c = lane + kLanes * j;
