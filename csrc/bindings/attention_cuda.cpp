@@ -36,16 +36,16 @@ int64_t decode_attention_pdl(int64_t enable) {
 // bf16, on `device`, d contiguous, 16-byte aligned rows (the kernel copies 16-byte chunks).
 void check_rows(const char* name, const at::Tensor& t, const at::Device& device) {
   SP_CHECK(t.scalar_type() == at::kBFloat16, "decode_attention: ", name, " must be bfloat16, got ",
-              t.scalar_type());
+           t.scalar_type());
   SP_CHECK(t.dim() == 4, "decode_attention: ", name, " must be 4-D, got shape ", t.sizes());
   SP_CHECK(t.device() == device, "decode_attention: ", name, " is on ", t.device(), " but q is on ", device);
   SP_CHECK(t.stride(3) == 1, "decode_attention: ", name, " must be contiguous in its last dim, got strides ",
-              t.strides());
+           t.strides());
   for (int i = 0; i < 3; ++i)
     SP_CHECK(t.stride(i) % 8 == 0, "decode_attention: ", name, " strides must be multiples of 8 elements "
-                "(16-byte rows), got ", t.strides());
+             "(16-byte rows), got ", t.strides());
   SP_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "decode_attention: ", name,
-              " must start 16-byte aligned, got ", t.data_ptr());
+           " must start 16-byte aligned, got ", t.data_ptr());
 }
 
 void decode_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -60,31 +60,31 @@ void decode_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const
   const int64_t Hkv = k_cache.size(1), S = k_cache.size(2);
   SP_CHECK(D == 64 || D == 128, "decode_attention: head dim must be 64 or 128, got ", D);
   SP_CHECK(T >= 1 && T <= kMaxTokens, "decode_attention: T must be in 1..", kMaxTokens, ", got ", T,
-              " (longer blocks, e.g. the prefill, go to SDPA)");
+           " (longer blocks, e.g. the prefill, go to SDPA)");
   SP_CHECK(k_cache.size(0) == B && k_cache.size(3) == D, "decode_attention: k_cache shape ", k_cache.sizes(),
-              " does not match q ", q.sizes(), " (want [", B, ", Hkv, S, ", D, "])");
+           " does not match q ", q.sizes(), " (want [", B, ", Hkv, S, ", D, "])");
   SP_CHECK(v_cache.sizes() == k_cache.sizes(), "decode_attention: v_cache shape ", v_cache.sizes(),
-              " != k_cache shape ", k_cache.sizes());
+           " != k_cache shape ", k_cache.sizes());
   SP_CHECK(Hkv >= 1 && Hq % Hkv == 0 && Hq / Hkv <= kMaxGroups, "decode_attention: Hq=", Hq,
-              " must be a multiple of Hkv=", Hkv, " with Hq/Hkv <= ", kMaxGroups);
+           " must be a multiple of Hkv=", Hkv, " with Hq/Hkv <= ", kMaxGroups);
   SP_CHECK(span >= 1 && span <= S, "decode_attention: span must be in 1..S=", S, ", got ", span);
   SP_CHECK(B * Hkv <= 65535, "decode_attention: B*Hkv=", B * Hkv, " exceeds the grid's 65535");
   SP_CHECK(std::isfinite(scale), "decode_attention: scale must be finite, got ", scale);
   SP_CHECK(last.scalar_type() == at::kLong && last.dim() == 1 && last.size(0) == T && last.is_contiguous(),
-              "decode_attention: last must be a contiguous int64 [T=", T, "], got ", last.scalar_type(), " ",
-              last.sizes());
+           "decode_attention: last must be a contiguous int64 [T=", T, "], got ", last.scalar_type(), " ",
+           last.sizes());
   SP_CHECK(last.device() == dev, "decode_attention: last is on ", last.device(), " but q is on ", dev);
   SP_CHECK(out.scalar_type() == at::kBFloat16 && out.is_contiguous() && out.device() == dev &&
                   out.sizes() == at::IntArrayRef({B, T, Hq * D}),
-              "decode_attention: out must be a contiguous bfloat16 [", B, ", ", T, ", ", Hq * D, "] on ", dev,
-              ", got ", out.scalar_type(), " ", out.sizes(), " on ", out.device());
+           "decode_attention: out must be a contiguous bfloat16 [", B, ", ", T, ", ", Hq * D, "] on ", dev,
+           ", got ", out.scalar_type(), " ", out.sizes(), " on ", out.device());
   SP_CHECK(workspace.scalar_type() == at::kFloat && workspace.is_contiguous() && workspace.device() == dev &&
                   workspace.dim() == 3 && workspace.size(1) == B * T * Hq && workspace.size(2) == D + 1,
-              "decode_attention: workspace must be a contiguous float32 [splits, ", B * T * Hq, ", ", D + 1,
-              "] on ", dev, ", got ", workspace.scalar_type(), " ", workspace.sizes(), " on ", workspace.device());
+           "decode_attention: workspace must be a contiguous float32 [splits, ", B * T * Hq, ", ", D + 1,
+           "] on ", dev, ", got ", workspace.scalar_type(), " ", workspace.sizes(), " on ", workspace.device());
   const int64_t splits = workspace.size(0);
   SP_CHECK(splits >= 1 && splits <= kMaxSplits, "decode_attention: workspace.size(0) (the key splits) must be "
-              "in 1..", kMaxSplits, ", got ", splits);
+           "in 1..", kMaxSplits, ", got ", splits);
 
   DecodeAttentionArgs a{};
   a.q = reinterpret_cast<const uint16_t*>(q.data_ptr());
@@ -111,7 +111,7 @@ void decode_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const
   const c10::cuda::CUDAGuard guard(dev);
   const int err = cuda_decode_attention(a, c10::cuda::getCurrentCUDAStream(dev.index()).stream());
   SP_CHECK(err == 0, "decode_attention: CUDA launch failed for B=", B, " Hq=", Hq, " Hkv=", Hkv, " T=", T,
-              " D=", D, " span=", span, " splits=", splits, ": ", cudaGetErrorString(static_cast<cudaError_t>(err)));
+           " D=", D, " span=", span, " splits=", splits, ": ", cudaGetErrorString(static_cast<cudaError_t>(err)));
 }
 
 }  // namespace

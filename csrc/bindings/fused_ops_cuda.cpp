@@ -26,19 +26,19 @@ void check_bf16(const char* op, const char* name, const at::Tensor& t, const at:
 
 void check_contiguous(const char* op, const char* name, const at::Tensor& t) {
   SP_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous (shape ", t.sizes(), ", strides ", t.strides(),
-              ")");
+           ")");
 }
 
 // The wanted shape is owned (a vector), never an ArrayRef into a braced temporary: a failing check
 // formats it into the error message.
 void check_shape(const char* op, const char* name, const at::Tensor& t, const std::vector<int64_t>& shape) {
   SP_CHECK(t.sizes().vec() == shape, op, ": ", name, " must have shape ", c10::IntArrayRef(shape), ", got ",
-              t.sizes());
+           t.sizes());
 }
 
 void check_aligned(const char* op, const char* name, const at::Tensor& t, int bytes) {
   SP_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % bytes == 0, op, ": ", name, " must start ", bytes,
-              "-byte aligned, got ", t.data_ptr(), " (a view with an odd storage offset? pass .contiguous())");
+           "-byte aligned, got ", t.data_ptr(), " (a view with an odd storage offset? pass .contiguous())");
 }
 
 void check_launch(const char* op, int err) {
@@ -57,7 +57,7 @@ void add_rms_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& del
   SP_CHECK(x.dim() >= 1, op, ": x must have a hidden dimension, got shape ", x.sizes());
   const int64_t hidden = x.size(-1);
   SP_CHECK(hidden % 8 == 0 && hidden <= kMaxHidden, op, ": the hidden size must be a multiple of 8 and <= ",
-              kMaxHidden, ", got ", hidden);
+           kMaxHidden, ", got ", hidden);
   const std::vector<std::pair<const char*, const at::Tensor*>> rows = {
       {"x", &x}, {"normed", &normed}, {"delta", delta ? &*delta : nullptr}, {"sum", sum ? &*sum : nullptr}};
   for (const auto& [name, t] : rows) {
@@ -86,12 +86,12 @@ HeadRows head_rows(const char* op, const char* name, const at::Tensor& t, const 
                    int64_t T, int64_t D) {
   check_bf16(op, name, t, dev);
   SP_CHECK(t.dim() == 4 && t.size(0) == B && t.size(1) == T && t.size(3) == D, op, ": ", name,
-              " must be [B=", B, ", T=", T, ", heads, D=", D, "], got shape ", t.sizes());
+           " must be [B=", B, ", T=", T, ", heads, D=", D, "], got shape ", t.sizes());
   const int64_t vec = D / 64;  // elements per lane access (rope_cache.cu)
   SP_CHECK(t.stride(3) == 1 && (t.stride(2) == D || t.size(2) == 1), op, ": ", name,
-              " must have contiguous heads and elements (strides [*, *, ", D, ", 1]), got strides ", t.strides());
+           " must have contiguous heads and elements (strides [*, *, ", D, ", 1]), got strides ", t.strides());
   SP_CHECK(t.stride(0) % vec == 0 && t.stride(1) % vec == 0, op, ": ", name, " batch / token strides ",
-              t.strides(), " must be multiples of ", vec);
+           t.strides(), " must be multiples of ", vec);
   check_aligned(op, name, t, (int)(2 * vec));
   return HeadRows{bits(t), t.stride(0), t.stride(1), (int)t.size(2)};
 }
@@ -112,7 +112,7 @@ void qk_norm_rope_cache_cuda(const std::optional<at::Tensor>& q, const at::Tenso
   SP_CHECK(v.size(2) == Hkv, op, ": v has ", v.size(2), " heads but k has ", Hkv);
   HeadRows q_rows{nullptr, 0, 0, 0};
   SP_CHECK(q.has_value() == q_out.has_value(), op, ": q and q_out come together (q ",
-              q ? "given" : "absent", ", q_out ", q_out ? "given" : "absent", ")");
+           q ? "given" : "absent", ", q_out ", q_out ? "given" : "absent", ")");
   SP_CHECK(q || !q_weight, op, ": q_weight given without q");
   if (q) {
     q_rows = head_rows(op, "q", *q, dev, B, T, D);
@@ -135,7 +135,7 @@ void qk_norm_rope_cache_cuda(const std::optional<at::Tensor>& q, const at::Tenso
     check_aligned(op, name, *t, (int)(D / 32));
   }
   SP_CHECK(positions.is_cuda() && positions.device() == dev, op, ": positions must be on ", dev, ", got ",
-              positions.device());
+           positions.device());
   SP_CHECK(positions.scalar_type() == at::kLong, op, ": positions must be int64, got ", positions.scalar_type());
   check_shape(op, "positions", positions, {T});
   check_contiguous(op, "positions", positions);
@@ -163,7 +163,7 @@ void silu_mul_cuda(const at::Tensor& gate_up, const at::Tensor& out) {
   check_bf16(op, "gate_up", gate_up, dev);
   check_contiguous(op, "gate_up", gate_up);
   SP_CHECK(gate_up.dim() >= 1 && gate_up.size(-1) % 2 == 0, op,
-              ": gate_up must end in an even dimension [..., 2I] = [gate | up], got shape ", gate_up.sizes());
+           ": gate_up must end in an even dimension [..., 2I] = [gate | up], got shape ", gate_up.sizes());
   const int64_t inter = gate_up.size(-1) / 2;
   std::vector<int64_t> shape = gate_up.sizes().vec();
   shape.back() = inter;

@@ -1,7 +1,8 @@
 // Schemas and CUDA impls of the one-token GEMVs with a fused add+RMSNorm or SiLU*mul prologue:
 // gemv_m1 (bf16, csrc/cuda/gemv_m1.cu), split12_gemv_m1 and its bf16 twin bf16_gemv_m1_twin
-// (split12's reduction order, csrc/cuda/split12_gemv_m1.cu). CUDA only (python/specpilot/models/gemv_fusion.py falls back to
-// the separate ops elsewhere). Out-parameters, torch's current stream: capturable, allocation-free.
+// (split12's reduction order, csrc/cuda/split12_gemv_m1.cu). CUDA only (models/gemv_fusion.py
+// falls back to the separate ops elsewhere). Out-parameters, torch's current stream: capturable,
+// allocation-free.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
@@ -25,9 +26,9 @@ void check_vector(const char* name, const at::Tensor& t, int64_t numel, const at
   SP_CHECK(t.scalar_type() == at::kBFloat16, "gemv_m1: ", name, " must be bfloat16, got ", t.scalar_type());
   SP_CHECK(t.is_contiguous(), "gemv_m1: ", name, " must be contiguous, got strides ", t.strides());
   SP_CHECK(t.numel() == numel, "gemv_m1: ", name, " must hold ", numel, " values (one token), got shape ",
-              t.sizes());
+           t.sizes());
   SP_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "gemv_m1: ", name,
-              " must start 16-byte aligned (pass .contiguous())");
+           " must start 16-byte aligned (pass .contiguous())");
 }
 
 const uint16_t* bits(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr()); }
@@ -40,7 +41,7 @@ GemvArgs io_args(int64_t N, int64_t K, const at::Device& dev, const at::Tensor& 
   SP_CHECK(K % 8 == 0 && K >= 8 && K <= kMaxK, "gemv_m1: K must be a multiple of 8 in 8..", kMaxK, ", got ", K);
   SP_CHECK(N >= 1 && N <= INT32_MAX, "gemv_m1: N must be in 1..2^31-1, got ", N);
   SP_CHECK(prologue >= kGemvPlain && prologue <= kGemvSiluMul, "gemv_m1: prologue must be 0 (plain), 1 "
-              "(add + RMSNorm) or 2 (SiLU * mul), got ", prologue);
+           "(add + RMSNorm) or 2 (SiLU * mul), got ", prologue);
   check_vector("x", x, prologue == kGemvSiluMul ? 2 * K : K, dev);
   check_vector("y", y, N, dev);
   GemvArgs a{};
@@ -56,7 +57,7 @@ GemvArgs io_args(int64_t N, int64_t K, const at::Device& dev, const at::Tensor& 
     a.sum_out = sum_out ? mutable_bits(*sum_out) : nullptr;
   } else {
     SP_CHECK(!delta && !norm_weight && !sum_out, "gemv_m1: delta, norm_weight and sum_out belong to the "
-                "add + RMSNorm prologue (1), got prologue ", prologue);
+             "add + RMSNorm prologue (1), got prologue ", prologue);
   }
   a.n = (int)N;
   a.k = (int)K;
@@ -70,36 +71,37 @@ GemvArgs io_args(int64_t N, int64_t K, const at::Device& dev, const at::Tensor& 
 
 void check_launch(const char* op, int err, const GemvArgs& a) {
   SP_CHECK(err == 0, op, ": CUDA launch failed for N=", a.n, " K=", a.k, " prologue ", a.prologue, ": ",
-              cudaGetErrorString(static_cast<cudaError_t>(err)));
+           cudaGetErrorString(static_cast<cudaError_t>(err)));
+}
+
+// gemv_m1 and bf16_gemv_m1_twin: a bf16 weight [N, K] (K a multiple of k_multiple) and `launch`.
+template <int (*launch)(const GemvArgs&, void*), int k_multiple>
+void dense_gemv_cuda(const char* op, const at::Tensor& weight, const at::Tensor& x,
+                     const std::optional<at::Tensor>& delta, const std::optional<at::Tensor>& norm_weight, double eps,
+                     int64_t prologue, bool pdl, const at::Tensor& y, const std::optional<at::Tensor>& sum_out) {
+  const at::Device dev = weight.device();
+  SP_CHECK(weight.dim() == 2, op, ": weight must be [N, K], got shape ", weight.sizes());
+  const int64_t N = weight.size(0), K = weight.size(1);
+  SP_CHECK(K % k_multiple == 0, op, ": K must be a multiple of ", k_multiple, ", got ", K);
+  GemvArgs a = io_args(N, K, dev, x, delta, norm_weight, eps, prologue, pdl, y, sum_out);
+  check_vector("weight", weight, N * K, dev);
+  a.w = bits(weight);
+  const c10::cuda::CUDAGuard guard(dev);
+  check_launch(op, launch(a, c10::cuda::getCurrentCUDAStream(dev.index()).stream()), a);
 }
 
 void gemv_m1_cuda(const at::Tensor& weight, const at::Tensor& x, const std::optional<at::Tensor>& delta,
                   const std::optional<at::Tensor>& norm_weight, double eps, int64_t prologue, bool pdl,
                   const at::Tensor& y, const std::optional<at::Tensor>& sum_out) {
-  const at::Device dev = weight.device();
-  SP_CHECK(weight.dim() == 2, "gemv_m1: weight must be [N, K], got shape ", weight.sizes());
-  const int64_t N = weight.size(0), K = weight.size(1);
-  GemvArgs a = io_args(N, K, dev, x, delta, norm_weight, eps, prologue, pdl, y, sum_out);
-  check_vector("weight", weight, N * K, dev);
-  a.w = bits(weight);
-  const c10::cuda::CUDAGuard guard(dev);
-  check_launch("gemv_m1", cuda_gemv_m1(a, c10::cuda::getCurrentCUDAStream(dev.index()).stream()), a);
+  dense_gemv_cuda<cuda_gemv_m1, 8>("gemv_m1", weight, x, delta, norm_weight, eps, prologue, pdl, y, sum_out);
 }
 
-// The bf16 twin of split12_gemv_m1 (split12's reduction order).
+// The bf16 twin of split12_gemv_m1 (split12's reduction order: whole 32-column chunks).
 void bf16_gemv_m1_twin_cuda(const at::Tensor& weight, const at::Tensor& x, const std::optional<at::Tensor>& delta,
                             const std::optional<at::Tensor>& norm_weight, double eps, int64_t prologue, bool pdl,
                             const at::Tensor& y, const std::optional<at::Tensor>& sum_out) {
-  const at::Device dev = weight.device();
-  SP_CHECK(weight.dim() == 2, "bf16_gemv_m1_twin: weight must be [N, K], got shape ", weight.sizes());
-  const int64_t N = weight.size(0), K = weight.size(1);
-  SP_CHECK(K % 32 == 0, "bf16_gemv_m1_twin: K must be a multiple of 32 (split12 chunks), got ", K);
-  GemvArgs a = io_args(N, K, dev, x, delta, norm_weight, eps, prologue, pdl, y, sum_out);
-  check_vector("weight", weight, N * K, dev);
-  a.w = bits(weight);
-  const c10::cuda::CUDAGuard guard(dev);
-  check_launch("bf16_gemv_m1_twin", cuda_bf16_gemv_m1_twin(a, c10::cuda::getCurrentCUDAStream(dev.index()).stream()),
-               a);
+  dense_gemv_cuda<cuda_bf16_gemv_m1_twin, 32>("bf16_gemv_m1_twin", weight, x, delta, norm_weight, eps, prologue,
+                                               pdl, y, sum_out);
 }
 
 void split12_gemv_m1_cuda(const at::Tensor& lo, const at::Tensor& codes, const at::Tensor& base,
@@ -117,7 +119,7 @@ void split12_gemv_m1_cuda(const at::Tensor& lo, const at::Tensor& codes, const a
                               y.view({1, N}));
   SP_CHECK(reinterpret_cast<uintptr_t>(lo.data_ptr()) % 16 == 0 &&
                   reinterpret_cast<uintptr_t>(codes.data_ptr()) % 16 == 0,
-              "split12_gemv_m1: lo and codes must start 16-byte aligned (a view with a storage offset? pass .clone())");
+           "split12_gemv_m1: lo and codes must start 16-byte aligned (a view with a storage offset? pass .clone())");
   const Split12Planes w{lo.data_ptr<uint8_t>(), codes.data_ptr<uint8_t>(), base.data_ptr<uint8_t>(),
                         esc_rowptr.data_ptr<int32_t>(), esc_col.data_ptr<int32_t>(),
                         reinterpret_cast<const uint16_t*>(esc_val.data_ptr())};

@@ -61,8 +61,8 @@ at::Tensor unpack_cpu(const at::Tensor& lo, const at::Tensor& codes, const at::T
   check_split12_args(x, lo, codes, base, esc_rowptr, esc_col, esc_val, K, out);
   SP_CHECK(lo.device().is_cpu(), "split12_unpack: planes must be on the CPU, got ", lo.device());
   SP_CHECK(esc_rowptr[0].item<int32_t>() == 0 && esc_rowptr[N].item<int32_t>() == esc_col.size(0),
-              "split12_unpack: esc_rowptr must run from 0 to E=", esc_col.size(0), ", got ",
-              esc_rowptr[0].item<int32_t>(), "..", esc_rowptr[N].item<int32_t>());
+           "split12_unpack: esc_rowptr must run from 0 to E=", esc_col.size(0), ", got ",
+           esc_rowptr[0].item<int32_t>(), "..", esc_rowptr[N].item<int32_t>());
   at::Tensor w = at::empty({N, K}, lo.options().dtype(at::kBFloat16));
   cpu_unpack(lo.data_ptr<uint8_t>(), codes.data_ptr<uint8_t>(), base.data_ptr<uint8_t>(),
              esc_rowptr.data_ptr<int32_t>(), esc_col.data_ptr<int32_t>(), esc_val.data_ptr<int16_t>(), N, K,
@@ -98,7 +98,7 @@ void bf16_linear_cpu(const at::Tensor& x, const at::Tensor& w, at::Tensor& out) 
 // one; -1 only reads it. A benchmark knob: outputs are the same bits under every variant.
 int64_t split12_kernel_variant(int64_t variant) {
   SP_CHECK(variant >= -1 && variant < kCudaVariantCount, "split12_kernel_variant: variant must be in -1..",
-              kCudaVariantCount - 1, ", got ", variant);
+           kCudaVariantCount - 1, ", got ", variant);
   const int previous = cuda_kernel_variant();
   if (variant >= 0) cuda_kernel_variant() = (int)variant;
   return previous;

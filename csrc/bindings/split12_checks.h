@@ -16,7 +16,7 @@ inline void check_tensor(const at::Tensor& t, const char* name, at::ScalarType d
   SP_CHECK(t.sizes() == shape, "split12: ", name, " must have shape ", shape, ", got ", t.sizes());
   SP_CHECK(t.device() == device, "split12: ", name, " is on ", t.device(), " but x is on ", device);
   SP_CHECK(t.is_contiguous(), "split12: ", name, " must be contiguous (shape ", t.sizes(), ", strides ",
-              t.strides(), ")");
+           t.strides(), ")");
 }
 
 // x [M, K] bf16, out [M, N] bf16. Returns M.

@@ -21,13 +21,13 @@ const uint16_t* bits16(const at::Tensor& t) { return reinterpret_cast<const uint
 void check_cuda_m(const char* op, const at::Tensor& x, int64_t M, int64_t N, int64_t K) {
   SP_CHECK(x.is_cuda(), op, ": x must be a CUDA tensor, got ", x.device());
   SP_CHECK(M <= kCudaMaxM, op, ": the CUDA kernels take M <= ", kCudaMaxM, " tokens, got M=", M,
-              " (split the call into chunks of ", kCudaMaxM, ")");
+           " (split the call into chunks of ", kCudaMaxM, ")");
   SP_CHECK(N <= INT32_MAX && K <= INT32_MAX, op, ": N=", N, " and K=", K, " must fit int32");
 }
 
 void check_launch(const char* op, int err, int64_t M, int64_t N, int64_t K) {
   SP_CHECK(err == 0, op, " CUDA launch failed for M=", M, " N=", N, " K=", K, ": ",
-              cudaGetErrorString(static_cast<cudaError_t>(err)));
+           cudaGetErrorString(static_cast<cudaError_t>(err)));
 }
 
 using Split12Launcher = int (*)(const uint16_t*, int, const uint8_t*, const uint8_t*, const uint8_t*,
@@ -44,8 +44,8 @@ void split12_linear_cuda(const at::Tensor& x, const at::Tensor& lo, const at::Te
   // The kernels read both planes with 16-byte loads (fresh torch allocations always qualify).
   SP_CHECK(reinterpret_cast<uintptr_t>(lo.data_ptr()) % 16 == 0 &&
                   reinterpret_cast<uintptr_t>(codes.data_ptr()) % 16 == 0,
-              "split12_linear: lo and codes must start 16-byte aligned, got lo at ", lo.data_ptr(), ", codes at ",
-              codes.data_ptr(), " (a view with a storage offset? pass .clone())");
+           "split12_linear: lo and codes must start 16-byte aligned, got lo at ", lo.data_ptr(), ", codes at ",
+           codes.data_ptr(), " (a view with a storage offset? pass .clone())");
   if (M == 0 || N == 0) return;
   const c10::cuda::CUDAGuard guard(x.device());
   const int err = launch(bits16(x), (int)M, lo.data_ptr<uint8_t>(), codes.data_ptr<uint8_t>(),
