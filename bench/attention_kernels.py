@@ -104,7 +104,7 @@ def _us(us: dict, key: str) -> str:
 def print_table(rows, splits_list):
     extra = [f"kernel@{n}" for n in splits_list]
     print("\nus per call (one layer), CUDA graph over K/V copies > L2; kernel = default splits (column "
-          "'splits'), +pdl = combine launched with PDL; GB/s = visible K/V bytes / kernel time; "
+          "'splits'), +pdl = split and combine launched with PDL (the default); GB/s = visible K/V bytes / kernel time; "
           "ok = fp64 check passed")
     print("| shape | T | span | ctx | splits | ok | kernel | kernel+pdl | cudnn | efficient | "
           + " | ".join(extra) + (" | " if extra else "") + "x cudnn | GB/s | target | meets |")

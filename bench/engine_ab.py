@@ -29,6 +29,7 @@ CONFIGS = (("unfused + SDPA cudnn", False, "cudnn", "cublas", False, "bf16"),
            ("fused + auto attention", True, "auto", "cublas", False, "bf16"),
            ("fused + auto attention, cuBLASLt", True, "auto", "cublaslt", False, "bf16"),
            ("fused + auto attention + fused GEMV (AR)", True, "auto", "cublas", True, "bf16"),
+           ("fused + specpilot attention + fused GEMV (AR)", True, "specpilot", "cublas", True, "bf16"),
            ("fused + auto attention + fused GEMV (AR), split12 weights", True, "auto", "cublas", True, "split12"),
            ("fused + auto attention, split12 weights (split12_linear at T = 1)", True, "auto", "cublas", False,
             "split12"))

@@ -4,13 +4,15 @@
 // Key slot j is visible to query row t iff j < span and j <= last[t]; semantics and exactness in
 // csrc/include/specpilot/decode_attention.h. Out-parameters and torch's current stream, so CUDA-graph
 // capture allocates nothing here; the number of key splits is the workspace's first dimension.
-//   decode_attention_pdl(enable) -> previous: launch the combine kernel with programmatic dependent
-//   launch (1) or plainly (0, default); -1 only reads it. A benchmark knob, process-global.
+//   decode_attention_pdl(enable) -> previous: launch the attention path (qk_norm_rope_cache, split,
+//   combine) with programmatic dependent launch (1, default) or plainly (0); -1 only reads it. A
+//   benchmark knob, process-global (attention_pdl.h).
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 #include <torch/extension.h>
 
+#include "attention_pdl.h"
 #include "check.h"
 
 #include <atomic>
@@ -22,14 +24,9 @@ namespace specpilot {
 namespace attention {
 namespace {
 
-std::atomic<bool>& pdl_setting() {
-  static std::atomic<bool> pdl{false};
-  return pdl;
-}
-
 int64_t decode_attention_pdl(int64_t enable) {
-  const bool previous = pdl_setting().load();
-  if (enable >= 0) pdl_setting().store(enable != 0);
+  const bool previous = attention_path_pdl().load();
+  if (enable >= 0) attention_path_pdl().store(enable != 0);
   return previous ? 1 : 0;
 }
 
@@ -106,7 +103,7 @@ void decode_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const
     a.v_stride[i] = v_cache.stride(i);
   }
   a.scale = (float)scale;
-  a.pdl = pdl_setting().load();
+  a.pdl = attention_path_pdl().load();
   if (B == 0 || Hq == 0) return;
   const c10::cuda::CUDAGuard guard(dev);
   const int err = cuda_decode_attention(a, c10::cuda::getCurrentCUDAStream(dev.index()).stream());

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #include <torch/extension.h>
 
+#include "attention_pdl.h"
 #include "check.h"
 
 #include <vector>
@@ -153,7 +154,8 @@ void qk_norm_rope_cache_cuda(const std::optional<at::Tensor>& q, const at::Tenso
                                            k_weight ? bits(*k_weight) : nullptr, bits(cos), bits(sin),
                                            positions.data_ptr<int64_t>(), (int)B, (int)T, (int)D, (float)eps,
                                            q_out ? mutable_bits(*q_out) : nullptr, mutable_bits(k_cache),
-                                           mutable_bits(v_cache), slots, current_stream(k)));
+                                           mutable_bits(v_cache), slots, attention_path_pdl().load(),
+                                           current_stream(k)));
 }
 
 // ---- silu_mul --------------------------------------------------------------------------------

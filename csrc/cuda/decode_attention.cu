@@ -7,8 +7,9 @@
 //
 // CTA: 4 warps, up to 64 query rows (4 m16 tiles) x one key range, in tiles of 64 keys through a
 // two-stage cp.async ring. With one m-tile (T = 1: g rows, padded to 16) the 4 warps split each
-// key tile into 16-key slices; with two, 2 warps per m-tile; with 3-4, one warp per m-tile. Each
-// warp runs its own online softmax; the warps of an m-tile merge through shared memory at the end.
+// key tile into 16-key steps; with two, 2 warps per m-tile; with 3-4, one warp per m-tile (32-key
+// steps for both). Each warp runs its own online softmax. A warp alone on its m-tile writes its
+// rows straight from registers; warps sharing one merge through shared memory first.
 // Keys past the range are zero-filled (never read), so NaN in unseen cache slots cannot leak.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -25,7 +26,6 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kRowsPerCta = 64;   // 4 m16 tiles
 constexpr int kKeyTile = 64;      // keys per pipeline stage
-constexpr int kSlice = 16;        // keys per mma k-step of P.V (and per online-softmax update)
 constexpr unsigned kFull = 0xffffffffu;
 
 template <int D>
@@ -79,11 +79,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-__device__ __forceinline__ uint16_t bf16_bits(float x) {
-  const __nv_bfloat16 v = __float2bfloat16_rn(x);
-  return *reinterpret_cast<const uint16_t*>(&v);
-}
-
 // Programmatic dependent launch (sm_90); both are no-ops when the launch did not ask for PDL.
 __device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
@@ -98,9 +93,13 @@ __device__ __forceinline__ int visible_end(const int64_t* last, int tokens, int 
   return x + 1;
 }
 
-template <int D>
+// SK: keys per warp step (one online-softmax update): 16 when 4 warps share an m-tile (T = 1),
+// 32 otherwise, for four independent Q.K^T mma chains instead of two.
+template <int D, int SK>
 __global__ void __launch_bounds__(kThreads) split_kernel(const DecodeAttentionArgs a) {
+  static_assert(SK == 16 || SK == 32, "a warp step is one or two mma k-steps of P.V");
   using S = Smem<D>;
+  constexpr int NT = SK / 8;
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   pdl_launch_dependents();        // the combine kernel (if PDL) may start its prologue now
 
@@ -118,7 +117,15 @@ __global__ void __launch_bounds__(kThreads) split_kernel(const DecodeAttentionAr
   const int rows = min(kRowsPerCta, g * T - row0);
   const int mtiles = (rows + 15) / 16;
 
-  // Q rows -> shared (independent of `last`, so issued first). Row r = j * T + t of this KV head.
+  // `last` was written before the kernel this one follows started (a torch op ahead of the layers),
+  // so it is read before the PDL wait; q and the cache are the previous kernel's until the wait.
+  const int kv_end = visible_end(a.last, T, a.span, lane);
+  const SplitGeometry geo = split_geometry(kv_end, a.num_splits);
+  const bool direct = a.num_splits == 1;
+  pdl_wait();  // before any exit too: a grid must not finish before the kernel it follows
+  if (!direct && split >= geo.active_splits) return;  // no keys here; the combine skips this split
+
+  // Q rows -> shared. Row r = j * T + t of this KV head.
   const uint16_t* qb = a.q + b * a.q_stride[0];
   for (int i = tid; i < mtiles * 16 * kChunks; i += kThreads) {
     const int r = i / kChunks, c = i % kChunks, rg = row0 + r;
@@ -128,13 +135,6 @@ __global__ void __launch_bounds__(kThreads) split_kernel(const DecodeAttentionAr
   }
   cp_async_commit();
 
-  const int kv_end = visible_end(a.last, T, a.span, lane);
-  const SplitGeometry geo = split_geometry(kv_end, a.num_splits);
-  const bool direct = a.num_splits == 1;
-  if (!direct && split >= geo.active_splits) {  // no keys here; the combine skips this split
-    cp_async_wait<0>();
-    return;
-  }
   const int kbeg = split * geo.keys_per_split;
   const int kend = min(kbeg + geo.keys_per_split, kv_end);
   const int ntiles = kend > kbeg ? (kend - kbeg + kKeyTile - 1) / kKeyTile : 0;
@@ -198,23 +198,27 @@ __global__ void __launch_bounds__(kThreads) split_kernel(const DecodeAttentionAr
       const uint16_t* sk = skv + 2 * (tile & 1) * S::kTile;
       const uint16_t* sv = sk + S::kTile;
       const int base = kbeg + tile * kKeyTile;
-      for (int slice = wk; slice < kKeyTile / kSlice; slice += nwk) {
-        const int key0 = base + slice * kSlice;
+      for (int slice = wk; slice < kKeyTile / SK; slice += nwk) {
+        const int key0 = base + slice * SK;
         if (key0 > warp_lim) break;  // warp-uniform: no row of this warp sees these keys
-        // S = Q K^T for 16 keys: two n8 tiles.
-        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-        const uint16_t* krow = sk + (slice * kSlice + (lane / 16) * 8 + lane % 8) * S::kPitch + ((lane / 8) % 2) * 8;
+        // S = Q K^T for SK keys: SK / 8 n8 tiles, each an independent chain of D / 16 mma.
+        float s[NT][4];
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) {
-          uint32_t kf[4];
-          ldmatrix_x4(kf, krow + ks * 16);
-          mma_bf16(s[0], qa[ks], kf[0], kf[1]);
-          mma_bf16(s[1], qa[ks], kf[2], kf[3]);
-        }
+        for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+        const uint16_t* krow = sk + (slice * SK + (lane / 16) * 8 + lane % 8) * S::kPitch + ((lane / 8) % 2) * 8;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks)
+#pragma unroll
+          for (int kt = 0; kt < SK / 16; ++kt) {
+            uint32_t kf[4];
+            ldmatrix_x4(kf, krow + kt * 16 * S::kPitch + ks * 16);
+            mma_bf16(s[2 * kt], qa[ks], kf[0], kf[1]);
+            mma_bf16(s[2 * kt + 1], qa[ks], kf[2], kf[3]);
+          }
         // Mask (select, so NaN in a masked key cannot pass), scale to the log2 domain, row max.
         float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
+        for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int key = key0 + nt * 8 + quad_col + (e & 1);
@@ -233,7 +237,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(const DecodeAttentionAr
         }
         float rowsum[2] = {0.f, 0.f};
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
+        for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             s[nt][e] = exp2f(s[nt][e] - base_m[e >> 1]);
@@ -248,24 +252,61 @@ __global__ void __launch_bounds__(kThreads) split_kernel(const DecodeAttentionAr
           acc[n][2] *= alpha[1];
           acc[n][3] *= alpha[1];
         }
-        // O += P V: the S accumulator layout is the A-fragment layout of the next mma.
-        const uint32_t pa[4] = {pack_bf16(s[0][0], s[0][1]), pack_bf16(s[0][2], s[0][3]),
-                                pack_bf16(s[1][0], s[1][1]), pack_bf16(s[1][2], s[1][3])};
-        const uint16_t* vrow = sv + (slice * kSlice + ((lane / 8) % 2) * 8 + lane % 8) * S::kPitch + (lane / 16) * 8;
+        // O += P V, one mma k-step per 16 keys: the S accumulator layout is the A-fragment layout.
 #pragma unroll
-        for (int dn = 0; dn < D / 16; ++dn) {
-          uint32_t vf[4];
-          ldmatrix_x4_trans(vf, vrow + dn * 16);
-          mma_bf16(acc[2 * dn], pa, vf[0], vf[1]);
-          mma_bf16(acc[2 * dn + 1], pa, vf[2], vf[3]);
+        for (int kt = 0; kt < SK / 16; ++kt) {
+          const uint32_t pa[4] = {pack_bf16(s[2 * kt][0], s[2 * kt][1]), pack_bf16(s[2 * kt][2], s[2 * kt][3]),
+                                  pack_bf16(s[2 * kt + 1][0], s[2 * kt + 1][1]),
+                                  pack_bf16(s[2 * kt + 1][2], s[2 * kt + 1][3])};
+          const uint16_t* vrow =
+              sv + (slice * SK + kt * 16 + ((lane / 8) % 2) * 8 + lane % 8) * S::kPitch + (lane / 16) * 8;
+#pragma unroll
+          for (int dn = 0; dn < D / 16; ++dn) {
+            uint32_t vf[4];
+            ldmatrix_x4_trans(vf, vrow + dn * 16);
+            mma_bf16(acc[2 * dn], pa, vf[0], vf[1]);
+            mma_bf16(acc[2 * dn + 1], pa, vf[2], vf[3]);
+          }
         }
       }
     }
     __syncthreads();  // the next iteration's load overwrites this stage
   }
   cp_async_wait<0>();
-  __syncthreads();
 
+  const long long rows_total = static_cast<long long>(a.batch) * T * a.q_heads;
+  // Output row of this CTA's row r (r = j * T + t of query head kvh * g + j).
+  auto out_row = [&](int r) {
+    const int rg = row0 + r;
+    return (static_cast<long long>(b) * T + rg % T) * a.q_heads + kvh * g + rg / T;
+  };
+  float* part_o = a.workspace + static_cast<long long>(split) * rows_total * D;
+  float* part_lse = a.workspace + static_cast<long long>(a.num_splits) * rows_total * D + split * rows_total;
+
+  if (nwk == 1) {  // each warp alone on its m-tile: finish in registers, no shared-memory merge
+    if (!has_rows) return;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l[h] += __shfl_xor_sync(kFull, l[h], 1);
+      l[h] += __shfl_xor_sync(kFull, l[h], 2);
+      const int r = mi * 16 + quad_row + 8 * h;
+      if (r >= rows) continue;
+      const long long orow = out_row(r);
+      const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        const float o0 = acc[n][2 * h] * inv, o1 = acc[n][2 * h + 1] * inv;
+        if (direct)
+          *reinterpret_cast<uint32_t*>(a.out + orow * D + n * 8 + quad_col) = pack_bf16(o0, o1);
+        else
+          *reinterpret_cast<float2*>(part_o + orow * D + n * 8 + quad_col) = make_float2(o0, o1);
+      }
+      if (!direct && lane % 4 == 0) part_lse[orow] = l[h] > 0.f ? m[h] + log2f(l[h]) : -INFINITY;
+    }
+    return;
+  }
+
+  __syncthreads();  // the merge scratch reuses the K/V ring
   // Each warp's (m, l, acc) -> shared; l was summed per thread, finish it over the quad.
   if (has_rows) {
 #pragma unroll
@@ -286,93 +327,129 @@ __global__ void __launch_bounds__(kThreads) split_kernel(const DecodeAttentionAr
   }
   __syncthreads();
 
-  // Merge the warps of each m-tile, write the output (direct) or the split's partial.
-  const int rows_total = a.batch * T * a.q_heads;
-  for (int i = tid; i < rows * D; i += kThreads) {
-    const int r = i / D, d = i % D, w0 = (r / 16) * nwk, rr = r % 16;
+  // Merge the warps of each m-tile, 4 columns per thread; write the output (direct) or the partial.
+  for (int i = tid; i < rows * (D / 4); i += kThreads) {
+    const int r = i / (D / 4), d = 4 * (i % (D / 4)), w0 = (r / 16) * nwk, rr = r % 16;
     float mmax = -INFINITY;
     for (int w = w0; w < w0 + nwk; ++w) mmax = fmaxf(mmax, sm[w * 16 + rr]);
     const float base = mmax == -INFINITY ? 0.f : mmax;
-    float lsum = 0.f, o = 0.f;
+    float lsum = 0.f;
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int w = w0; w < w0 + nwk; ++w) {
       const float f = exp2f(sm[w * 16 + rr] - base);
+      const float4 x = *reinterpret_cast<const float4*>(sacc + (w * 16 + rr) * S::kAccPitch + d);
       lsum += f * sl[w * 16 + rr];
-      o += f * sacc[(w * 16 + rr) * S::kAccPitch + d];
+      o.x += f * x.x;
+      o.y += f * x.y;
+      o.z += f * x.z;
+      o.w += f * x.w;
     }
-    o = lsum > 0.f ? o / lsum : 0.f;
-    const int rg = row0 + r, t = rg % T, h = kvh * g + rg / T;
-    const long long orow = (static_cast<long long>(b) * T + t) * a.q_heads + h;
+    const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+    o = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+    const long long orow = out_row(r);
     if (direct) {
-      a.out[orow * D + d] = bf16_bits(o);
+      *reinterpret_cast<uint2*>(a.out + orow * D + d) = make_uint2(pack_bf16(o.x, o.y), pack_bf16(o.z, o.w));
     } else {
-      float* part = a.workspace + (static_cast<long long>(split) * rows_total + orow) * (D + 1);
-      part[d] = o;
-      if (d == 0) part[D] = lsum > 0.f ? mmax + log2f(lsum) : -INFINITY;
+      *reinterpret_cast<float4*>(part_o + orow * D + d) = o;
+      if (d == 0) part_lse[orow] = lsum > 0.f ? mmax + log2f(lsum) : -INFINITY;
     }
   }
 }
 
 // One warp per output row: out = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max), over the
-// splits that had keys (the same split_geometry as the split kernel).
+// splits that had keys (the same split_geometry as the split kernel). Every lse is loaded at once
+// (one per lane and 32 splits), then the partials in split order with independent loads in flight.
 template <int D>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeAttentionArgs a) {
-  constexpr int kPer = D / 32;
+  constexpr int kPer = D / 32;  // consecutive columns per lane: 4 (D 128) or 2 (D 64)
+  constexpr int kLanesSplits = kMaxSplits / 32;
   const int lane = threadIdx.x % 32;
   const long long rows_total = static_cast<long long>(a.batch) * a.tokens * a.q_heads;
   const long long orow = static_cast<long long>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  pdl_launch_dependents();  // the next kernel (the o projection) may start fetching its weights
   // `last` was written before the split kernel started, so it may be read before the PDL wait.
   const int kv_end = visible_end(a.last, a.tokens, a.span, lane);
   const int active = split_geometry(kv_end, a.num_splits).active_splits;
   pdl_wait();
   if (orow >= rows_total) return;
-  const long long split_stride = rows_total * (D + 1);
-  const float* part = a.workspace + orow * (D + 1);
+  const float* part_o = a.workspace + orow * D + lane * kPer;
+  const float* part_lse = a.workspace + static_cast<long long>(a.num_splits) * rows_total * D + orow;
 
-  float mmax = -INFINITY;
-  for (int s = lane; s < active; s += 32) mmax = fmaxf(mmax, part[s * split_stride + D]);
+  float lse[kLanesSplits], mmax = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kLanesSplits; ++j) {
+    const int s = lane + 32 * j;
+    lse[j] = s < active ? part_lse[s * rows_total] : -INFINITY;
+    mmax = fmaxf(mmax, lse[j]);
+  }
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) mmax = fmaxf(mmax, __shfl_xor_sync(kFull, mmax, off));
   const float base = mmax == -INFINITY ? 0.f : mmax;
+  float lsum = 0.f;
+#pragma unroll
+  for (int j = 0; j < kLanesSplits; ++j) {
+    lse[j] = exp2f(lse[j] - base);  // now the split's weight (0 for splits past `active`)
+    lsum += lse[j];
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) lsum += __shfl_xor_sync(kFull, lsum, off);
 
-  float o[kPer], lsum = 0.f;
+  float o[kPer];
 #pragma unroll
-  for (int j = 0; j < kPer; ++j) o[j] = 0.f;
-  for (int s = 0; s < active; ++s) {
-    const float* ps = part + s * split_stride;
-    const float w = exp2f(ps[D] - base);
-    if (w == 0.f) continue;  // warp-uniform: a split where this row saw no key
-    lsum += w;
+  for (int c = 0; c < kPer; ++c) o[c] = 0.f;
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) o[j] += w * ps[lane + 32 * j];
+  for (int j = 0; j < kLanesSplits; ++j) {
+    if (32 * j >= active) break;
+    const int n = min(32, active - 32 * j);
+#pragma unroll 4
+    for (int i = 0; i < n; ++i) {
+      const float w = __shfl_sync(kFull, lse[j], i);
+      const float* ps = part_o + static_cast<long long>(32 * j + i) * rows_total * D;
+      float x[kPer];
+      if constexpr (kPer == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(ps);
+        x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+      } else {
+        const float2 v = *reinterpret_cast<const float2*>(ps);
+        x[0] = v.x, x[1] = v.y;
+      }
+#pragma unroll
+      for (int c = 0; c < kPer; ++c) o[c] += w * x[c];
+    }
   }
   const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) a.out[orow * D + lane + 32 * j] = bf16_bits(o[j] * inv);
+  uint16_t* dst = a.out + orow * D + lane * kPer;
+  if constexpr (kPer == 4)
+    *reinterpret_cast<uint2*>(dst) = make_uint2(pack_bf16(o[0] * inv, o[1] * inv), pack_bf16(o[2] * inv, o[3] * inv));
+  else
+    *reinterpret_cast<uint32_t*>(dst) = pack_bf16(o[0] * inv, o[1] * inv);
 }
 
 template <int D>
 int launch(const DecodeAttentionArgs& a, cudaStream_t stream) {
   constexpr size_t smem = Smem<D>::kBytes;
   // Set on every launch (cheap, host only, legal under graph capture): the attribute is per device.
-  cudaError_t err = cudaFuncSetAttribute(split_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  if (err != cudaSuccess) return (int)err;
   const int rows = (a.q_heads / a.kv_heads) * a.tokens;
-  const dim3 grid(a.num_splits, (rows + kRowsPerCta - 1) / kRowsPerCta, a.batch * a.kv_heads);
-  split_kernel<D><<<grid, kThreads, smem, stream>>>(a);
-  err = cudaGetLastError();
-  if (err != cudaSuccess || a.num_splits == 1) return (int)err;
-
-  const long long out_rows = static_cast<long long>(a.batch) * a.tokens * a.q_heads;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>((out_rows + kWarps - 1) / kWarps));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
+  // One m16 tile per CTA (T = 1 with g <= 16): four warps split each key tile, 16 keys each.
+  auto kernel = rows <= 16 ? split_kernel<D, 16> : split_kernel<D, 32>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (err != cudaSuccess) return (int)err;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(a.num_splits, (rows + kRowsPerCta - 1) / kRowsPerCta, a.batch * a.kv_heads);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
   config.attrs = attribute;
   config.numAttrs = a.pdl ? 1 : 0;
+  err = cudaLaunchKernelEx(&config, kernel, a);
+  if (err != cudaSuccess || a.num_splits == 1) return (int)err;
+
+  const long long out_rows = static_cast<long long>(a.batch) * a.tokens * a.q_heads;
+  config.gridDim = dim3(static_cast<unsigned>((out_rows + kWarps - 1) / kWarps));
+  config.dynamicSmemBytes = 0;
   return (int)cudaLaunchKernelEx(&config, combine_kernel<D>, a);
 }
 

@@ -20,12 +20,13 @@ __global__ void add_rms_norm_kernel(const uint4* __restrict__ x, const uint4* __
                                     uint4* __restrict__ sum, uint4* __restrict__ normed) {
   __shared__ float scratch[33];
   const int64_t row = (int64_t)blockIdx.x * vecs;
-  uint4 s[kVecsPerThread];
+  uint4 s[kVecsPerThread], w[kVecsPerThread];
   float sq = 0.0f;
 #pragma unroll
   for (int i = 0; i < kVecsPerThread; ++i) {
     const int v = threadIdx.x + i * blockDim.x;
     if (v >= vecs) break;
+    w[i] = weight[v];  // loaded with the row, not after the reduction: one memory latency less
     s[i] = x[row + v];
     if (delta != nullptr) {
       const uint4 d = delta[row + v];
@@ -45,10 +46,9 @@ __global__ void add_rms_norm_kernel(const uint4* __restrict__ x, const uint4* __
   for (int i = 0; i < kVecsPerThread; ++i) {
     const int v = threadIdx.x + i * blockDim.x;
     if (v >= vecs) break;
-    const uint4 w = weight[v];
     uint4 out = make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) vec_set(out, j, round_bf16(vec_get(s[i], j) * rstd) * vec_get(w, j));
+    for (int j = 0; j < 8; ++j) vec_set(out, j, round_bf16(vec_get(s[i], j) * rstd) * vec_get(w[i], j));
     normed[row + v] = out;
   }
 }

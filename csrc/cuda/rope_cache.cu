@@ -12,6 +12,7 @@
 
 #include "fused_bf16.cuh"
 #include "specpilot/fused_ops.h"
+#include "split12_launch.h"  // launch_kernel (plain or PDL)
 
 namespace specpilot {
 namespace fused {
@@ -62,6 +63,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
                               int tokens, float eps, uint16_t* __restrict__ q_out, uint16_t* __restrict__ k_cache,
                               uint16_t* __restrict__ v_cache, int64_t slots) {
   constexpr int kHalf = D / 2, P = kHalf / 32;
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);  // no-ops unless launched with PDL
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");     // inputs and cache belong to the kernel before
   const int heads = q.heads + 2 * k.heads;
   const int64_t row = (int64_t)blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= (int64_t)batch * tokens * heads) return;  // whole warp
@@ -140,7 +143,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 int cuda_qk_norm_rope_cache(HeadRows q, HeadRows k, HeadRows v, const uint16_t* q_weight, const uint16_t* k_weight,
                             const uint16_t* cos, const uint16_t* sin, const int64_t* positions, int batch,
                             int tokens, int head_dim, float eps, uint16_t* q_out, uint16_t* k_cache,
-                            uint16_t* v_cache, int64_t slots, void* stream) {
+                            uint16_t* v_cache, int64_t slots, bool pdl, void* stream) {
   if (q.ptr == nullptr) q.heads = 0;
   if (v.heads != k.heads) return (int)cudaErrorInvalidValue;
   const int64_t rows = (int64_t)batch * tokens * (q.heads + 2 * k.heads);
@@ -148,9 +151,9 @@ int cuda_qk_norm_rope_cache(HeadRows q, HeadRows k, HeadRows v, const uint16_t* 
   const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
   if (blocks > INT32_MAX) return (int)cudaErrorInvalidValue;
   auto go = [&](auto kernel) {
-    kernel<<<(unsigned)blocks, kWarpsPerBlock * 32, 0, static_cast<cudaStream_t>(stream)>>>(
-        q, k, v, q_weight, k_weight, cos, sin, positions, batch, tokens, eps, q_out, k_cache, v_cache, slots);
-    return (int)cudaGetLastError();
+    return split12::launch_kernel(kernel, (int)blocks, kWarpsPerBlock * 32, 0, static_cast<cudaStream_t>(stream), pdl,
+                                  q, k, v, q_weight, k_weight, cos, sin, positions, batch, tokens, eps, q_out, k_cache,
+                                  v_cache, slots);
   };
   switch (head_dim) {
     case 64: return go(qk_norm_rope_cache_kernel<64>);

@@ -1,8 +1,9 @@
-// Host-side launch of the split12 kernels and the one-token GEMVs (gemv_m1.cu), plain or with
-// programmatic dependent launch (PDL, sm_90): with pdl the kernel may start while the previous
-// kernel of the stream still runs; the kernels issue their weight loads, then pdl_wait()
-// (split12_kernel.cuh) before x and y. Legal under CUDA-graph capture (the edge becomes a
-// programmatic dependency). Returns a cudaError_t. sm_count(): the persistent grids' size.
+// Host-side launch of the split12 kernels, the one-token GEMVs (gemv_m1.cu) and qk_norm_rope_cache,
+// plain or with programmatic dependent launch (PDL, sm_90): with pdl the kernel may start while
+// the previous kernel of the stream still runs; the kernels issue their independent loads, then
+// griddepcontrol.wait before reading what the previous kernel writes. Legal under CUDA-graph
+// capture (the edge becomes a programmatic dependency). Returns a cudaError_t. sm_count(): the
+// persistent grids' size.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -37,7 +37,8 @@ struct DecodeAttentionArgs {
   const uint16_t* v;
   const int64_t* last;      // [T]
   uint16_t* out;            // [B, T, Hq * D], contiguous
-  float* workspace;         // [num_splits, B * T * Hq, D + 1]: o (normalised) then lse (log2 domain)
+  float* workspace;         // num_splits * B*T*Hq * (D + 1) floats: o [num_splits, B*T*Hq, D] (normalised),
+                            // then lse [num_splits, B*T*Hq] (log2 domain)
   int batch, q_heads, kv_heads, tokens, head_dim, span, num_splits;
   int64_t q_stride[3], k_stride[3], v_stride[3];  // in elements; strides multiple of 8, d stride 1
   float scale;

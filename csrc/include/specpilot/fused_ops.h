@@ -36,10 +36,12 @@ struct HeadRows {
 // Writes q_out [B, Hq, T, D] (normed + RoPE), k_cache[b, h, positions[t], :] (normed + RoPE) and
 // v_cache[b, h, positions[t], :] (copied); caches are [B, Hkv, slots, D], contiguous. A position
 // outside [0, slots) is not written. D in {64, 128, 256}; pointers 2 * D / 64 bytes aligned.
+// pdl: launch with programmatic dependent launch (the kernel waits before its first read).
 int cuda_qk_norm_rope_cache(HeadRows q, HeadRows k, HeadRows v, const uint16_t* q_weight,
                             const uint16_t* k_weight, const uint16_t* cos, const uint16_t* sin,
                             const int64_t* positions, int batch, int tokens, int head_dim, float eps,
-                            uint16_t* q_out, uint16_t* k_cache, uint16_t* v_cache, int64_t slots, void* stream);
+                            uint16_t* q_out, uint16_t* k_cache, uint16_t* v_cache, int64_t slots, bool pdl,
+                            void* stream);
 
 // gate_up [rows, 2I] = [gate | up] -> out [rows, I] = bf16(bf16(silu(gate)) * up), silu in fp32 as
 // torch: x / (1 + expf(-x)). Contiguous; 16-byte loads when I % 8 == 0 and the pointers allow.

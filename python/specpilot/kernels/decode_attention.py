@@ -71,7 +71,9 @@ def decode_attention(q, k, v, last, scale: float, splits: int | None = None) -> 
 
 
 def set_pdl(enable: bool) -> bool:
-    """Launch the combine kernel with programmatic dependent launch; returns the previous setting."""
+    """Launch the attention path (qk_norm_rope_cache, split and combine kernels) with programmatic
+    dependent launch (the default: measured faster); returns the previous setting. Read at launch,
+    so a CUDA graph keeps the setting it was captured with."""
     return bool(_ext.ops().decode_attention_pdl(int(enable)))
 
 

@@ -2,12 +2,13 @@
 
 "specpilot": our split-KV decode / verify kernel (kernels/decode_attention.py) for every call it
 takes (CUDA, bf16, D in {64, 128}, T <= 32, Hq/Hkv <= 8, mask with `last`), SDPA for the rest (the
-prefill); raises if this build has no CUDA kernels. "auto" (default): the kernel where it was
-measured faster than SDPA (cuDNN) on the H200, else SDPA: every T = 1 decode step (Qwen3-8B
-shape, 600 tokens in a 1024-slot span: 12.5 us vs 26.3 us per layer), and T > 1 only over spans
-longer than AUTO_MULTI_ROW_MIN_SPAN (T = 16: 39.1 vs 30.9 us at a 1024 span, 49.3 vs 97.9 us at
-4096). Inside torch.compile (compile_layers) "auto" keeps SDPA. "efficient" / "math" / "cudnn": SDPA restricted to that backend. "matmul": scores =
-q k^T (bmm), + mask, fp32 softmax, p v (bmm): a few small kernels, no SDPA dispatch.
+prefill); raises if this build has no CUDA kernels. "auto" (default): the same, but falls back to
+SDPA quietly where the kernel is not built, and keeps SDPA inside torch.compile (compile_layers).
+The kernel was measured faster than SDPA (cuDNN) on the H200 at every decode / verify shape
+(Qwen3-8B heads, per layer: T = 1 at 600 of 1024 slots 9.2 vs 26.3 us, T = 16 12.3 vs 30.9 us,
+T = 16 at 3000 of 4096 20.0 vs 97.7 us). "efficient" / "math" / "cudnn": SDPA restricted to that
+backend. "matmul": scores = q k^T (bmm), + mask, fp32 softmax, p v (bmm): a few small kernels, no
+SDPA dispatch.
 Exactness: every choice computes softmax(q k^T * scale + mask) v; they differ only by
 floating-point summation order / intermediate precision (the kernel also rounds P to bf16 before
 P.V, as flash attention does; bf16 engines are token-forced against stock; fp32 results agree to
@@ -26,7 +27,6 @@ import torch
 import torch.nn.functional as F
 
 BACKENDS = ("auto", "efficient", "math", "cudnn", "matmul", "specpilot")
-AUTO_MULTI_ROW_MIN_SPAN = 2048   # "auto": T > 1 calls take the kernel only over longer spans
 _current = "auto"
 
 
@@ -55,8 +55,6 @@ def use_decode_kernel(q, k, mask) -> bool:
     if _current == "auto":
         if torch.compiler.is_compiling():
             return False                  # compile_layers traces SDPA, as before the kernel existed
-        if q.shape[2] > 1 and k.shape[2] <= AUTO_MULTI_ROW_MIN_SPAN:
-            return False                  # short multi-row calls: SDPA measured faster
     from specpilot.kernels import decode_attention as kernel
 
     if _current == "specpilot" and q.is_cuda and not kernel.available():
