@@ -117,8 +117,9 @@ __global__ void __launch_bounds__(kThreads) split_kernel(const DecodeAttentionAr
   const int rows = min(kRowsPerCta, g * T - row0);
   const int mtiles = (rows + 15) / 16;
 
-  // `last` was written before the kernel this one follows started (a torch op ahead of the layers),
-  // so it is read before the PDL wait; q and the cache are the previous kernel's until the wait.
+  // `last` comes from a kernel that never triggers early (a torch op ahead of the layers), so every
+  // later kernel, this one included, started after it ended: it is read before the PDL wait. q and
+  // the cache are the previous kernel's until the wait (docs/CONTRACTS.md).
   const int kv_end = visible_end(a.last, T, a.span, lane);
   const SplitGeometry geo = split_geometry(kv_end, a.num_splits);
   const bool direct = a.num_splits == 1;
