@@ -135,8 +135,8 @@ int main(int argc, char** argv) {
     for (int k = 0; k < K; k += 3) w[(2 % N) * K + k] = 0;  // an escape-heavy row
     for (auto& v : x) v = f32_bits_to_bf16_rne(__float_as_uint(nd(rng) * 50));
     const Packed p = pack(w, N, K);
-    const Split12Source s12{p.lo.data(), p.codes.data(), p.base.data(), p.rowptr.data(), p.col.data(),
-                            (const uint16_t*)p.val.data(), (int)round_up_kpad(K)};
+    const Split12Source s12{{p.lo.data(), p.codes.data(), p.base.data(), p.rowptr.data(), p.col.data(),
+                             (const uint16_t*)p.val.data()}, (int)round_up_kpad(K)};
     const Bf16Source b16{w.data(), K, K % 8 == 0};
     const bool xvec = K % 8 == 0;
     const std::vector<uint16_t> nan(M * N, 0x7FC0);

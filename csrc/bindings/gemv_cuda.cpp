@@ -120,7 +120,7 @@ void split12_gemv_m1_cuda(const at::Tensor& lo, const at::Tensor& codes, const a
   SP_CHECK(reinterpret_cast<uintptr_t>(lo.data_ptr()) % 16 == 0 &&
                   reinterpret_cast<uintptr_t>(codes.data_ptr()) % 16 == 0,
            "split12_gemv_m1: lo and codes must start 16-byte aligned (a view with a storage offset? pass .clone())");
-  const Split12Planes w{lo.data_ptr<uint8_t>(), codes.data_ptr<uint8_t>(), base.data_ptr<uint8_t>(),
+  const split12::Split12Planes w{lo.data_ptr<uint8_t>(), codes.data_ptr<uint8_t>(), base.data_ptr<uint8_t>(),
                         esc_rowptr.data_ptr<int32_t>(), esc_col.data_ptr<int32_t>(),
                         reinterpret_cast<const uint16_t*>(esc_val.data_ptr())};
   const c10::cuda::CUDAGuard guard(dev);

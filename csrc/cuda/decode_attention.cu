@@ -17,6 +17,7 @@
 #include <cmath>
 
 #include "specpilot/decode_attention.h"
+#include "split12_launch.h"  // launch_kernel (plain or PDL)
 
 namespace specpilot {
 namespace attention {
@@ -429,29 +430,18 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeAttention
 template <int D>
 int launch(const DecodeAttentionArgs& a, cudaStream_t stream) {
   constexpr size_t smem = Smem<D>::kBytes;
-  // Set on every launch (cheap, host only, legal under graph capture): the attribute is per device.
   const int rows = (a.q_heads / a.kv_heads) * a.tokens;
   // One m16 tile per CTA (T = 1 with g <= 16): four warps split each key tile, 16 keys each.
   auto kernel = rows <= 16 ? split_kernel<D, 16> : split_kernel<D, 32>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  if (err != cudaSuccess) return (int)err;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(a.num_splits, (rows + kRowsPerCta - 1) / kRowsPerCta, a.batch * a.kv_heads);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  config.attrs = attribute;
-  config.numAttrs = a.pdl ? 1 : 0;
-  err = cudaLaunchKernelEx(&config, kernel, a);
-  if (err != cudaSuccess || a.num_splits == 1) return (int)err;
-
+  // Set on every launch (cheap, host only, legal under graph capture): the attribute is per device.
+  int err = (int)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (err != 0) return err;
+  const dim3 grid(a.num_splits, (rows + kRowsPerCta - 1) / kRowsPerCta, a.batch * a.kv_heads);
+  err = split12::launch_kernel(kernel, grid, kThreads, (int)smem, stream, a.pdl, a);
+  if (err != 0 || a.num_splits == 1) return err;
   const long long out_rows = static_cast<long long>(a.batch) * a.tokens * a.q_heads;
-  config.gridDim = dim3(static_cast<unsigned>((out_rows + kWarps - 1) / kWarps));
-  config.dynamicSmemBytes = 0;
-  return (int)cudaLaunchKernelEx(&config, combine_kernel<D>, a);
+  const dim3 combine_grid(static_cast<unsigned>((out_rows + kWarps - 1) / kWarps));
+  return split12::launch_kernel(combine_kernel<D>, combine_grid, kThreads, 0, stream, a.pdl, a);
 }
 
 }  // namespace

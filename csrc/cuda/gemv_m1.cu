@@ -14,7 +14,7 @@
 #include "fused_bf16.cuh"
 #include "gemv_prologue.cuh"
 #include "specpilot/gemv_m1.h"
-#include "split12_launch.h"  // sm_count
+#include "split12_launch.h"  // sm_count, launch_kernel
 
 namespace specpilot {
 namespace gemv {
@@ -108,20 +108,12 @@ int cuda_gemv_m1(const GemvArgs& a, void* stream) {
   int grid = (a.n + rows_per_cta - 1) / rows_per_cta;
   grid = grid < kCtasPerSm * split12::sm_count() ? grid : kCtasPerSm * split12::sm_count();
 
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(grid);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = (size_t)a.k * 2;
-  config.stream = static_cast<cudaStream_t>(stream);
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = a.pdl ? 1 : 0;
+  const size_t smem = (size_t)a.k * 2;
+  const auto s = static_cast<cudaStream_t>(stream);
   switch (a.prologue) {
-    case kGemvAddNorm: return (int)cudaLaunchKernelEx(&config, gemv_kernel<kGemvAddNorm>, a);
-    case kGemvSiluMul: return (int)cudaLaunchKernelEx(&config, gemv_kernel<kGemvSiluMul>, a);
-    default: return (int)cudaLaunchKernelEx(&config, gemv_kernel<kGemvPlain>, a);
+    case kGemvAddNorm: return split12::launch_kernel(gemv_kernel<kGemvAddNorm>, grid, kThreads, (int)smem, s, a.pdl, a);
+    case kGemvSiluMul: return split12::launch_kernel(gemv_kernel<kGemvSiluMul>, grid, kThreads, (int)smem, s, a.pdl, a);
+    default: return split12::launch_kernel(gemv_kernel<kGemvPlain>, grid, kThreads, (int)smem, s, a.pdl, a);
   }
 }
 

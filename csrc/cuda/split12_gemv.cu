@@ -18,7 +18,7 @@ split12_gemv(const uint8_t* lo, const uint8_t* codes, const uint8_t* base, const
   using namespace specpilot::split12;
   pdl_launch_dependents();  // no-op unless the next kernel was launched with PDL
   constexpr int kRowsPerWarp = SPLIT12_GEMV_ROWS_PER_BLOCK / (SPLIT12_GEMV_THREADS / 32);
-  const Split12Source src{lo, codes, base, esc_rowptr, esc_col, esc_val, kpad};
+  const Split12Source src{{lo, codes, base, esc_rowptr, esc_col, esc_val}, kpad};
   const int row0 = blockIdx.x * SPLIT12_GEMV_ROWS_PER_BLOCK + (threadIdx.x / 32) * kRowsPerWarp;
   if (row0 >= N) return;  // whole warp leaves together: the butterfly needs all 32 lanes
   const bool xvec = (K % 8 == 0) && ((reinterpret_cast<unsigned long long>(x) & 15ull) == 0);

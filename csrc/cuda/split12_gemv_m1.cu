@@ -184,9 +184,8 @@ int launch(const Source& src, const GemvArgs& a, void* stream) {
 
 namespace gemv {
 
-int cuda_split12_gemv_m1(const Split12Planes& w, const GemvArgs& a, void* stream) {
-  const split12::Split12Source src{w.lo, w.codes, w.base, w.esc_rowptr, w.esc_col, w.esc_val,
-                                   (int)split12::round_up_kpad(a.k)};
+int cuda_split12_gemv_m1(const split12::Split12Planes& w, const GemvArgs& a, void* stream) {
+  const split12::Split12Source src{w, (int)split12::round_up_kpad(a.k)};
   return split12::launch(src, a, stream);
 }
 

@@ -41,13 +41,7 @@ __device__ __forceinline__ float hi_half_to_float(uint32_t pair) { return __uint
 // fetch (issue the raw 16-byte loads) + decode (bf16x2 words, escapes in place), split so callers
 // can keep several chunks in flight ----
 
-struct Split12Source {
-  const uint8_t* lo;
-  const uint8_t* codes;
-  const uint8_t* base;
-  const int32_t* esc_rowptr;
-  const int32_t* esc_col;
-  const uint16_t* esc_val;
+struct Split12Source : Split12Planes {
   int kpad;
 
   struct Row {

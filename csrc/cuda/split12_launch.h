@@ -28,14 +28,14 @@ inline int sm_count() {
 }
 
 template <class... Params, class... Args>
-int launch_kernel(void (*kernel)(Params...), int grid, int block, int smem, cudaStream_t stream, bool pdl,
+int launch_kernel(void (*kernel)(Params...), dim3 grid, int block, int smem, cudaStream_t stream, bool pdl,
                   Args... args) {
   if (!pdl) {
     kernel<<<grid, block, smem, stream>>>(args...);
     return (int)cudaGetLastError();
   }
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(grid);
+  config.gridDim = grid;
   config.blockDim = dim3(block);
   config.dynamicSmemBytes = smem;
   config.stream = stream;

@@ -61,7 +61,7 @@ int cuda_split12_linear(const uint16_t* x, int M, const uint8_t* lo, const uint8
   if (M < 1 || M > kCudaMaxM || N < 1 || K < 1) return (int)cudaErrorInvalidValue;
   if (M == 1 && (cuda_kernel_variant() == kCudaVariantLatest || cuda_kernel_variant() == kCudaVariantPdl))
     return cuda_split12_gemv(x, lo, codes, base, esc_rowptr, esc_col, esc_val, N, K, y, stream);
-  const Split12Source src{lo, codes, base, esc_rowptr, esc_col, reinterpret_cast<const uint16_t*>(esc_val),
+  const Split12Source src{{lo, codes, base, esc_rowptr, esc_col, reinterpret_cast<const uint16_t*>(esc_val)},
                           (int)round_up_kpad(K)};
   return launch(src, x, M, y, N, K, static_cast<cudaStream_t>(stream));
 }

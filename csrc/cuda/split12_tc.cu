@@ -178,7 +178,7 @@ int cuda_split12_linear_tc(const uint16_t* x, int M, const uint8_t* lo, const ui
                            const int32_t* esc_rowptr, const int32_t* esc_col, const int16_t* esc_val, int N, int K,
                            uint16_t* y, void* stream) {
   if (M < 1 || M > kCudaMaxM || N < 1 || K < 1) return (int)cudaErrorInvalidValue;
-  const Split12Source src{lo, codes, base, esc_rowptr, esc_col, reinterpret_cast<const uint16_t*>(esc_val),
+  const Split12Source src{{lo, codes, base, esc_rowptr, esc_col, reinterpret_cast<const uint16_t*>(esc_val)},
                           (int)round_up_kpad(K)};
   return launch_tc(src, x, M, y, N, K, static_cast<cudaStream_t>(stream));
 }

@@ -14,6 +14,8 @@
 
 #include <cstdint>
 
+#include "specpilot/split12_format.h"  // Split12Planes
+
 namespace specpilot {
 namespace gemv {
 
@@ -39,16 +41,8 @@ int cuda_gemv_m1(const GemvArgs& args, void* stream);
 
 // The same GEMV with split12 weights (csrc/cuda/split12_gemv_m1.cu), in split12's reduction order
 // (split12_format.h: lane l takes the 32-column chunks l, l + 32, ...), so y is bit-identical to
-// split12_linear(in, W). args.w is unused; K % 32 == 0. Planes as in split12_format.h.
-struct Split12Planes {
-  const uint8_t* lo;
-  const uint8_t* codes;
-  const uint8_t* base;
-  const int32_t* esc_rowptr;
-  const int32_t* esc_col;
-  const uint16_t* esc_val;
-};
-int cuda_split12_gemv_m1(const Split12Planes& weights, const GemvArgs& args, void* stream);
+// split12_linear(in, W). args.w is unused; K % 32 == 0.
+int cuda_split12_gemv_m1(const split12::Split12Planes& weights, const GemvArgs& args, void* stream);
 // Its bf16 twin: args.w in split12's order, bit-identical to bf16_linear(in, W) and to the above
 // on the same weights (K % 32 == 0).
 int cuda_bf16_gemv_m1_twin(const GemvArgs& args, void* stream);

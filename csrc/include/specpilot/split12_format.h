@@ -66,6 +66,16 @@ constexpr int kMaxBase = 120;     // base + 7 <= 127 = the largest (e >> 1)
 
 SPLIT12_HD int64_t round_up_kpad(int64_t k) { return (k + kKpadMultiple - 1) / kKpadMultiple * kKpadMultiple; }
 
+// One packed matrix's planes, as the kernels read them (esc_val's int16 bits as uint16).
+struct Split12Planes {
+  const uint8_t* lo;
+  const uint8_t* codes;
+  const uint8_t* base;
+  const int32_t* esc_rowptr;
+  const int32_t* esc_col;
+  const uint16_t* esc_val;
+};
+
 // Byte index and nibble shift of column k inside a row of the codes plane.
 SPLIT12_HD int64_t code_byte(int64_t k) { return (k / 8) * 4 + (k % 8) % 4; }
 SPLIT12_HD int code_shift(int64_t k) { return (k % 8) < 4 ? 0 : 4; }
