@@ -9,7 +9,8 @@ elementwise kernels with SDPA, fused kernels with our decode-attention kernel fo
 fused kernels with "auto" attention (the default: our kernel where it was measured faster), and the
 same with torch's linears routed to cuBLASLt instead of cuBLAS; last, "auto" with the fused one-token
 GEMVs (models/gemv_fusion.py: norm / SwiGLU gate fused into the AR step's linears; late because a
-new kernel that faults must not cost the other rows); last, the same with split12 weights (every
+new kernel that faults must not cost the other rows), then also the skinny tensor-core GEMM for the
+verify and draft linears (models/skinny_linear.py); last, the same with split12 weights (every
 layer's linears and the LM head swapped for Split12Linear, bench.gpu_engine_split12's shared
 planes: the fused split12 GEMV at T = 1, or split12_linear after separate norm / gate kernels;
 the tensor-core kernel for verify). The swap cannot be undone, so they run last.
@@ -22,22 +23,25 @@ import json
 import torch
 
 # (name, fused elementwise kernels, attention backend, cuBLAS library for the linears, fused GEMVs,
-#  weights)
-CONFIGS = (("unfused + SDPA cudnn", False, "cudnn", "cublas", False, "bf16"),
-           ("fused + SDPA cudnn", True, "cudnn", "cublas", False, "bf16"),
-           ("fused + specpilot attention", True, "specpilot", "cublas", False, "bf16"),
-           ("fused + auto attention", True, "auto", "cublas", False, "bf16"),
-           ("fused + auto attention, cuBLASLt", True, "auto", "cublaslt", False, "bf16"),
-           ("fused + auto attention + fused GEMV (AR)", True, "auto", "cublas", True, "bf16"),
-           ("fused + specpilot attention + fused GEMV (AR)", True, "specpilot", "cublas", True, "bf16"),
-           ("fused + auto attention + fused GEMV (AR), split12 weights", True, "auto", "cublas", True, "split12"),
+#  skinny GEMM for the verify / draft linears, weights)
+CONFIGS = (("unfused + SDPA cudnn", False, "cudnn", "cublas", False, False, "bf16"),
+           ("fused + SDPA cudnn", True, "cudnn", "cublas", False, False, "bf16"),
+           ("fused + specpilot attention", True, "specpilot", "cublas", False, False, "bf16"),
+           ("fused + auto attention", True, "auto", "cublas", False, False, "bf16"),
+           ("fused + auto attention, cuBLASLt", True, "auto", "cublaslt", False, False, "bf16"),
+           ("fused + auto attention + fused GEMV (AR)", True, "auto", "cublas", True, False, "bf16"),
+           ("fused + specpilot attention + fused GEMV (AR)", True, "specpilot", "cublas", True, False, "bf16"),
+           ("fused + specpilot attention + fused GEMV (AR) + skinny GEMM (verify, draft)", True, "specpilot",
+            "cublas", True, True, "bf16"),
+           ("fused + auto attention + fused GEMV (AR), split12 weights", True, "auto", "cublas", True, False,
+            "split12"),
            ("fused + auto attention, split12 weights (split12_linear at T = 1)", True, "auto", "cublas", False,
-            "split12"))
+            False, "split12"))
 
 
 def main(argv=None) -> int:
     from specpilot.engine import Engine
-    from specpilot.models import fused_ops, gemv_fusion
+    from specpilot.models import fused_ops, gemv_fusion, skinny_linear
     from specpilot.models.attention_backend import set_attention_backend
     from specpilot.models.random_ckpt import TARGET_PRESETS, drafter_config_for, random_drafter, random_target
 
@@ -50,7 +54,7 @@ def main(argv=None) -> int:
     p.add_argument("--configs", default="", help="1-based indices into CONFIGS to run, e.g. 4,6 (default: all)")
     args = p.parse_args(argv)
     chosen = [CONFIGS[int(i) - 1] for i in args.configs.split(",") if i.strip()] or list(CONFIGS)
-    kinds = [c[5] for c in chosen]
+    kinds = [c[6] for c in chosen]
     if "split12" in kinds and "bf16" in kinds[kinds.index("split12"):]:
         raise SystemExit("engine_ab: the split12 configurations swap the target's weights for good; run them last")
     cfg = TARGET_PRESETS[args.preset]
@@ -58,7 +62,7 @@ def main(argv=None) -> int:
     drafter = random_drafter(drafter_config_for(cfg, num_layers=5, block_size=16), target, seed=1)
     floor = weight_bytes(target) / HBM_BYTES_PER_S * 1e3
     rows, failed, split12_done = [], [], False
-    for name, fused, attention, blas, gemv, weights in chosen:
+    for name, fused, attention, blas, gemv, skinny, weights in chosen:
         if weights == "split12" and not split12_done:
             split12_done = True
             from .gpu_engine_split12 import shared_plane_split12
@@ -67,6 +71,7 @@ def main(argv=None) -> int:
         previous = fused_ops.set_fused_kernels(fused), set_attention_backend(attention)
         previous_gemv = gemv_fusion.set_fused_gemv(gemv)
         previous_split12_gemv = gemv_fusion.set_fused_split12_gemv(gemv and weights == "split12")
+        previous_skinny = skinny_linear.set_skinny_gemm(skinny)
         previous_blas = torch.backends.cuda.preferred_blas_library()    # (called with a name it returns the new one)
         torch.backends.cuda.preferred_blas_library(blas)
         try:
@@ -86,6 +91,7 @@ def main(argv=None) -> int:
         torch.backends.cuda.preferred_blas_library(previous_blas)
         gemv_fusion.set_fused_gemv(previous_gemv)
         gemv_fusion.set_fused_split12_gemv(previous_split12_gemv)
+        skinny_linear.set_skinny_gemm(previous_skinny)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"preset": args.preset, "floor_ms": floor, "rows": rows, "failed": failed}, f, indent=1)

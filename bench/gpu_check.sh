@@ -2,14 +2,14 @@
 # The H200 check: from a clean tree on a bare machine (no network), build the extension with CUDA
 # (sm_90a), run the GPU tests, run the kernel / engine / agent benchmarks, print a short table last.
 # Logs and JSON go to $OUT (the device tool's folder) or out/gpu_check.
-# Usage: bash bench/gpu_check.sh [build|tests|split12|gemv|engine|ab|agents|bench_zoo|bench_8b|scale_8b ...]
+# Usage: bash bench/gpu_check.sh [build|tests|split12|gemv|skinny|engine|ab|agents|bench_zoo|bench_8b|scale_8b ...]
 # (default: all, in order)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/gpu_check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-steps=${*:-build tests split12 gemv engine ab agents bench_zoo bench_8b}
+steps=${*:-build tests split12 gemv skinny engine ab agents bench_zoo bench_8b}
 summary="$OUT/summary.txt"
 : > "$summary"
 
@@ -44,6 +44,7 @@ for step in $steps; do
              tail -1 "$OUT/tests.log" | tee -a "$summary" ;;
     split12) run_step split12 python3 -m specpilot.bench.split12_kernels --out "$OUT/split12.json" ;;
     gemv)    run_step gemv python3 -m specpilot.bench.gemv_kernels --out "$OUT/gemv.json" ;;
+    skinny)  run_step skinny python3 -m specpilot.bench.skinny_kernels --sweep --out "$OUT/skinny.json" ;;
     engine)  run_step engine python3 -m specpilot.bench.gpu_engine --out "$OUT" ;;
     ab)      run_step ab python3 -m specpilot.bench.engine_ab --preset qwen3-8b --out "$OUT/engine_ab.json" ;;
     agents)  run_step agents python3 -m specpilot.bench.gpu_agents --out "$OUT" --total-budget ${AGENTS_BUDGET:-280} ;;
@@ -74,7 +75,7 @@ done
 
 echo
 echo "== tables"
-for name in split12 gemv engine ab agents bench_zoo bench_8b hf_8b; do
+for name in split12 gemv skinny engine ab agents bench_zoo bench_8b hf_8b; do
   [ -f "$OUT/$name.log" ] && { echo "-- $name"; grep -E '^\|' "$OUT/$name.log" | tail -25; }
 done
 echo "== summary"

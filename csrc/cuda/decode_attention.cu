@@ -16,6 +16,7 @@
 
 #include <cmath>
 
+#include "sm90_device.cuh"
 #include "specpilot/decode_attention.h"
 #include "split12_launch.h"  // launch_kernel (plain or PDL)
 
@@ -66,23 +67,14 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* p) 
                : "r"(smem_u32(p)));
 }
 
-// c[16x8] += a[16x16] b[16x8], bf16 in, fp32 accumulate.
-__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lower 16 bits) = lo
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// Programmatic dependent launch (sm_90); both are no-ops when the launch did not ask for PDL.
-__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+using sm90::mma_bf16;
+using sm90::pdl_launch_dependents;
+using sm90::pdl_wait;
 
 // kv_end = clamp(max_t last[t] + 1, 0, span), computed by every lane of the calling warp.
 __device__ __forceinline__ int visible_end(const int64_t* last, int tokens, int span, int lane) {

@@ -18,6 +18,12 @@ __device__ __forceinline__ uint16_t f32_to_bf16(float v) { return __bfloat16_as_
 // Round to bf16 and back: the value a bf16 tensor op would store.
 __device__ __forceinline__ float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
 
+// The SwiGLU gate of one element: bf16(silu(gate)) * up in fp32, silu(g) = g / (1 + expf(-g)) (torch's
+// bf16 silu: the fp32 expression rounded to bf16). The caller rounds the product to bf16.
+__device__ __forceinline__ float silu_times(float gate, float up) {
+  return round_bf16(gate / (1.0f + expf(-gate))) * up;
+}
+
 // 8 bf16 of a uint4 (16-byte vector), element i in half i % 2 of word i / 2 (little-endian memory order).
 __device__ __forceinline__ float vec_get(const uint4& v, int i) {
   const uint32_t w = (&v.x)[i / 2];

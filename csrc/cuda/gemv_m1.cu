@@ -13,6 +13,7 @@
 
 #include "fused_bf16.cuh"
 #include "gemv_prologue.cuh"
+#include "sm90_device.cuh"
 #include "specpilot/gemv_m1.h"
 #include "split12_launch.h"  // sm_count, launch_kernel
 
@@ -28,8 +29,8 @@ constexpr int kUnroll = 8;                    // 16-byte chunks per lane per ste
 constexpr int kStepVecs = kUnroll * 32;       // chunks of a row per warp step
 constexpr int kCtasPerSm = 2;
 
-__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+using sm90::pdl_launch_dependents;
+using sm90::pdl_wait;
 
 // acc += w . x over 8 columns, ascending.
 __device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc) {

@@ -64,7 +64,6 @@ __device__ __forceinline__ void prologue_add_norm(const GemvArgs& a, int kvec, f
 
 template <class Store>
 __device__ __forceinline__ void prologue_silu_mul(const GemvArgs& a, int kvec, Store store) {
-  using fused::round_bf16;
   using fused::vec_get;
   using fused::vec_set;
   const uint4* gate = reinterpret_cast<const uint4*>(a.x);
@@ -73,10 +72,7 @@ __device__ __forceinline__ void prologue_silu_mul(const GemvArgs& a, int kvec, S
     const uint4 g = gate[v], u = up[v];
     uint4 out = make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float gf = vec_get(g, j);
-      vec_set(out, j, round_bf16(gf / (1.0f + expf(-gf))) * vec_get(u, j));
-    }
+    for (int j = 0; j < 8; ++j) vec_set(out, j, fused::silu_times(vec_get(g, j), vec_get(u, j)));
     store(v, out);
   }
 }

@@ -14,10 +14,6 @@ namespace specpilot {
 namespace fused {
 namespace {
 
-__device__ __forceinline__ float silu_times(float gate, float up) {
-  return round_bf16(gate / (1.0f + expf(-gate))) * up;
-}
-
 // VEC = 8: I % 8 == 0 and 16-byte aligned rows; VEC = 1 otherwise.
 template <int VEC>
 __global__ void silu_mul_kernel(const uint16_t* __restrict__ gate_up, int64_t rows, int64_t inter,

@@ -32,6 +32,9 @@ class Settings:
     # One-token steps through our GEMV with the norm / SwiGLU gate fused in (models/gemv_fusion.py);
     # 0 = cuBLAS and the separate kernels, as before it was measured faster.
     fused_gemv: bool = field(default_factory=lambda: _env("SPECPILOT_FUSED_GEMV", "1") == "1")
+    # Steps of 2..16 token rows (verify, draft) through our skinny tensor-core GEMM
+    # (models/skinny_linear.py); off by default: slower than cuBLAS at 8..16 rows on the H200.
+    skinny_gemm: bool = field(default_factory=lambda: _env("SPECPILOT_SKINNY_GEMM", "0") == "1")
 
 
 def get() -> Settings:

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from .config import DrafterConfig
+from . import skinny_linear
 from .fused_ops import add_rms_norm, qk_norm_rope_cache
 from .layers import PreNormBlock, RMSNorm, RopeTables, attend, attention_mask
 
@@ -36,16 +37,16 @@ class DraftAttention(nn.Module):
         """x [B, T, H] -> k (normed, rotated) and v written into k/v_cache [B, Hkv, S, D] at `positions`.
         q [B, T, Hq*D] (the q projection, optional) -> returned normed and rotated, [B, Hq, T, D]."""
         b, t, _ = x.shape
-        k, v = self.kv(x).view(b, t, 2 * self.nkv, self.d).split(self.nkv, dim=2)   # views of [k; v]
+        k, v = skinny_linear.linear(self.kv, x).view(b, t, 2 * self.nkv, self.d).split(self.nkv, dim=2)   # views of [k; v]
         if q is not None:
             q = q.view(b, t, self.nq, self.d)
         return qk_norm_rope_cache(q, k, v, None if q is None else self.q_norm.weight, self.k_norm.weight,
                                   cos, sin, positions, self.k_norm.eps, k_cache, v_cache)
 
     def forward(self, x, cos, sin, positions, k_cache, v_cache, kv_len, mask):
-        q = self.project_to_cache(x, cos, sin, positions, k_cache, v_cache, q=self.q(x))
+        q = self.project_to_cache(x, cos, sin, positions, k_cache, v_cache, q=skinny_linear.linear(self.q, x))
         out = attend(q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], mask, self.scale)
-        return self.o(out)
+        return skinny_linear.linear(self.o, out)
 
 
 class DFlashDrafter(RopeTables, nn.Module):

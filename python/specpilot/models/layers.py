@@ -13,6 +13,7 @@ import math
 import torch
 from torch import nn
 
+from . import skinny_linear
 from .attention_backend import AttentionMask, masked_attention, use_decode_kernel
 from .config import RopeConfig
 from .fused_ops import add_rms_norm, apply_rope, rms_normalize, rotate_half, silu_mul  # noqa: F401 (re-exported)
@@ -64,7 +65,7 @@ class SwiGLU(nn.Module):
         self.down = nn.Linear(inter, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(silu_mul(self.gate_up(x)))
+        return skinny_linear.linear(self.down, silu_mul(skinny_linear.linear(self.gate_up, x)))
 
 
 def attention_mask(visible: torch.Tensor, groups: int, dtype, last: torch.Tensor | None = None) -> AttentionMask:

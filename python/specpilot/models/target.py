@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from .config import TargetConfig
-from . import gemv_fusion
+from . import gemv_fusion, skinny_linear
 from .fused_ops import add_rms_norm, qk_norm_rope_cache
 from .layers import PreNormBlock, RMSNorm, RopeTables, attend, attention_mask
 
@@ -36,7 +36,9 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, positions, k_cache, v_cache, kv_len, mask):
         # x [B, T, H]; cos/sin [T, D]; positions [T]; k/v_cache [B, Hkv, S, D]; mask [1, 1, g*T, kv_len]
-        return self.o(self.attend_qkv(self.qkv(x), cos, sin, positions, k_cache, v_cache, kv_len, mask))
+        qkv = skinny_linear.linear(self.qkv, x)
+        out = self.attend_qkv(qkv, cos, sin, positions, k_cache, v_cache, kv_len, mask)
+        return skinny_linear.linear(self.o, out)
 
     def attend_qkv(self, qkv, cos, sin, positions, k_cache, v_cache, kv_len, mask):
         """Attention from the QKV projection's output [B, T, (Hq + 2 Hkv) D]: [B, T, Hq D], before O."""

@@ -1,0 +1,94 @@
+"""Skinny GEMM on the H200: skinny_gemm (csrc/cuda/skinny_gemm.cu) vs torch bf16 `F.linear` (cuBLAS)
+at a few token rows, Qwen3-8B shapes, inside one CUDA graph over weight copies totalling > 256 MB (so
+weights come from HBM, as in a verify step), replayed; us per call = replay time / calls.
+
+    python -m specpilot.bench.skinny_kernels [--rows 16,8,2] [--sweep] [--out FILE.json]
+
+GB/s counts weight bytes only. --sweep also times every split count at the first row count (the
+planner's pick is marked). Correctness first: each output against torch's within bf16 output
+rounding plus fp32 summation (exit 1 if not).
+"""
+import argparse
+import json
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .gemv_kernels import REPS, ROTATE_BYTES, SHAPES  # the same shapes, measured the same way
+from .timing import time_graph
+
+SWEEP = (1, 2, 3, 4, 6, 8, 12, 16)
+
+
+def skinny_calls(ops, ws, x, splits):
+    from specpilot.models import skinny_linear
+
+    m, n, k = x.shape[0], ws[0].shape[0], ws[0].shape[1]
+    used = splits or ops.skinny_plan_splits(n, k)
+    partials = torch.empty(max(used * m * n, 1), device="cuda")
+    counters = torch.zeros(ops.skinny_counter_count(n), dtype=torch.int32, device="cuda")
+    y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    pdl = skinny_linear._pdl
+    return [lambda w=w: ops.skinny_gemm(w, x, splits, pdl, y, partials, counters) for w in ws], y
+
+
+def main(argv=None) -> int:
+    from specpilot.models import skinny_linear
+
+    p = argparse.ArgumentParser(prog="python -m specpilot.bench.skinny_kernels", description=__doc__.split("\n")[0])
+    p.add_argument("--rows", default="16,8,2", help="token rows M, comma-separated")
+    p.add_argument("--shapes", default=",".join(SHAPES))
+    p.add_argument("--sweep", action="store_true", help="also time every split count at the first M")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    if not (torch.cuda.is_available() and skinny_linear.available()):
+        print("needs a CUDA GPU and specpilot._C built with CUDA kernels")
+        return 2
+    ops = torch.ops.specpilot
+    ms = [int(v) for v in args.rows.split(",")]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rows, ok = [], True
+    for name in args.shapes.split(","):
+        n, k = SHAPES[name]
+        copies = max(1, math.ceil(ROTATE_BYTES / (2 * n * k)))
+        ws = [(torch.randn(n, k, generator=g, device="cuda") * k ** -0.5).to(torch.bfloat16) for _ in range(copies)]
+        planned = ops.skinny_plan_splits(n, k)
+        for i, m in enumerate(ms):
+            x = torch.randn(m, k, generator=g, device="cuda").to(torch.bfloat16)
+            want = F.linear(x, ws[0]).float()
+            calls, y = skinny_calls(ops, ws, x, 0)
+            calls[0]()
+            got = y.float()
+            close = bool(((got - want).abs() <= 2 ** -7 * want.abs() + 1e-2 * want.abs().max()).all())
+            ok &= close
+            us = {"torch": 1e6 * time_graph([lambda w=w: F.linear(x, w) for w in ws], REPS),
+                  "skinny": 1e6 * time_graph(calls, REPS)}
+            sweep = {}
+            if args.sweep and i == 0:
+                for s in SWEEP:
+                    if s <= (k + 127) // 128:
+                        sweep[s] = 1e6 * time_graph(skinny_calls(ops, ws, x, s)[0], REPS)
+            row = {"shape": name, "n": n, "k": k, "m": m, "copies": copies, "splits": planned, "close": close,
+                   "us": us, "sweep_us": sweep, "gbps": {key: 2 * n * k / (t * 1e-6) / 1e9 for key, t in us.items()}}
+            rows.append(row)
+            print(f"# {name} M={m}: torch {us['torch']:.1f} us, skinny {us['skinny']:.1f} us (splits {planned})"
+                  + (", sweep " + ", ".join(f"{s}:{t:.1f}" for s, t in sweep.items()) if sweep else "")
+                  + f", close {close}", flush=True)
+        del ws
+        torch.cuda.empty_cache()
+    print("\n| shape | M | torch us | skinny us | skinny / torch | torch GB/s | skinny GB/s | splits | close |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        us, gb = r["us"], r["gbps"]
+        print(f"| {r['shape']} {r['n']}x{r['k']} | {r['m']} | {us['torch']:.1f} | {us['skinny']:.1f} | "
+              f"{us['skinny'] / us['torch']:.2f} | {gb['torch']:.0f} | {gb['skinny']:.0f} | {r['splits']} | "
+              f"{'yes' if r['close'] else 'NO'} |")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(0), "rows": rows}, f, indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,125 @@
+"""The linears of steps with a few token rows (verify blocks, drafts: 2..16 rows) through our skinny
+tensor-core GEMM (torch.ops.specpilot.skinny_gemm, csrc/cuda/skinny_gemm.cu) instead of cuBLAS:
+`linear(proj, x)` is proj(x): through the kernel when `takes` says yes, else proj's own forward.
+Off by default (`set_skinny_gemm(True)` or SPECPILOT_SKINNY_GEMM=1 turn it on): on the H200 it is
+slower than cuBLAS at 8..16 rows (Qwen3-8B QKV at 16 rows: 22.6 vs 15.2 us; a verify step 6.41 vs
+5.14 ms; docs/PERF_NOTES.md, sixth session), on par at 2 rows.
+`takes` says no when the switch is off or so are
+fused_ops' kernels, the rows are not 2..MAX_ROWS of CUDA bf16, or the linear is not a plain bias-free
+nn.Linear whose bf16 weight the kernel reads (K % 8 == 0, 16-byte aligned). One token row stays
+with gemv_fusion / cuBLAS.
+
+Exactness: fp32 accumulation in one fixed order per weight shape (never dependent on the row count
+or on timing: split-K partials are summed in slice order), so results differ from cuBLAS by
+summation rounding only; bf16 engines are held to token forcing against stock.
+
+Workspace: one split-K buffer (sized for MAX_ROWS rows) and one zeroed counter array per device,
+grown on demand outside CUDA-graph capture (a zero fill captured into a graph would not run until
+its first replay) and never freed (graphs captured earlier keep pointing at them). Kernels on one
+stream only: two streams running skinny GEMMs at once would share the counters.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+from specpilot import _ext, settings
+from specpilot.kernels import registry
+
+from . import fused_ops
+
+MAX_ROWS = 16                          # kMaxM
+
+_enabled = settings.get().skinny_gemm  # SPECPILOT_SKINNY_GEMM
+_pdl = True
+
+
+def set_skinny_gemm(on: bool) -> bool:
+    """Turns the skinny GEMM on or off for steps run or captured from now on; returns the previous."""
+    global _enabled
+    previous, _enabled = _enabled, bool(on)
+    return previous
+
+
+def set_pdl(on: bool) -> bool:
+    """Launch with programmatic dependent launch (default on); returns the previous."""
+    global _pdl
+    previous, _pdl = _pdl, bool(on)
+    return previous
+
+
+def enabled() -> bool:
+    return _enabled
+
+
+@functools.lru_cache(maxsize=None)
+def available() -> bool:
+    """Whether this build has the CUDA op (CPU builds do not)."""
+    return _ext.has_cuda_op("skinny_gemm")
+
+
+def weight_ok(w: torch.Tensor) -> bool:
+    """A weight [N, K] the kernel reads: CUDA bf16, contiguous, 16-byte aligned, K % 8 == 0."""
+    return (w.dim() == 2 and w.is_cuda and w.dtype == torch.bfloat16 and w.is_contiguous()
+            and w.shape[1] % 8 == 0 and w.data_ptr() % 16 == 0)
+
+
+def takes(x: torch.Tensor, *linears) -> bool:
+    """Whether x [..., K] (2..MAX_ROWS rows) runs through the skinny GEMM for these linears."""
+    if not (_enabled and fused_ops.fused_kernels_enabled()) or torch.compiler.is_compiling():
+        return False
+    if not (x.is_cuda and x.dtype == torch.bfloat16 and 2 <= x.numel() // max(x.shape[-1], 1) <= MAX_ROWS):
+        return False
+    return all(type(m) is nn.Linear and m.bias is None and weight_ok(m.weight) for m in linears) and available()
+
+
+class _Workspace:
+    """The split-K partials and row-block counters of one device, grown on demand."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.partials = torch.empty(0, dtype=torch.float32, device=device)
+        self.counters = torch.zeros(0, dtype=torch.int32, device=device)
+        self._retired: list[torch.Tensor] = []          # kept alive for graphs captured earlier
+
+    def buffers(self, n: int, k: int):
+        ops = _ext.ops()
+        floats = ops.skinny_plan_splits(n, k) * MAX_ROWS * n
+        counters = ops.skinny_counter_count(n)
+        if (self.partials.numel() < floats or self.counters.numel() < counters) and \
+                torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"skinny_linear: the workspace for a {n} x {k} weight must exist before CUDA-graph "
+                               "capture; run the step once outside capture first (graphs.GraphedStep warms up)")
+        if self.partials.numel() < floats:
+            self._retired.append(self.partials)
+            self.partials = torch.empty(floats, dtype=torch.float32, device=self.device)
+        if self.counters.numel() < counters:
+            self._retired.append(self.counters)
+            self.counters = torch.zeros(counters, dtype=torch.int32, device=self.device)
+        return self.partials, self.counters
+
+
+_workspaces: dict[torch.device, _Workspace] = {}
+
+
+def _run(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    rows = x.reshape(-1, x.shape[-1])
+    if not (rows.is_contiguous() and rows.data_ptr() % 16 == 0):
+        rows = rows.contiguous()
+    n, k = weight.shape
+    y = x.new_empty(rows.shape[0], n)
+    ws = _workspaces.get(weight.device) or _workspaces.setdefault(weight.device, _Workspace(weight.device))
+    partials, counters = ws.buffers(n, k)
+    _ext.ops().skinny_gemm(weight, rows, 0, _pdl, y, partials, counters)
+    return y.view(*x.shape[:-1], n)
+
+
+def linear(proj: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """proj(x), through the skinny GEMM when `takes(x, proj)`."""
+    return _run(proj.weight, x) if takes(x, proj) else proj(x)
+
+
+registry.register("skinny_gemm", "cuda-sm90a", lambda: available() and torch.cuda.is_available())
+registry.register("skinny_gemm", "torch-linear", lambda: True)

@@ -1,0 +1,163 @@
+"""skinny_gemm (the M <= 16 tensor-core GEMM) on the H200: against an fp64 reference on odd shapes
+and every split count, outputs poisoned with NaN first, a token's output the same at every M and on
+every run, a PDL chain inside a CUDA graph equal to eager launches with the counters left zero, bad
+inputs refused; then a tiny engine's spec tokens with the skinny GEMM on vs off. Skipped on CPU.
+
+Tolerance: fp32 accumulation (tensor-core products are exact, sums in fp32) then one bf16 rounding:
+|y - ref| <= 2^-8 |ref| + K * 2^-23 * (|W| |x|).
+"""
+
+import pytest
+import torch
+
+from conftest import refused_in_subprocess, requires_gpu, switched
+from test_engine_helpers import fresh_seed
+from test_fused_ops_gpu import assert_forks_only_at_a_near_tie, kernel_sized_pair
+
+pytestmark = requires_gpu
+
+
+@pytest.fixture(scope="module")
+def ops():
+    from specpilot.models import skinny_linear
+
+    assert skinny_linear.available(), "the extension was built without skinny_gemm"
+    return torch.ops.specpilot
+
+
+def randn(*shape, g, scale=1.0):
+    return (torch.randn(*shape, generator=g, device="cuda") * scale).to(torch.bfloat16)
+
+
+def workspace(ops, splits, m, n, k):
+    used = splits or ops.skinny_plan_splits(n, k)
+    partials = torch.full((max(used * m * n, 1),), float("nan"), device="cuda")
+    counters = torch.zeros(ops.skinny_counter_count(n), dtype=torch.int32, device="cuda")
+    return partials, counters
+
+
+def run(ops, w, x, splits=0, pdl=True):
+    m, n, k = x.shape[0], w.shape[0], w.shape[1]
+    y = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    partials, counters = workspace(ops, splits, m, n, k)
+    ops.skinny_gemm(w, x, splits, pdl, y, partials, counters)
+    torch.cuda.synchronize()
+    assert (counters == 0).all(), "skinny_gemm left a row-block counter non-zero"
+    return y
+
+
+def assert_close_to_fp64(y, w, x):
+    assert not y.isnan().any(), "skinny_gemm left poisoned (NaN) outputs"
+    ref = x.double() @ w.double().T
+    bound = 2.0 ** -8 * ref.abs() + w.shape[1] * 2.0 ** -23 * (x.double().abs() @ w.double().abs().T) + 1e-30
+    err = (y.double() - ref).abs()
+    assert (err <= bound).all(), f"max err / bound {(err / bound).max().item():.3f}"
+
+
+SHAPES = [(37, 8), (100, 1000), (1000, 4096), (6144, 4096), (4096, 12288), (30011, 512)]
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("m", [1, 2, 7, 9, 16])
+def test_matches_fp64(ops, cuda_gen, n, k, m):
+    w, x = randn(n, k, g=cuda_gen, scale=k ** -0.5), randn(m, k, g=cuda_gen)
+    assert_close_to_fp64(run(ops, w, x), w, x)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 3, 5, 32])
+def test_every_split_count_matches_fp64(ops, cuda_gen, splits):
+    n, k = 300, 4096
+    w, x = randn(n, k, g=cuda_gen, scale=k ** -0.5), randn(16, k, g=cuda_gen)
+    assert_close_to_fp64(run(ops, w, x, splits=splits), w, x)
+
+
+@pytest.mark.parametrize("n,k", [(6144, 4096), (4096, 12288), (100, 1000)])
+def test_a_tokens_output_is_the_same_at_every_m_and_every_run(ops, cuda_gen, n, k):
+    w, x = randn(n, k, g=cuda_gen, scale=k ** -0.5), randn(16, k, g=cuda_gen)
+    full = run(ops, w, x)
+    assert torch.equal(full, run(ops, w, x)), "two runs differ"
+    for m in (1, 3, 8, 9):
+        assert torch.equal(run(ops, w, x[:m].contiguous()), full[:m]), f"M={m} differs from the M=16 rows"
+
+
+def test_pdl_chain_in_a_cuda_graph_equals_eager(ops, cuda_gen):
+    """Three dependent GEMMs (split-K and not) captured with PDL replay to the eager results."""
+    k = 4096
+    w1, w2, w3 = (randn(n, kk, g=cuda_gen, scale=kk ** -0.5) for n, kk in ((6144, k), (k, 6144), (2 * k, k)))
+    x = randn(16, k, g=cuda_gen)
+    ws = [workspace(ops, 0, 16, w.shape[0], w.shape[1]) for w in (w1, w2, w3)]
+    ys = [torch.empty(16, w.shape[0], device="cuda", dtype=torch.bfloat16) for w in (w1, w2, w3)]
+
+    def chain(pdl):
+        ops.skinny_gemm(w1, x, 0, pdl, ys[0], *ws[0])
+        ops.skinny_gemm(w2, ys[0], 0, pdl, ys[1], *ws[1])
+        ops.skinny_gemm(w3, ys[1], 0, pdl, ys[2], *ws[2])
+
+    chain(False)
+    want = [y.clone() for y in ys]
+    for y in ys:
+        y.fill_(float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        chain(True)  # warm-up outside capture
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            chain(True)
+    for _ in range(3):
+        for y in ys:
+            y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, exp in zip(ys, want):
+            assert torch.equal(got, exp)
+    for _, counters in ws:
+        assert (counters == 0).all()
+
+
+def test_bad_inputs_are_refused_with_the_reason(ops):
+    refused_in_subprocess("""
+w = bf(64, 256); x = bf(4, 256); y = bf(4, 64)
+p = torch.zeros(64 * 16 * 64, device="cuda"); c = torch.zeros(8, dtype=torch.int32, device="cuda")
+""", [
+        ("ops.skinny_gemm(w, bf(17, 256), 0, True, bf(17, 64), p, c)", "M must be in 1..16"),
+        ("ops.skinny_gemm(bf(64, 250), bf(4, 250), 0, True, y, p, c)", "K must be a positive multiple of 8"),
+        ("ops.skinny_gemm(w, bf(4, 200), 0, True, y, p, c)", "x must have 256 columns"),
+        ("ops.skinny_gemm(w, x, 0, True, bf(4, 63), p, c)", "y must be"),
+        ("ops.skinny_gemm(w.float(), x, 0, True, y, p, c)", "weight must be BFloat16"),
+        ("ops.skinny_gemm(w, x, 3, True, y, p, c)", "splits must be 0"),
+        ("ops.skinny_gemm(w, x, 2, True, y, torch.zeros(10, device='cuda'), c)", "partials must hold"),
+        ("ops.skinny_gemm(w, x, 2, True, y, p, c[:0])", "counters must hold"),
+        ("ops.skinny_gemm(w, x.cpu(), 0, True, y, p, c)", "x must be a CUDA tensor"),
+    ])
+
+
+def skinny(on: bool):
+    from specpilot.models import skinny_linear
+
+    return switched(skinny_linear.set_skinny_gemm, on)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_engine_spec_with_skinny_gemm_on_vs_off(ops, family, monkeypatch):
+    """The skinny path really runs in the graphed verify and draft steps, and 48 greedy spec tokens
+    are equal with it on and off except at a bf16 near-tie of the kernels-off model."""
+    from specpilot.engine import Engine
+    from specpilot.models import skinny_linear
+
+    seed = fresh_seed()
+    print(f"seed {seed}")
+    target, drafter = kernel_sized_pair(family, seed)
+    prompt = torch.randint(0, target.config.vocab_size, (1, 29), generator=torch.Generator().manual_seed(seed))
+    calls = []
+    real_run = skinny_linear._run
+    monkeypatch.setattr(skinny_linear, "_run", lambda *a: calls.append(1) or real_run(*a))
+    out = {}
+    for on in (True, False):
+        with skinny(on), torch.inference_mode():
+            eng = Engine(target, drafter, max_seq_len=256)
+            out[on] = eng.generate_spec(prompt[0].tolist(), 48).tokens
+        assert bool(calls) == on, f"the skinny path {'did not run' if on else 'ran'} with the switch {on}"
+        calls.clear()
+    assert_forks_only_at_a_near_tie(target, prompt[0].tolist(), out[True], out[False])
