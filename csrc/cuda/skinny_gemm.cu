@@ -203,11 +203,9 @@ int cuda_skinny_gemm(const SkinnyArgs& a, void* stream) {
   const dim3 grid(skinny_counters(a.n), splits);
   const int nt = a.m <= 8 ? 1 : 2;
   const int smem = 2 * nt * 8 * kXRow * 2;
-  const auto s = static_cast<cudaStream_t>(stream);
-  SkinnyArgs args = a;
-  args.splits = splits;
-  if (nt == 1) return split12::launch_kernel(skinny_kernel<1>, grid, kThreads, smem, s, a.pdl, args, cols);
-  return split12::launch_kernel(skinny_kernel<2>, grid, kThreads, smem, s, a.pdl, args, cols);
+  const auto s = static_cast<cudaStream_t>(stream);  // the kernel reads the slice count from gridDim.y
+  if (nt == 1) return split12::launch_kernel(skinny_kernel<1>, grid, kThreads, smem, s, a.pdl, a, cols);
+  return split12::launch_kernel(skinny_kernel<2>, grid, kThreads, smem, s, a.pdl, a, cols);
 }
 
 }  // namespace skinny

@@ -2,8 +2,8 @@
 tensor-core GEMM (torch.ops.specpilot.skinny_gemm, csrc/cuda/skinny_gemm.cu) instead of cuBLAS:
 `linear(proj, x)` is proj(x): through the kernel when `takes` says yes, else proj's own forward.
 Off by default (`set_skinny_gemm(True)` or SPECPILOT_SKINNY_GEMM=1 turn it on): on the H200 it is
-slower than cuBLAS at 8..16 rows (Qwen3-8B QKV at 16 rows: 22.6 vs 15.2 us; a verify step 6.41 vs
-5.14 ms; docs/PERF_NOTES.md, sixth session), on par at 2 rows.
+slower than cuBLAS at 8..16 rows (Qwen3-8B QKV at 16 rows: 22.6 vs 15.7 us; a verify step 6.43 vs
+5.16 ms; docs/PERF_NOTES.md, sixth session), on par at 2 rows. Launched with PDL.
 `takes` says no when the switch is off or so are
 fused_ops' kernels, the rows are not 2..MAX_ROWS of CUDA bf16, or the linear is not a plain bias-free
 nn.Linear whose bf16 weight the kernel reads (K % 8 == 0, 16-byte aligned). One token row stays
@@ -33,20 +33,12 @@ from . import fused_ops
 MAX_ROWS = 16                          # kMaxM
 
 _enabled = settings.get().skinny_gemm  # SPECPILOT_SKINNY_GEMM
-_pdl = True
 
 
 def set_skinny_gemm(on: bool) -> bool:
     """Turns the skinny GEMM on or off for steps run or captured from now on; returns the previous."""
     global _enabled
     previous, _enabled = _enabled, bool(on)
-    return previous
-
-
-def set_pdl(on: bool) -> bool:
-    """Launch with programmatic dependent launch (default on); returns the previous."""
-    global _pdl
-    previous, _pdl = _pdl, bool(on)
     return previous
 
 
@@ -75,6 +67,13 @@ def takes(x: torch.Tensor, *linears) -> bool:
     return all(type(m) is nn.Linear and m.bias is None and weight_ok(m.weight) for m in linears) and available()
 
 
+@functools.lru_cache(maxsize=None)
+def _workspace_size(n: int, k: int) -> tuple:
+    """(partial floats, counters) a launch for an N x K weight needs: asked of the op once per shape."""
+    ops = _ext.ops()
+    return ops.skinny_plan_splits(n, k) * MAX_ROWS * n, ops.skinny_counter_count(n)
+
+
 class _Workspace:
     """The split-K partials and row-block counters of one device, grown on demand."""
 
@@ -85,9 +84,7 @@ class _Workspace:
         self._retired: list[torch.Tensor] = []          # kept alive for graphs captured earlier
 
     def buffers(self, n: int, k: int):
-        ops = _ext.ops()
-        floats = ops.skinny_plan_splits(n, k) * MAX_ROWS * n
-        counters = ops.skinny_counter_count(n)
+        floats, counters = _workspace_size(n, k)
         if (self.partials.numel() < floats or self.counters.numel() < counters) and \
                 torch.cuda.is_current_stream_capturing():
             raise RuntimeError(f"skinny_linear: the workspace for a {n} x {k} weight must exist before CUDA-graph "
@@ -112,7 +109,7 @@ def _run(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     y = x.new_empty(rows.shape[0], n)
     ws = _workspaces.get(weight.device) or _workspaces.setdefault(weight.device, _Workspace(weight.device))
     partials, counters = ws.buffers(n, k)
-    _ext.ops().skinny_gemm(weight, rows, 0, _pdl, y, partials, counters)
+    _ext.ops().skinny_gemm(weight, rows, 0, True, y, partials, counters)
     return y.view(*x.shape[:-1], n)
 
 
