@@ -4,8 +4,8 @@ weights come from HBM, as in a verify step), replayed; us per call = replay time
 
     python -m specpilot.bench.skinny_kernels [--rows 16,8,2] [--sweep] [--out FILE.json]
 
-GB/s counts weight bytes only. --sweep also times every split count at the first row count (the
-planner's pick is marked). Correctness first: each output against torch's within bf16 output
+GB/s counts weight bytes only. --sweep also times several grid sizes (persistent CTAs) at the first
+row count. Correctness first: each output against torch's within bf16 output
 rounding plus fp32 summation (exit 1 if not).
 """
 import argparse
@@ -18,17 +18,16 @@ import torch.nn.functional as F
 from .gemv_kernels import REPS, ROTATE_BYTES, SHAPES  # the same shapes, measured the same way
 from .timing import time_graph
 
-SWEEP = (1, 2, 3, 4, 6, 8, 12, 16)
+SWEEP = (32, 64, 96, 128, 132)
 
 
-def skinny_calls(ops, ws, x, splits):
+def skinny_calls(ops, ws, x, ctas):
     """Launches of skinny_gemm (with PDL, as the engine does) over the weight copies, and their y."""
     m, n, k = x.shape[0], ws[0].shape[0], ws[0].shape[1]
-    used = splits or ops.skinny_plan_splits(n, k)
-    partials = torch.empty(max(used * m * n, 1), device="cuda")
+    partials = torch.empty(ops.skinny_partials_count(ctas or ops.skinny_plan_ctas(n, k), n), device="cuda")
     counters = torch.zeros(ops.skinny_counter_count(n), dtype=torch.int32, device="cuda")
     y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    return [lambda w=w: ops.skinny_gemm(w, x, splits, True, y, partials, counters) for w in ws], y
+    return [lambda w=w: ops.skinny_gemm(w, x, ctas, True, y, partials, counters) for w in ws], y
 
 
 def main(argv=None) -> int:
@@ -37,7 +36,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m specpilot.bench.skinny_kernels", description=__doc__.split("\n")[0])
     p.add_argument("--rows", default="16,8,2", help="token rows M, comma-separated")
     p.add_argument("--shapes", default=",".join(SHAPES))
-    p.add_argument("--sweep", action="store_true", help="also time every split count at the first M")
+    p.add_argument("--sweep", action="store_true", help="also time several grid sizes at the first M")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if not (torch.cuda.is_available() and skinny_linear.available()):
@@ -51,7 +50,7 @@ def main(argv=None) -> int:
         n, k = SHAPES[name]
         copies = max(1, math.ceil(ROTATE_BYTES / (2 * n * k)))
         ws = [(torch.randn(n, k, generator=g, device="cuda") * k ** -0.5).to(torch.bfloat16) for _ in range(copies)]
-        planned = ops.skinny_plan_splits(n, k)
+        planned = ops.skinny_plan_ctas(n, k)
         for i, m in enumerate(ms):
             x = torch.randn(m, k, generator=g, device="cuda").to(torch.bfloat16)
             want = F.linear(x, ws[0]).float()
@@ -64,23 +63,22 @@ def main(argv=None) -> int:
                   "skinny": 1e6 * time_graph(calls, REPS)}
             sweep = {}
             if args.sweep and i == 0:
-                for s in SWEEP:
-                    if s <= (k + 127) // 128:
-                        sweep[s] = 1e6 * time_graph(skinny_calls(ops, ws, x, s)[0], REPS)
-            row = {"shape": name, "n": n, "k": k, "m": m, "copies": copies, "splits": planned, "close": close,
+                for ctas in SWEEP:
+                    sweep[ctas] = 1e6 * time_graph(skinny_calls(ops, ws, x, ctas)[0], REPS)
+            row = {"shape": name, "n": n, "k": k, "m": m, "copies": copies, "ctas": planned, "close": close,
                    "us": us, "sweep_us": sweep, "gbps": {key: 2 * n * k / (t * 1e-6) / 1e9 for key, t in us.items()}}
             rows.append(row)
-            print(f"# {name} M={m}: torch {us['torch']:.1f} us, skinny {us['skinny']:.1f} us (splits {planned})"
+            print(f"# {name} M={m}: torch {us['torch']:.1f} us, skinny {us['skinny']:.1f} us (ctas {planned})"
                   + (", sweep " + ", ".join(f"{s}:{t:.1f}" for s, t in sweep.items()) if sweep else "")
                   + f", close {close}", flush=True)
         del ws
         torch.cuda.empty_cache()
-    print("\n| shape | M | torch us | skinny us | skinny / torch | torch GB/s | skinny GB/s | splits | close |")
+    print("\n| shape | M | torch us | skinny us | skinny / torch | torch GB/s | skinny GB/s | ctas | close |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         us, gb = r["us"], r["gbps"]
         print(f"| {r['shape']} {r['n']}x{r['k']} | {r['m']} | {us['torch']:.1f} | {us['skinny']:.1f} | "
-              f"{us['skinny'] / us['torch']:.2f} | {gb['torch']:.0f} | {gb['skinny']:.0f} | {r['splits']} | "
+              f"{us['skinny'] / us['torch']:.2f} | {gb['torch']:.0f} | {gb['skinny']:.0f} | {r['ctas']} | "
               f"{'yes' if r['close'] else 'NO'} |")
     if args.out:
         with open(args.out, "w") as f:

@@ -1,5 +1,5 @@
 """skinny_gemm (the M <= 16 tensor-core GEMM) on the H200: against an fp64 reference on odd shapes
-and every split count, outputs poisoned with NaN first, a token's output the same at every M and on
+and several grid sizes (row blocks whole or cut in K anywhere), outputs poisoned with NaN first, a token's output the same at every M and on
 every run, a PDL chain inside a CUDA graph equal to eager launches with the counters left zero, bad
 inputs refused; then a tiny engine's spec tokens with the skinny GEMM on vs off. Skipped on CPU.
 
@@ -29,18 +29,18 @@ def randn(*shape, g, scale=1.0):
     return (torch.randn(*shape, generator=g, device="cuda") * scale).to(torch.bfloat16)
 
 
-def workspace(ops, splits, m, n, k):
-    used = splits or ops.skinny_plan_splits(n, k)
-    partials = torch.full((max(used * m * n, 1),), float("nan"), device="cuda")
+def workspace(ops, ctas, n, k):
+    used = ctas or ops.skinny_plan_ctas(n, k)
+    partials = torch.full((ops.skinny_partials_count(used, n),), float("nan"), device="cuda")
     counters = torch.zeros(ops.skinny_counter_count(n), dtype=torch.int32, device="cuda")
     return partials, counters
 
 
-def run(ops, w, x, splits=0, pdl=True):
+def run(ops, w, x, ctas=0, pdl=True):
     m, n, k = x.shape[0], w.shape[0], w.shape[1]
     y = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    partials, counters = workspace(ops, splits, m, n, k)
-    ops.skinny_gemm(w, x, splits, pdl, y, partials, counters)
+    partials, counters = workspace(ops, ctas, n, k)
+    ops.skinny_gemm(w, x, ctas, pdl, y, partials, counters)
     torch.cuda.synchronize()
     assert (counters == 0).all(), "skinny_gemm left a row-block counter non-zero"
     return y
@@ -64,11 +64,13 @@ def test_matches_fp64(ops, cuda_gen, n, k, m):
     assert_close_to_fp64(run(ops, w, x), w, x)
 
 
-@pytest.mark.parametrize("splits", [1, 2, 3, 5, 32])
-def test_every_split_count_matches_fp64(ops, cuda_gen, splits):
+@pytest.mark.parametrize("ctas", [1, 2, 3, 5, 7, 10, 64, 132])
+def test_every_grid_matches_fp64(ops, cuda_gen, ctas):
+    """300 rows = 5 row blocks (the last one partial) x 16 K steps: grids that give each CTA several
+    whole blocks, cut every block in equal pieces, or cut anywhere (a block in up to 3 pieces)."""
     n, k = 300, 4096
     w, x = randn(n, k, g=cuda_gen, scale=k ** -0.5), randn(16, k, g=cuda_gen)
-    assert_close_to_fp64(run(ops, w, x, splits=splits), w, x)
+    assert_close_to_fp64(run(ops, w, x, ctas=ctas), w, x)
 
 
 @pytest.mark.parametrize("n,k", [(6144, 4096), (4096, 12288), (100, 1000)])
@@ -81,17 +83,19 @@ def test_a_tokens_output_is_the_same_at_every_m_and_every_run(ops, cuda_gen, n, 
 
 
 def test_pdl_chain_in_a_cuda_graph_equals_eager(ops, cuda_gen):
-    """Three dependent GEMMs (split-K and not) captured with PDL replay to the eager results."""
+    """Three dependent GEMMs (row blocks whole, and cut anywhere) captured with PDL replay to the eager
+    results."""
     k = 4096
     w1, w2, w3 = (randn(n, kk, g=cuda_gen, scale=kk ** -0.5) for n, kk in ((6144, k), (k, 6144), (2 * k, k)))
     x = randn(16, k, g=cuda_gen)
-    ws = [workspace(ops, 0, 16, w.shape[0], w.shape[1]) for w in (w1, w2, w3)]
+    grids = (0, 100, 0)
+    ws = [workspace(ops, ctas, w.shape[0], w.shape[1]) for ctas, w in zip(grids, (w1, w2, w3))]
     ys = [torch.empty(16, w.shape[0], device="cuda", dtype=torch.bfloat16) for w in (w1, w2, w3)]
 
     def chain(pdl):
-        ops.skinny_gemm(w1, x, 0, pdl, ys[0], *ws[0])
-        ops.skinny_gemm(w2, ys[0], 0, pdl, ys[1], *ws[1])
-        ops.skinny_gemm(w3, ys[1], 0, pdl, ys[2], *ws[2])
+        ops.skinny_gemm(w1, x, grids[0], pdl, ys[0], *ws[0])
+        ops.skinny_gemm(w2, ys[0], grids[1], pdl, ys[1], *ws[1])
+        ops.skinny_gemm(w3, ys[1], grids[2], pdl, ys[2], *ws[2])
 
     chain(False)
     want = [y.clone() for y in ys]
@@ -126,7 +130,7 @@ p = torch.zeros(64 * 16 * 64, device="cuda"); c = torch.zeros(8, dtype=torch.int
         ("ops.skinny_gemm(w, bf(4, 200), 0, True, y, p, c)", "x must have 256 columns"),
         ("ops.skinny_gemm(w, x, 0, True, bf(4, 63), p, c)", "y must be"),
         ("ops.skinny_gemm(w.float(), x, 0, True, y, p, c)", "weight must be BFloat16"),
-        ("ops.skinny_gemm(w, x, 3, True, y, p, c)", "splits must be 0"),
+        ("ops.skinny_gemm(w, x, -1, True, y, p, c)", "ctas must be 0"),
         ("ops.skinny_gemm(w, x, 2, True, y, torch.zeros(10, device='cuda'), c)", "partials must hold"),
         ("ops.skinny_gemm(w, x, 2, True, y, p, c[:0])", "counters must hold"),
         ("ops.skinny_gemm(w, x.cpu(), 0, True, y, p, c)", "x must be a CUDA tensor"),

@@ -1,4 +1,4 @@
-// Schema and CUDA impl of the skinny tensor-core GEMM (csrc/cuda/skinny_gemm.cu) and its split
+// Schema and CUDA impl of the skinny tensor-core GEMM (csrc/cuda/skinny_gemm.cu) and its grid
 // planner. CUDA only (models/skinny_linear.py falls back to torch elsewhere). Out-parameters and a
 // caller-owned workspace, torch's current stream: capturable, allocation-free.
 #include <c10/cuda/CUDAGuard.h>
@@ -27,7 +27,7 @@ void check_tensor(const char* name, const at::Tensor& t, at::ScalarType dtype, i
            " must start 16-byte aligned (pass .contiguous())");
 }
 
-void skinny_gemm_cuda(const at::Tensor& weight, const at::Tensor& x, int64_t splits, bool pdl,
+void skinny_gemm_cuda(const at::Tensor& weight, const at::Tensor& x, int64_t ctas, bool pdl,
                       const at::Tensor& y, const at::Tensor& partials, const at::Tensor& counters) {
   SP_CHECK(weight.dim() == 2, "skinny_gemm: weight must be [N, K], got shape ", weight.sizes());
   const int64_t N = weight.size(0), K = weight.size(1);
@@ -39,14 +39,13 @@ void skinny_gemm_cuda(const at::Tensor& weight, const at::Tensor& x, int64_t spl
   SP_CHECK(x.size(1) == K, "skinny_gemm: x must have ", K, " columns for this weight, got ", x.sizes());
   SP_CHECK(y.dim() == 2 && y.size(0) == M && y.size(1) == N, "skinny_gemm: y must be [", M, ", ", N, "], got ",
            y.sizes());
-  SP_CHECK(splits >= 0 && splits <= (K + 127) / 128, "skinny_gemm: splits must be 0 (auto) or 1..K/128, got ",
-           splits);
+  SP_CHECK(ctas >= 0 && ctas <= 65535, "skinny_gemm: ctas must be 0 (auto) or 1..65535, got ", ctas);
   const at::Device dev = weight.device();
   check_tensor("weight", weight, at::kBFloat16, N * K, dev);
   check_tensor("x", x, at::kBFloat16, M * K, dev);
   check_tensor("y", y, at::kBFloat16, M * N, dev);
-  const int used = splits > 0 ? (int)splits : skinny_splits((int)N, (int)K);
-  check_tensor("partials", partials, at::kFloat, skinny_partials_floats(used, (int)M, (int)N), dev);
+  const int used = ctas > 0 ? (int)ctas : skinny_ctas((int)N, (int)K);
+  check_tensor("partials", partials, at::kFloat, skinny_partials_floats(used, (int)N), dev);
   check_tensor("counters", counters, at::kInt, skinny_counters((int)N), dev);
 
   SkinnyArgs a{};
@@ -58,7 +57,7 @@ void skinny_gemm_cuda(const at::Tensor& weight, const at::Tensor& x, int64_t spl
   a.y = reinterpret_cast<uint16_t*>(y.data_ptr());
   a.partials = partials.data_ptr<float>();
   a.counters = counters.data_ptr<int>();
-  a.splits = used;
+  a.ctas = used;
   a.pdl = pdl;
   const c10::cuda::CUDAGuard guard(dev);
   const int err = cuda_skinny_gemm(a, c10::cuda::getCurrentCUDAStream(dev.index()).stream());
@@ -66,10 +65,16 @@ void skinny_gemm_cuda(const at::Tensor& weight, const at::Tensor& x, int64_t spl
            cudaGetErrorString(static_cast<cudaError_t>(err)));
 }
 
-// The split count skinny_gemm uses for N x K with splits = 0, and the workspace it needs.
-int64_t skinny_plan_splits(int64_t n, int64_t k) {
-  SP_CHECK(n >= 1 && n <= INT32_MAX && k >= 8 && k <= INT32_MAX, "skinny_plan_splits: bad shape ", n, " x ", k);
-  return skinny_splits((int)n, (int)k);
+// The grid skinny_gemm uses for N x K with ctas = 0, and the workspace a grid needs.
+int64_t skinny_plan_ctas(int64_t n, int64_t k) {
+  SP_CHECK(n >= 1 && n <= INT32_MAX && k >= 8 && k <= INT32_MAX, "skinny_plan_ctas: bad shape ", n, " x ", k);
+  return skinny_ctas((int)n, (int)k);
+}
+
+int64_t skinny_partials_count(int64_t ctas, int64_t n) {
+  SP_CHECK(ctas >= 1 && ctas <= 65535 && n >= 1 && n <= INT32_MAX, "skinny_partials_count: bad grid ", ctas,
+           " or N ", n);
+  return skinny_partials_floats((int)ctas, (int)n);
 }
 
 int64_t skinny_counter_count(int64_t n) {
@@ -82,9 +87,10 @@ int64_t skinny_counter_count(int64_t n) {
 }  // namespace specpilot
 
 TORCH_LIBRARY_FRAGMENT(specpilot, m) {
-  m.def("skinny_gemm(Tensor weight, Tensor x, int splits, bool pdl, Tensor(a!) y, "
+  m.def("skinny_gemm(Tensor weight, Tensor x, int ctas, bool pdl, Tensor(a!) y, "
         "Tensor(b!) partials, Tensor(c!) counters) -> ()");
-  m.def("skinny_plan_splits(int n, int k) -> int", &specpilot::skinny::skinny_plan_splits);
+  m.def("skinny_plan_ctas(int n, int k) -> int", &specpilot::skinny::skinny_plan_ctas);
+  m.def("skinny_partials_count(int ctas, int n) -> int", &specpilot::skinny::skinny_partials_count);
   m.def("skinny_counter_count(int n) -> int", &specpilot::skinny::skinny_counter_count);
 }
 

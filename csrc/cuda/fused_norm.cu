@@ -4,10 +4,14 @@
 // Exactness: HF Qwen3/LLaMA RMSNorm arithmetic (fp32 statistics of the bf16 sum, round to bf16, then
 // the bf16 weight multiply rounded to bf16). `sum` is bit-identical to torch's bf16 add; `normed`
 // differs from torch only through the fp32 sum-of-squares order (within 1 bf16 ulp in practice).
+// Launched with PDL: it lets the next kernel start at once (a skinny GEMM then streams its first
+// weights while this runs) and waits for the previous one before reading anything.
 #include <cuda_runtime.h>
 
 #include "fused_bf16.cuh"
+#include "sm90_device.cuh"
 #include "specpilot/fused_ops.h"
+#include "split12_launch.h"  // launch_kernel
 
 namespace specpilot {
 namespace fused {
@@ -19,6 +23,8 @@ __global__ void add_rms_norm_kernel(const uint4* __restrict__ x, const uint4* __
                                     const uint4* __restrict__ weight, int vecs, float inv_hidden, float eps,
                                     uint4* __restrict__ sum, uint4* __restrict__ normed) {
   __shared__ float scratch[33];
+  sm90::pdl_launch_dependents();
+  sm90::pdl_wait();  // x and delta are the previous kernel's outputs
   const int64_t row = (int64_t)blockIdx.x * vecs;
   uint4 s[kVecsPerThread], w[kVecsPerThread];
   float sq = 0.0f;
@@ -63,11 +69,11 @@ int cuda_add_rms_norm(const uint16_t* x, const uint16_t* delta, const uint16_t* 
   // ~2 vectors per thread: enough loads in flight per thread, and a whole row in one block.
   int threads = ((vecs + 1) / 2 + 31) / 32 * 32;
   threads = threads < 32 ? 32 : (threads > 1024 ? 1024 : threads);
-  add_rms_norm_kernel<<<(unsigned)rows, threads, 0, static_cast<cudaStream_t>(stream)>>>(
-      reinterpret_cast<const uint4*>(x), reinterpret_cast<const uint4*>(delta),
-      reinterpret_cast<const uint4*>(weight), vecs, 1.0f / (float)hidden, eps, reinterpret_cast<uint4*>(sum),
-      reinterpret_cast<uint4*>(normed));
-  return (int)cudaGetLastError();
+  return split12::launch_kernel(add_rms_norm_kernel, dim3((unsigned)rows), threads, 0,
+                                static_cast<cudaStream_t>(stream), true, reinterpret_cast<const uint4*>(x),
+                                reinterpret_cast<const uint4*>(delta), reinterpret_cast<const uint4*>(weight), vecs,
+                                1.0f / (float)hidden, eps, reinterpret_cast<uint4*>(sum),
+                                reinterpret_cast<uint4*>(normed));
 }
 
 }  // namespace fused

@@ -5,10 +5,14 @@
 // c10::cuda::compat::exp = expf, IEEE division; neither build uses fast math), so the result is
 // expected bit-identical to F.silu(gate) * up; the GPU test allows 1 bf16 ulp should an expf
 // implementation differ.
+// Launched with PDL: it lets the next kernel start at once (a skinny GEMM then streams its first
+// weights while this runs) and waits for the previous one before reading anything.
 #include <cuda_runtime.h>
 
 #include "fused_bf16.cuh"
+#include "sm90_device.cuh"
 #include "specpilot/fused_ops.h"
+#include "split12_launch.h"  // launch_kernel
 
 namespace specpilot {
 namespace fused {
@@ -18,6 +22,8 @@ namespace {
 template <int VEC>
 __global__ void silu_mul_kernel(const uint16_t* __restrict__ gate_up, int64_t rows, int64_t inter,
                                 uint16_t* __restrict__ out) {
+  sm90::pdl_launch_dependents();
+  sm90::pdl_wait();  // gate_up is the previous kernel's output
   const int64_t per_row = inter / VEC, total = rows * per_row;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t r = i / per_row, c = (i % per_row) * VEC;
@@ -47,12 +53,8 @@ int cuda_silu_mul(const uint16_t* gate_up, int64_t rows, int64_t inter, uint16_t
   int64_t blocks = (items + kThreads - 1) / kThreads;
   blocks = blocks > kMaxBlocks ? kMaxBlocks : blocks;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (vec) {
-    silu_mul_kernel<8><<<(unsigned)blocks, kThreads, 0, s>>>(gate_up, rows, inter, out);
-  } else {
-    silu_mul_kernel<1><<<(unsigned)blocks, kThreads, 0, s>>>(gate_up, rows, inter, out);
-  }
-  return (int)cudaGetLastError();
+  return split12::launch_kernel(vec ? silu_mul_kernel<8> : silu_mul_kernel<1>, dim3((unsigned)blocks), kThreads, 0,
+                                s, true, gate_up, rows, inter, out);
 }
 
 }  // namespace fused

@@ -1,25 +1,24 @@
-// Skinny bf16 GEMM on tensor cores (M <= 16): semantics in specpilot/skinny_gemm.h.
+// Skinny bf16 GEMM on Hopper tensor cores (M <= 16): semantics in specpilot/skinny_gemm.h.
 //
-// Swap-AB: the weight is the MMA's A side (mma.m16n8k16, 16 rows per tile), the tokens its N side
-// (one or two n8 tiles). The dot product runs over k, so any permutation of k applied to A and B
-// alike is free: lane (g, t) = (lane / 4, lane % 4) holds columns 32i + 8t .. 32i + 8t + 7 (i = 0..3)
-// of a 128-column span for rows g and g + 8, loaded as four 16-byte vectors per row. The four lanes
-// of a row then read 64 contiguous bytes per load instruction (whole sectors), and word q of a
-// lane's 16 words feeds mma k-step q / 2 as A's k slots {2t, 2t+1} (q even) or {2t+8, 2t+9} (q odd);
-// B (x) takes the same words at the same columns, so no data moves between lanes.
+// Swap-AB: the weight is the wgmma's A side (m64: 64 weight rows per tile), the token rows its N
+// side (n16, rows past M zero). Both operands are K-major tiles of 64 columns (128 bytes per row)
+// that TMA copies into shared memory in the 128-byte swizzle wgmma reads, so no register holds a
+// weight: the bytes in flight are bounded by the shared-memory ring, not by registers (the limit
+// of the earlier register-ring mma.sync kernel, which lost to cuBLAS at 16 rows: PERF_NOTES,
+// sixth session). A stage is kBoxes boxes side by side in K (512 contiguous bytes per weight row):
+// at one box per stage the same bytes in flight streamed ~20% slower (PERF_NOTES, seventh session).
 //
-// Work split: a CTA of 4 warps owns 64 rows (warp w: rows 16w .. 16w + 15) and one slice of K
-// (grid.y slices). x for the slice goes to shared memory 512 columns (a stage) at a time by
-// cp.async into two buffers, so stage s + 1 lands while stage s is used (rows padded by 64 bytes:
-// the fragment loads are free of bank conflicts); every warp keeps two spans of weights (8 KB) in
-// flight in registers, across stage boundaries. With one slice the CTA writes y; with several,
-// each writes fp32 partials and the last CTA of its row block (an atomic counter it resets) sums
-// them in slice order: deterministic, and no second kernel.
+// Work split: the N / 64 row blocks times K / 256 steps form one list of steps, cut into equal
+// contiguous ranges, one per persistent CTA (balanced to one step whatever the shape). A CTA's
+// range covers pieces ("segments") of one or more row blocks; a block that one CTA covers whole is
+// written straight to y, else each segment's fp32 sums go to `partials` and the last CTA to finish
+// one (an atomic counter per block, reset by that CTA) adds them in K order: deterministic. That
+// round trip costs ~2 us, so skinny_ctas prefers grids whose cuts fall on row-block boundaries.
 //
-// Speed (H200, docs/PERF_NOTES.md, sixth session): at M = 2 on par with cuBLAS (O 11.7 vs 13.1 us),
-// at M = 8..16 slower (QKV M = 16: 22.6 vs 15.2 us); Nsight Compute puts most stall cycles on the
-// shared-memory fragment loads feeding the mma (about 2.7 warps per scheduler to hide them). So
-// models/skinny_linear.py leaves it off by default.
+// Roles: warps 0-3 (one warpgroup) wait for a stage, run its wgmmas, release it; warp 4's lane 0
+// issues the TMA copies kStages steps ahead. With PDL the weight copies of the first stages start
+// before griddepcontrol.wait (weights are never written by the previous kernel; x is).
+#include <cuda.h>  // CUtensorMap
 #include <cuda_runtime.h>
 
 #include "fused_bf16.cuh"  // f32_to_bf16
@@ -31,181 +30,238 @@ namespace specpilot {
 namespace skinny {
 namespace {
 
-constexpr int kWarps = kRowsPerCta / 16;
-constexpr int kThreads = kWarps * 32;
-constexpr int kSpan = 128;                      // columns per warp step
-constexpr int kStageCols = 512;                 // x columns per shared-memory stage (two buffers)
-constexpr int kSpansPerStage = kStageCols / kSpan;
-constexpr int kDepth = 2;                       // spans of weights in flight per warp
-constexpr int kXRow = kStageCols + 32;          // bf16 per staged x row: +64 bytes against bank conflicts
+constexpr int kStages = 3;
+constexpr int kBoxes = 4;          // TMA boxes of kBlockK columns per stage
+constexpr int kStepK = kBlockK * kBoxes;
+constexpr int kConsumers = 128;  // one warpgroup
+constexpr int kThreads = kConsumers + 32;
+constexpr int kWTileBytes = kRowsPerCta * kBlockK * 2;
+constexpr int kXTileBytes = kMaxM * kBlockK * 2;
+constexpr int kStageBytes = kBoxes * (kWTileBytes + kXTileBytes);  // multiple of 1024: tiles stay aligned
+constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;  // + mbarriers, alignment slack
 
-using sm90::pdl_launch_dependents;
-using sm90::pdl_wait;
+struct Plan {
+  uint16_t* y;
+  float* partials;
+  int* counters;
+  int n, m;
+  int k_steps;      // K steps per row block
+  int64_t steps;    // row blocks * k_steps
+};
 
-// Word q (0..15) of four 16-byte vectors.
-__device__ __forceinline__ uint32_t word(const uint4* v, int q) { return (&v[q / 4].x)[q % 4]; }
+using sm90::fence_register;
 
-// Issue the copies of x columns [c0, c0 + kStageCols) of the NT * 8 token rows into `xs` (zeros
-// past M and past the slice end `c_end`), as one cp.async group (16-byte copies, L2 only).
-template <int NT>
-__device__ __forceinline__ void stage_x(const SkinnyArgs& a, int c0, int c_end, uint16_t* xs) {
-  constexpr int kVecs = kStageCols / 8;
-  for (int v = threadIdx.x; v < NT * 8 * kVecs; v += kThreads) {
-    const int m = v / kVecs, c = (v % kVecs) * 8;
-    const bool in = m < a.m && c0 + c < c_end;  // K % 8 == 0: a vector is all in or all out
-    const uint16_t* src = in ? a.x + (int64_t)m * a.k + c0 + c : a.x;
-    const uint32_t dst = (uint32_t)__cvta_generic_to_shared(xs + m * kXRow + c);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(in ? 16 : 0) : "memory");
-  }
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
+// First step of CTA c's range, and the CTA whose range holds step s (inverse of the cut).
+__device__ __forceinline__ int64_t range_start(int64_t c, int64_t steps, int ctas) { return c * steps / ctas; }
+__device__ __forceinline__ int owner(int64_t s, int64_t steps, int ctas) { return (int)(((s + 1) * ctas - 1) / steps); }
+
+__device__ __forceinline__ void consumer_barrier() { asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory"); }
+
+// Accumulator element i of this thread (wgmma m64n16 layout): tile row (weight row in the block), token.
+__device__ __forceinline__ int acc_row(int i) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  return 16 * warp + lane / 4 + ((i & 2) ? 8 : 0);
 }
+__device__ __forceinline__ int acc_token(int i) { return 8 * (i / 4) + 2 * (threadIdx.x % 4) + (i & 1); }
 
-template <int NT>
-__global__ void __launch_bounds__(kThreads) skinny_kernel(const SkinnyArgs a, int slice_cols) {
-  extern __shared__ __align__(16) uint16_t xs[];  // [2][NT * 8][kXRow]
-  __shared__ int is_last;
-  pdl_launch_dependents();  // the next kernel (if PDL) may start its own weight loads now
-
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int k_begin = blockIdx.y * slice_cols;
-  const int k_end = min(a.k, k_begin + slice_cols);
-  const int spans = (k_end - k_begin + kSpan - 1) / kSpan;
-  const int row0 = blockIdx.x * kRowsPerCta + warp * 16;
-  // Rows past N (the last CTA) read row N - 1 again and are never written.
-  const uint16_t* w_lo = a.w + (int64_t)min(row0 + g, a.n - 1) * a.k;
-  const uint16_t* w_hi = a.w + (int64_t)min(row0 + g + 8, a.n - 1) * a.k;
-
-  uint4 ring[kDepth][8];  // [span % kDepth][row g: 0..3, row g + 8: 4..7]
-  auto fetch = [&](int span, uint4 (&buf)[8]) {
+// The segment of `block` just finished by this CTA: straight to y if the CTA covered the whole
+// block, else through the partials (the last segment to arrive sums all of them in K order).
+__device__ void flush(const Plan& a, int block, float (&acc)[8], int* is_last) {
+  const int ctas = gridDim.x;
+  const int first = owner((int64_t)block * a.k_steps, a.steps, ctas);
+  const int last = owner((int64_t)(block + 1) * a.k_steps - 1, a.steps, ctas);
+  const int row0 = block * kRowsPerCta;
+  if (first == last) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int col = k_begin + span * kSpan + 32 * i + 8 * t;
-      const bool in = span < spans && col < k_end;  // K % 8 == 0: a vector is all in or all out
-      buf[i] = in ? __ldcs(reinterpret_cast<const uint4*>(w_lo + col)) : make_uint4(0u, 0u, 0u, 0u);
-      buf[4 + i] = in ? __ldcs(reinterpret_cast<const uint4*>(w_hi + col)) : make_uint4(0u, 0u, 0u, 0u);
+    for (int i = 0; i < 8; ++i) {
+      const int row = row0 + acc_row(i), token = acc_token(i);
+      if (row < a.n && token < a.m) a.y[(int64_t)token * a.n + row] = fused::f32_to_bf16(acc[i]);
     }
-  };
-#pragma unroll
-  for (int d = 0; d < kDepth; ++d) fetch(d, ring[d]);
-  pdl_wait();  // x, the workspace and y belong to the previous kernel until now
-  stage_x<NT>(a, k_begin, k_end, xs);
-
-  float acc[NT][4];
-#pragma unroll
-  for (int j = 0; j < NT; ++j)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
-
-  for (int s = 0; s < spans; s += kDepth) {
-#pragma unroll
-    for (int d = 0; d < kDepth; ++d) {
-      const int span = s + d;
-      if (span >= spans) break;  // uniform over the CTA
-      const int stage = span / kSpansPerStage;
-      const uint16_t* buf = xs + (stage % 2) * (NT * 8 * kXRow);
-      if (span % kSpansPerStage == 0) {
-        asm volatile("cp.async.wait_group 0;\n" ::: "memory");  // this thread's copies of `stage`
-        __syncthreads();  // everyone's copies landed, and every warp is done with stage - 1
-        if ((stage + 1) * kSpansPerStage < spans)
-          stage_x<NT>(a, k_begin + (stage + 1) * kStageCols, k_end, xs + ((stage + 1) % 2) * (NT * 8 * kXRow));
-      }
-      uint4 cur[8];  // row g: 0..3, row g + 8: 4..7
-#pragma unroll
-      for (int i = 0; i < 8; ++i) cur[i] = ring[d][i];
-      fetch(span + kDepth, ring[d]);  // in flight while `cur` is used
-      const int col = (span % kSpansPerStage) * kSpan + 8 * t;
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        const uint16_t* xrow = buf + (8 * j + g) * kXRow + col;  // token 8j + g, the lane's columns
-        uint4 xv[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) xv[i] = *reinterpret_cast<const uint4*>(xrow + 32 * i);
-#pragma unroll
-        for (int q = 0; q < 16; q += 2) {
-          const uint32_t a[4] = {word(cur, q), word(cur + 4, q), word(cur, q + 1), word(cur + 4, q + 1)};
-          sm90::mma_bf16(acc[j], a, word(xv, q), word(xv, q + 1));
-        }
-      }
-    }
+    return;
   }
-
-  // C fragment: acc[j][0..1] = row g, tokens 8j + 2t, 8j + 2t + 1; acc[j][2..3] = row g + 8.
-  const bool split = gridDim.y > 1;
-  float* part = split ? a.partials + (int64_t)blockIdx.y * a.m * a.n : nullptr;
+  constexpr int kSlot = kRowsPerCta * kMaxM;
+  float* mine = a.partials + (int64_t)(blockIdx.x + block) * kSlot;  // segment ids: CTA + block
 #pragma unroll
-  for (int j = 0; j < NT; ++j)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int token = 8 * j + 2 * t + (i & 1), row = row0 + g + (i >= 2 ? 8 : 0);
-      if (token >= a.m || row >= a.n) continue;
-      if (split) part[(int64_t)token * a.n + row] = acc[j][i];
-      else a.y[(int64_t)token * a.n + row] = fused::f32_to_bf16(acc[j][i]);
-    }
-  if (!split) return;
-
-  __threadfence();  // this thread's partials are visible device-wide before the CTA is counted
-  __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(a.counters + blockIdx.x, 1) == (int)gridDim.y - 1;
-  __syncthreads();
-  if (!is_last) return;
+  for (int i = 0; i < 8; ++i) __stcg(mine + acc_row(i) * kMaxM + acc_token(i), acc[i]);
+  __threadfence();  // this thread's partials are visible device-wide before the segment is counted
+  consumer_barrier();
+  if (threadIdx.x == 0) *is_last = atomicAdd(a.counters + block, 1) == last - first;
+  consumer_barrier();
+  if (!*is_last) return;
   __threadfence();
-  const int rows = min(kRowsPerCta, a.n - (int)blockIdx.x * kRowsPerCta);
-  for (int idx = threadIdx.x; idx < rows * a.m; idx += kThreads) {
-    const int64_t at = (int64_t)(idx / rows) * a.n + blockIdx.x * kRowsPerCta + idx % rows;
-    float sum = __ldcg(a.partials + at);
-    for (int s = 1; s < (int)gridDim.y; ++s) sum += __ldcg(a.partials + (int64_t)s * a.m * a.n + at);  // slice order
-    a.y[at] = fused::f32_to_bf16(sum);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int row = row0 + acc_row(i), token = acc_token(i), at = acc_row(i) * kMaxM + token;
+    float sum = __ldcg(a.partials + (int64_t)(first + block) * kSlot + at);
+    for (int c = first + 1; c <= last; ++c) sum += __ldcg(a.partials + (int64_t)(c + block) * kSlot + at);
+    if (row < a.n && token < a.m) a.y[(int64_t)token * a.n + row] = fused::f32_to_bf16(sum);
   }
-  if (threadIdx.x == 0) a.counters[blockIdx.x] = 0;  // ready for the next launch
+  if (threadIdx.x == 0) a.counters[block] = 0;  // ready for the next launch
 }
 
-// Columns per slice for `splits` slices: whole spans.
-int slice_cols(int k, int splits) {
-  const int spans = (k + kSpan - 1) / kSpan;
-  return (spans + splits - 1) / splits * kSpan;
+__global__ void __launch_bounds__(kThreads) skinny_kernel(const __grid_constant__ CUtensorMap w_map,
+                                                          const __grid_constant__ CUtensorMap x_map, const Plan a) {
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ int is_last;
+  const uint32_t base = (sm90::smem_u32(smem_raw) + 1023) & ~1023u;  // swizzled tiles: 1024-byte aligned
+  const uint32_t bars = base + kStages * kStageBytes;
+  auto full = [&](int stage) { return bars + 8 * stage; };                // TMA bytes landed
+  auto empty = [&](int stage) { return bars + 8 * (kStages + stage); };   // consumers done with it
+  sm90::pdl_launch_dependents();  // the next kernel (if PDL) may start its own weight loads now
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      sm90::mbar_init(full(s), 1);
+      sm90::mbar_init(empty(s), kConsumers);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the TMA unit
+  }
+  __syncthreads();
+
+  const int64_t first = range_start(blockIdx.x, a.steps, gridDim.x);
+  const int count = (int)(range_start(blockIdx.x + 1, a.steps, gridDim.x) - first);
+
+  if (threadIdx.x >= kConsumers) {  // producer: one thread issues every copy
+    if (threadIdx.x != kConsumers) return;
+    auto load_w = [&](int i) {
+      const int64_t s = first + i;
+      const int stage = i % kStages;
+      sm90::mbar_arrive_expect_tx(full(stage), kStageBytes);
+      for (int b = 0; b < kBoxes; ++b) {
+        const uint32_t dst = base + stage * kStageBytes + b * kWTileBytes;
+        const int col = (int)(s % a.k_steps) * kStepK + b * kBlockK, row = (int)(s / a.k_steps) * kRowsPerCta;
+        sm90::tma_load_2d_evict_first(dst, &w_map, col, row, full(stage));  // weights are read once
+      }
+    };
+    auto load_x = [&](int i) {
+      const int64_t s = first + i;
+      const int stage = i % kStages;
+      for (int b = 0; b < kBoxes; ++b)
+        sm90::tma_load_2d(base + stage * kStageBytes + kBoxes * kWTileBytes + b * kXTileBytes, &x_map,
+                          (int)(s % a.k_steps) * kStepK + b * kBlockK, 0, full(stage));
+    };
+    const int ahead = min(kStages, count);
+    for (int i = 0; i < ahead; ++i) load_w(i);
+    sm90::pdl_wait();  // x belongs to the previous kernel until now
+    for (int i = 0; i < ahead; ++i) load_x(i);
+    for (int i = ahead; i < count; ++i) {
+      sm90::mbar_wait(empty(i % kStages), (i / kStages - 1) & 1);
+      load_w(i);
+      load_x(i);
+    }
+    return;
+  }
+
+  sm90::pdl_wait();  // y, the partials and the counters belong to the previous kernel until now
+  float acc[8] = {};  // this thread's part of the 64 x 16 tile (acc_row, acc_token)
+  for (int i = 0; i < count; ++i) {
+    const int64_t s = first + i;
+    const int stage = i % kStages;
+    sm90::mbar_wait(full(stage), (i / kStages) & 1);
+    const uint32_t w_tiles = base + stage * kStageBytes, x_tiles = w_tiles + kBoxes * kWTileBytes;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) fence_register(acc[j]);
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int b = 0; b < kBoxes; ++b)
+#pragma unroll
+      for (int kk = 0; kk < kBlockK / 16; ++kk)
+        sm90::wgmma_m64n16k16_bf16(acc, sm90::wgmma_desc_sw128(w_tiles + b * kWTileBytes + 32 * kk),
+                                   sm90::wgmma_desc_sw128(x_tiles + b * kXTileBytes + 32 * kk));
+    sm90::wgmma_commit();
+    sm90::wgmma_wait_all();
+#pragma unroll
+    for (int j = 0; j < 8; ++j) fence_register(acc[j]);
+    sm90::mbar_arrive(empty(stage));
+    if (s % a.k_steps == a.k_steps - 1 || i == count - 1) {  // the end of a segment
+      flush(a, (int)(s / a.k_steps), acc, &is_last);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] = 0.0f;
+    }
+  }
+}
+
+// cuTensorMapEncodeTiled from the driver, looked up once (no link-time dependency on libcuda).
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+EncodeTiled encode_tiled() {
+  static const EncodeTiled fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      return static_cast<EncodeTiled>(nullptr);
+    return reinterpret_cast<EncodeTiled>(p);
+  }();
+  return fn;
+}
+
+// A [rows, cols] bf16 row-major matrix read in boxes of box_rows x kBlockK, 128-byte swizzled;
+// boxes past the edges are zero-filled.
+bool tile_map(CUtensorMap* map, const uint16_t* ptr, int rows, int cols, int box_rows) {
+  const EncodeTiled encode = encode_tiled();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
+  const cuuint64_t strides[1] = {(cuuint64_t)cols * 2};
+  const cuuint32_t box[2] = {kBlockK, (cuuint32_t)box_rows};
+  const cuuint32_t element_strides[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(ptr), dims, strides, box,
+                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The kernel's dynamic shared memory is above the 48 KB default: raise its limit once.
+int allow_smem() {
+  static const int err = (int)cudaFuncSetAttribute(skinny_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   kSmemBytes);
+  return err;
+}
+
+int64_t total_steps(int n, int k) {
+  return (int64_t)skinny_counters(n) * ((k + kStepK - 1) / kStepK);
 }
 
 }  // namespace
 
 int skinny_counters(int n) { return (n + kRowsPerCta - 1) / kRowsPerCta; }
 
-int64_t skinny_partials_floats(int splits, int m, int n) { return splits > 1 ? (int64_t)splits * m * n : 0; }
+int64_t skinny_partials_floats(int ctas, int n) { return (int64_t)(ctas + skinny_counters(n)) * kRowsPerCta * kMaxM; }
 
-// Time model in spans per SM: ceil(CTAs / SMs) waves of (spans per slice + 3 for the first stage's
-// latency and the reduction; fitted to a sweep on the H200, docs/PERF_NOTES.md); at least two CTAs
-// per SM where the shape allows, then the fewest slices.
-int skinny_splits(int n, int k) {
-  const int spans = (k + kSpan - 1) / kSpan, blocks = skinny_counters(n), sms = split12::sm_count();
-  int best = 1;
-  int64_t best_time = INT64_MAX;
-  bool best_fills = false;
-  for (int s = 1; s <= spans && s <= 32; ++s) {
-    const int per = (spans + s - 1) / s, slices = (spans + per - 1) / per;
-    if (slices != s) continue;  // the same slicing as a smaller s
-    const int64_t ctas = (int64_t)blocks * slices;
-    const int64_t time = (ctas + sms - 1) / sms * (per + 3);
-    const bool fills = ctas >= 2 * sms;
-    if ((fills && !best_fills) || (fills == best_fills && time < best_time)) {
-      best = s;
-      best_time = time;
-      best_fills = fills;
-    }
-  }
-  return best;
+// The grid, at most one CTA per SM (two per SM measured slower: more rows streamed at once). A
+// CTA covering whole row blocks writes y directly; a split block costs the partials round trip
+// (~2 us); fewer CTAs stream less in total. Measured on the H200 (PERF_NOTES, seventh session), in
+// order of preference: whole row blocks per CTA on at least half the SMs, or on a quarter when each
+// CTA streams at most 1 MB; else each row block cut into equal K pieces on at least half the SMs;
+// else one CTA per SM with the cuts anywhere.
+int skinny_ctas(int n, int k) {
+  const int64_t steps = total_steps(n, k);
+  const int blocks = skinny_counters(n), k_steps = (int)(steps / blocks), sms = split12::sm_count();
+  int whole = 0, cut = 0;
+  for (int j = 1; j <= blocks && whole == 0; ++j)
+    if (blocks % j == 0 && blocks / j <= sms) whole = blocks / j;
+  for (int j = 2; j <= k_steps && (int64_t)blocks * j <= sms; ++j)
+    if (k_steps % j == 0) cut = blocks * j;
+  const int64_t bytes_per_cta = (int64_t)n * k * 2 / std::max(whole, 1);
+  if (2 * whole >= sms || (4 * whole >= sms && bytes_per_cta <= (1 << 20))) return whole;
+  if (2 * cut >= sms) return cut;
+  return (int)std::min<int64_t>(steps, sms);
 }
 
 int cuda_skinny_gemm(const SkinnyArgs& a, void* stream) {
   if (a.n < 1 || a.k < 8 || a.k % 8 != 0 || a.m < 1 || a.m > kMaxM) return (int)cudaErrorInvalidValue;
-  const int splits_wanted = a.splits > 0 ? a.splits : skinny_splits(a.n, a.k);
-  const int cols = slice_cols(a.k, splits_wanted);
-  const int splits = (a.k + cols - 1) / cols;
-  if (splits > 1 && (a.partials == nullptr || a.counters == nullptr)) return (int)cudaErrorInvalidValue;
-  const dim3 grid(skinny_counters(a.n), splits);
-  const int nt = a.m <= 8 ? 1 : 2;
-  const int smem = 2 * nt * 8 * kXRow * 2;
-  const auto s = static_cast<cudaStream_t>(stream);  // the kernel reads the slice count from gridDim.y
-  if (nt == 1) return split12::launch_kernel(skinny_kernel<1>, grid, kThreads, smem, s, a.pdl, a, cols);
-  return split12::launch_kernel(skinny_kernel<2>, grid, kThreads, smem, s, a.pdl, a, cols);
+  const int64_t steps = total_steps(a.n, a.k);
+  const int ctas = a.ctas > 0 ? (int)std::min<int64_t>(a.ctas, steps) : skinny_ctas(a.n, a.k);
+  if (a.partials == nullptr || a.counters == nullptr) return (int)cudaErrorInvalidValue;
+  CUtensorMap w_map, x_map;
+  if (!tile_map(&w_map, a.w, a.n, a.k, kRowsPerCta) || !tile_map(&x_map, a.x, a.m, a.k, kMaxM))
+    return (int)cudaErrorInvalidValue;
+  if (const int err = allow_smem()) return err;
+  Plan plan{a.y, a.partials, a.counters, a.n, a.m, (a.k + kStepK - 1) / kStepK, steps};
+  return split12::launch_kernel(skinny_kernel, dim3(ctas), kThreads, kSmemBytes, static_cast<cudaStream_t>(stream),
+                                a.pdl, w_map, x_map, plan);
 }
 
 }  // namespace skinny

@@ -1,5 +1,6 @@
 // Device helpers shared by the hand-written sm_90 kernels (decode attention, the one-token GEMV,
-// the skinny GEMM): programmatic dependent launch and the bf16 tensor-core mma. (The split12
+// the skinny GEMM): programmatic dependent launch, the bf16 tensor-core mma, and the Hopper
+// asynchronous pieces (mbarriers, TMA tile loads, warpgroup mma reading shared memory). (The split12
 // kernels keep their own copies in split12_kernel.cuh, which NVRTC and the host emulation test
 // compile on their own.)
 #pragma once
@@ -25,6 +26,69 @@ __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+
+// Shared-memory address of a generic pointer into shared memory.
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// mbarriers (shared::cta). A phase completes when `count` arrivals and every expected TMA byte
+// have come in; wait(parity) returns once the phase of that parity has completed.
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Arrive once and expect `bytes` of TMA transactions in this phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// TMA: the box of a 2-D tensor map at element coordinates (c0 innermost, c1) into shared memory,
+// completing `bytes` on `bar`. `map` is a __grid_constant__ kernel parameter.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, int c0, int c1, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+// The same with an L2 eviction-priority hint (evict_first for data read once).
+__device__ __forceinline__ void tma_load_2d_evict_first(uint32_t dst, const void* map, int c0, int c1, uint32_t bar) {
+  asm volatile(
+      "{\n.reg .b64 policy;\ncreatepolicy.fractional.L2::evict_first.b64 policy, 1.0;\n"
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3}], [%4], policy;\n}\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+
+// wgmma shared-memory descriptor of a K-major bf16 tile with 128-byte rows in the 128-byte swizzle
+// that TMA writes (tile 1024-byte aligned; 8-row groups 1024 bytes apart). The k-th 16-column
+// slice of the tile starts `32 * k` bytes further.
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t addr) {
+  return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
+}
+
+// d[64 x 16] += a[64 x 16] b[16 x 16]^T, both K-major in shared memory, fp32 accumulate; the
+// warpgroup's 128 threads each hold 8 values of d (wgmma's m64nNk16 accumulator layout).
+__device__ __forceinline__ void wgmma_m64n16k16_bf16(float d[8], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(a), "l"(b));
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Keeps the compiler from moving reads or writes of an accumulator across wgmma instructions.
+__device__ __forceinline__ void fence_register(float& v) { asm volatile("" : "+f"(v)::"memory"); }
 
 }  // namespace sm90
 }  // namespace specpilot

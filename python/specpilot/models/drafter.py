@@ -110,7 +110,7 @@ class DFlashDrafter(RopeTables, nn.Module):
 
     def compute_logits(self, hidden):
         """Stock `compute_logits`: target LM head, then output_multiplier and tanh softcapping."""
-        logits = self.target.lm_head(hidden)
+        logits = skinny_linear.linear(self.target.lm_head, hidden)
         if self.config.output_multiplier != 1.0:
             logits = logits * self.config.output_multiplier
         cap = self.config.final_logit_softcapping

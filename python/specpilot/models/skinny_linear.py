@@ -1,22 +1,23 @@
 """The linears of steps with a few token rows (verify blocks, drafts: 2..16 rows) through our skinny
-tensor-core GEMM (torch.ops.specpilot.skinny_gemm, csrc/cuda/skinny_gemm.cu) instead of cuBLAS:
-`linear(proj, x)` is proj(x): through the kernel when `takes` says yes, else proj's own forward.
-Off by default (`set_skinny_gemm(True)` or SPECPILOT_SKINNY_GEMM=1 turn it on): on the H200 it is
-slower than cuBLAS at 8..16 rows (Qwen3-8B QKV at 16 rows: 22.6 vs 15.7 us; a verify step 6.43 vs
-5.16 ms; docs/PERF_NOTES.md, sixth session), on par at 2 rows. Launched with PDL.
-`takes` says no when the switch is off or so are
-fused_ops' kernels, the rows are not 2..MAX_ROWS of CUDA bf16, or the linear is not a plain bias-free
-nn.Linear whose bf16 weight the kernel reads (K % 8 == 0, 16-byte aligned). One token row stays
-with gemv_fusion / cuBLAS.
+tensor-core GEMM (torch.ops.specpilot.skinny_gemm, csrc/cuda/skinny_gemm.cu: TMA + wgmma) instead of
+cuBLAS: `linear(proj, x)` is proj(x): through the kernel when `takes` says yes, else proj's own
+forward. On by default (`set_skinny_gemm(False)` or SPECPILOT_SKINNY_GEMM=0 turn it off): on the
+H200 the Qwen3-8B verify step takes 4.74 ms with it against 5.10 ms with cuBLAS, the draft step
+1.14 vs 1.17 (docs/PERF_NOTES.md, seventh session). Launched with PDL: after our PDL elementwise
+kernels it streams its first weights while they run. Used for the target's QKV, O, gate_up, down
+and LM head, and the drafter's q, kv, o and logits.
+`takes` says no when the switch is off or so are fused_ops' kernels, the rows are not 2..MAX_ROWS
+of CUDA bf16, or the linear is not a plain bias-free nn.Linear whose bf16 weight the kernel reads
+(K % 8 == 0, 16-byte aligned). One token row stays with gemv_fusion / cuBLAS.
 
 Exactness: fp32 accumulation in one fixed order per weight shape (never dependent on the row count
-or on timing: split-K partials are summed in slice order), so results differ from cuBLAS by
-summation rounding only; bf16 engines are held to token forcing against stock.
+or on timing: K segments are summed in K order), so results differ from cuBLAS by summation
+rounding only; bf16 engines are held to token forcing against stock.
 
-Workspace: one split-K buffer (sized for MAX_ROWS rows) and one zeroed counter array per device,
-grown on demand outside CUDA-graph capture (a zero fill captured into a graph would not run until
-its first replay) and never freed (graphs captured earlier keep pointing at them). Kernels on one
-stream only: two streams running skinny GEMMs at once would share the counters.
+Workspace: one partials buffer and one zeroed counter array per device (sized per weight shape,
+any row count), grown on demand outside CUDA-graph capture (a zero fill captured into a graph would
+not run until its first replay) and never freed (graphs captured earlier keep pointing at them).
+Kernels on one stream only: two streams running skinny GEMMs at once would share the counters.
 """
 from __future__ import annotations
 
@@ -69,9 +70,9 @@ def takes(x: torch.Tensor, *linears) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _workspace_size(n: int, k: int) -> tuple:
-    """(partial floats, counters) a launch for an N x K weight needs: asked of the op once per shape."""
+    """(partial floats, counters) a launch for an N x K weight needs (any M): asked of the op once per shape."""
     ops = _ext.ops()
-    return ops.skinny_plan_splits(n, k) * MAX_ROWS * n, ops.skinny_counter_count(n)
+    return ops.skinny_partials_count(ops.skinny_plan_ctas(n, k), n), ops.skinny_counter_count(n)
 
 
 class _Workspace:

@@ -120,7 +120,7 @@ class TargetLM(RopeTables, nn.Module):
                 feats[last] = x
             if logits_rows is not None:
                 x = x[:, -logits_rows:]
-            logits = self.lm_head(x)
+            logits = skinny_linear.linear(self.lm_head, x)
         features = torch.cat([feats[i] for i in feature_layers], dim=-1) if feature_layers else None
         return logits, features
 
