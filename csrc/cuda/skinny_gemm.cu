@@ -6,7 +6,8 @@
 // weight: the bytes in flight are bounded by the shared-memory ring, not by registers (the limit
 // of the earlier register-ring mma.sync kernel, which lost to cuBLAS at 16 rows: PERF_NOTES,
 // sixth session). A stage is kBoxes boxes side by side in K (512 contiguous bytes per weight row):
-// at one box per stage the same bytes in flight streamed ~20% slower (PERF_NOTES, seventh session).
+// with one box per stage (128 bytes per row) the ring streamed ~20% slower, even holding more bytes
+// in flight (PERF_NOTES, seventh session).
 //
 // Work split: the N / 64 row blocks times K / 256 steps form one list of steps, cut into equal
 // contiguous ranges, one per persistent CTA (balanced to one step whatever the shape). A CTA's
