@@ -1,8 +1,9 @@
 """The gap table: each component's measured time against its ceiling, ranked by time lost per
 generated token. `cost_report(...)` is the API the agents read; `specpilot cost` prints it.
 
-measured: the live implementation timed on the device (on the GPU: bf16 matmul, our one-token GEMV
-(gemv_fusion) at M = 1, or the split12 op where it is built; fp32 matmul on the CPU).
+measured: the live implementation timed on the device (on the GPU: our one-token GEMV (gemv_fusion)
+at M = 1, our skinny GEMM (skinny_linear) at 2..16 rows, bf16 matmul above, or the split12 op where
+it is built; fp32 matmul on the CPU).
 ceiling: max(bytes / copy bandwidth, flops / matmul rate, one launch).
 lost per token = (measured - ceiling) * count / tokens the step produces.
 An AR decode step produces `batch` tokens; a draft + verify step `batch * tau` (tau is stated).
@@ -12,11 +13,12 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from specpilot.cost.ceilings import Ceilings, measure_ceilings
 from specpilot.cost.shapes import ModelShape, drafter_target_layers, step_components
 from specpilot.cost.timer import time_call
-from specpilot.models import gemv_fusion
+from specpilot.models import gemv_fusion, skinny_linear
 
 SPLIT12_BYTES_PER_WEIGHT = 1.5  # 8-bit low byte + 4-bit code (escapes are a fraction of a percent)
 SPLIT12_OP_MAX_M = 32           # the CUDA split12_linear takes M <= 32 (kCudaMaxM); larger M: bf16 matmul
@@ -72,14 +74,21 @@ class _Measurer:
         w = torch.randn(n, k, device=self.device, dtype=self.dtype)
         if m == 1 and self.one_token_gemv(w):      # what the engine's one-token steps run
             return time_call(lambda: gemv_fusion.linear(x, w), self.device, self.reps)
+        if self.device == "cuda" and 2 <= m <= skinny_linear.MAX_ROWS:
+            proj = nn.Linear(k, n, bias=False, device="meta")
+            proj.weight = nn.Parameter(w, requires_grad=False)
+            if skinny_linear.takes(x, proj):        # what the engine's verify / draft steps run
+                return time_call(lambda: skinny_linear.linear(proj, x), self.device, self.reps)
         return time_call(lambda: F.linear(x, w), self.device, self.reps)
 
     def linear_label(self, dtype: str) -> str:
         if self.split12:
             return "split12_linear op"
         label = f"torch {dtype} matmul"
+        if self.device == "cuda" and skinny_linear.enabled() and skinny_linear.available():
+            label = f"skinny_gemm at M = 2..{skinny_linear.MAX_ROWS}, " + label + " otherwise"
         if self.device == "cuda" and gemv_fusion.enabled() and gemv_fusion.available():
-            label = "gemv_m1 (gemv_fusion) at M = 1, " + label + " otherwise"
+            label = "gemv_m1 (gemv_fusion) at M = 1, " + label
         if self.weights == "split12" and self.device == "cuda":
             label += " (split12 op not built: stand-in)"
         return label
