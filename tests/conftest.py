@@ -87,3 +87,16 @@ def switched(setter, value):
         yield
     finally:
         setter(previous)
+
+
+def run_on_host(exe, sources, include_dirs, timeout=300) -> str:
+    """g++ builds `sources` (C++17, pthreads) into `exe` and runs it with a fresh seed as its one
+    argument; the build and the run must succeed (the seed is in the message). Returns stdout.
+    For the host emulations of our CUDA kernels."""
+    cmd = ["g++", "-std=c++17", "-O1", "-pthread"] + [f"-I{d}" for d in include_dirs] + [str(s) for s in sources]
+    built = subprocess.run(cmd + ["-o", str(exe)], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr[-3000:]
+    seed = str(int.from_bytes(os.urandom(4), "little"))
+    result = subprocess.run([str(exe), seed], capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"seed {seed}\n{result.stdout}{result.stderr}"
+    return result.stdout

@@ -9,10 +9,10 @@ mapping that the H200 run checks for real:
   pipelined tensor-core kernel == the one-span kernel bit for bit. cp.async copies at once on the
   host, so this checks the ring's indexing and wrap-around, not the wait_group timing."""
 import shutil
-import subprocess
 
 import pytest
 
+from conftest import run_on_host
 from specpilot.settings import CSRC_DIR
 
 SHIM = r"""
@@ -202,19 +202,12 @@ def tc_kernel_for_host(path) -> str:
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed on this machine")
 def test_cuda_kernel_bodies_on_the_host(tmp_path):
-    import os
-
     cuda_dir = CSRC_DIR / "cuda"
     source = tmp_path / "emulation.cpp"
     source.write_text("#include <functional>\n" + SHIM + f'#include "{cuda_dir / "split12_kernel.cuh"}"\n'
                       + tc_kernel_for_host(cuda_dir / "split12_tc.cu") + MAIN)
-    exe = tmp_path / "emulation"
-    cmd = ["g++", "-std=c++17", "-O1", "-pthread", "-I", str(CSRC_DIR / "include"), "-I", str(cuda_dir), str(source),
-           str(CSRC_DIR / "cpu" / "split12_pack.cpp"), str(CSRC_DIR / "cpu" / "split12_linear.cpp"), "-o", str(exe)]
-    built = subprocess.run(cmd, capture_output=True, text=True)
-    assert built.returncode == 0, built.stderr[-3000:]
-    seed = str(int.from_bytes(os.urandom(4), "little"))
-    result = subprocess.run([str(exe), seed], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, f"seed {seed}\n{result.stdout}{result.stderr}"
-    shapes = int(result.stdout.split("shapes ")[-1])
-    assert shapes == 9 and result.stdout.count(" ok\n") == shapes, result.stdout
+    out = run_on_host(tmp_path / "emulation",
+                      [source, CSRC_DIR / "cpu" / "split12_pack.cpp", CSRC_DIR / "cpu" / "split12_linear.cpp"],
+                      [CSRC_DIR / "include", cuda_dir])
+    shapes = int(out.split("shapes ")[-1])
+    assert shapes == 9 and out.count(" ok\n") == shapes, out

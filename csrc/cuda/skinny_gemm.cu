@@ -56,7 +56,7 @@ using sm90::fence_register;
 __device__ __forceinline__ int64_t range_start(int64_t c, int64_t steps, int ctas) { return c * steps / ctas; }
 __device__ __forceinline__ int owner(int64_t s, int64_t steps, int ctas) { return (int)(((s + 1) * ctas - 1) / steps); }
 
-__device__ __forceinline__ void consumer_barrier() { asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory"); }
+__device__ __forceinline__ void consumer_barrier() { sm90::named_barrier_sync<1, kConsumers>(); }
 
 // Accumulator element i of this thread (wgmma m64n16 layout): tile row (weight row in the block), token.
 __device__ __forceinline__ int acc_row(int i) {
@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(kThreads) skinny_kernel(const __grid_constant_
       sm90::mbar_init(full(s), 1);
       sm90::mbar_init(empty(s), kConsumers);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the TMA unit
+    sm90::mbar_init_fence();
   }
   __syncthreads();
 
