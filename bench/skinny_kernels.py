@@ -2,11 +2,13 @@
 at a few token rows, Qwen3-8B shapes, inside one CUDA graph over weight copies totalling > 256 MB (so
 weights come from HBM, as in a verify step), replayed; us per call = replay time / calls.
 
-    python -m specpilot.bench.skinny_kernels [--rows 16,8,2] [--sweep] [--out FILE.json]
+    python -m specpilot.bench.skinny_kernels [--rows 16,8,2] [--sweep] [--split12] [--out FILE.json]
 
-GB/s counts weight bytes only. --sweep also times several grid sizes (persistent CTAs) at the first
-row count. Correctness first: each output against torch's within bf16 output
-rounding plus fp32 summation (exit 1 if not).
+GB/s counts bf16 weight bytes only. --sweep also times several grid sizes (persistent CTAs) at the
+first row count. --split12 also times split12_skinny_gemm (csrc/cuda/split12_skinny.cu) on the same
+weights packed to split12, and checks that its output equals the bf16 kernel's bit for bit.
+Correctness first: each output against torch's within bf16 output rounding plus fp32 summation
+(exit 1 if not, or if a split12 output differs).
 """
 import argparse
 import json
@@ -15,17 +17,24 @@ import math
 import torch
 import torch.nn.functional as F
 
+from specpilot.kernels.variants.split12_args import contract_args, pack
+
 from .gemv_kernels import REPS, ROTATE_BYTES, SHAPES  # the same shapes, measured the same way
 from .timing import time_graph
 
 SWEEP = (32, 64, 96, 128, 132)
 
 
+def skinny_workspace(ops, n, k, ctas=0):
+    """(partials, zeroed counters) for launches over an N x K weight on `ctas` CTAs (0: planned)."""
+    partials = torch.empty(ops.skinny_partials_count(ctas or ops.skinny_plan_ctas(n, k), n), device="cuda")
+    return partials, torch.zeros(ops.skinny_counter_count(n), dtype=torch.int32, device="cuda")
+
+
 def skinny_calls(ops, ws, x, ctas):
     """Launches of skinny_gemm (with PDL, as the engine does) over the weight copies, and their y."""
     m, n, k = x.shape[0], ws[0].shape[0], ws[0].shape[1]
-    partials = torch.empty(ops.skinny_partials_count(ctas or ops.skinny_plan_ctas(n, k), n), device="cuda")
-    counters = torch.zeros(ops.skinny_counter_count(n), dtype=torch.int32, device="cuda")
+    partials, counters = skinny_workspace(ops, n, k, ctas)
     y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     return [lambda w=w: ops.skinny_gemm(w, x, ctas, True, y, partials, counters) for w in ws], y
 
@@ -37,6 +46,7 @@ def main(argv=None) -> int:
     p.add_argument("--rows", default="16,8,2", help="token rows M, comma-separated")
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--sweep", action="store_true", help="also time several grid sizes at the first M")
+    p.add_argument("--split12", action="store_true", help="also the split12 kernel on the packed weights")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if not (torch.cuda.is_available() and skinny_linear.available()):
@@ -51,6 +61,7 @@ def main(argv=None) -> int:
         copies = max(1, math.ceil(ROTATE_BYTES / (2 * n * k)))
         ws = [(torch.randn(n, k, generator=g, device="cuda") * k ** -0.5).to(torch.bfloat16) for _ in range(copies)]
         planned = ops.skinny_plan_ctas(n, k)
+        packed = [contract_args(pack(w)) for w in ws] if args.split12 else []
         for i, m in enumerate(ms):
             x = torch.randn(m, k, generator=g, device="cuda").to(torch.bfloat16)
             want = F.linear(x, ws[0]).float()
@@ -61,25 +72,40 @@ def main(argv=None) -> int:
             ok &= close
             us = {"torch": 1e6 * time_graph([lambda w=w: F.linear(x, w) for w in ws], REPS),
                   "skinny": 1e6 * time_graph(calls, REPS)}
+            identical = None
+            if packed:
+                y12 = torch.empty_like(y)
+                partials, counters = skinny_workspace(ops, n, k)
+                calls12 = [lambda planes=planes: ops.split12_skinny_gemm(x, *planes, k, 0, True, y12, partials,
+                                                                         counters) for planes in packed]
+                calls12[0]()
+                identical = torch.equal(y12, y)
+                ok &= identical
+                us["split12"] = 1e6 * time_graph(calls12, REPS)
             sweep = {}
             if args.sweep and i == 0:
                 for ctas in SWEEP:
                     sweep[ctas] = 1e6 * time_graph(skinny_calls(ops, ws, x, ctas)[0], REPS)
             row = {"shape": name, "n": n, "k": k, "m": m, "copies": copies, "ctas": planned, "close": close,
+                   "split12_identical": identical,
                    "us": us, "sweep_us": sweep, "gbps": {key: 2 * n * k / (t * 1e-6) / 1e9 for key, t in us.items()}}
             rows.append(row)
             print(f"# {name} M={m}: torch {us['torch']:.1f} us, skinny {us['skinny']:.1f} us (ctas {planned})"
                   + (", sweep " + ", ".join(f"{s}:{t:.1f}" for s, t in sweep.items()) if sweep else "")
+                  + (f", split12 {us['split12']:.1f} us, identical {identical}" if packed else "")
                   + f", close {close}", flush=True)
         del ws
         torch.cuda.empty_cache()
-    print("\n| shape | M | torch us | skinny us | skinny / torch | torch GB/s | skinny GB/s | ctas | close |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    extra = " split12 us | split12 / torch | split12 == skinny |" if args.split12 else ""
+    print("\n| shape | M | torch us | skinny us | skinny / torch | torch GB/s | skinny GB/s | ctas | close |" + extra)
+    print("|---|---|---|---|---|---|---|---|---|" + "---|" * (3 if args.split12 else 0))
     for r in rows:
         us, gb = r["us"], r["gbps"]
+        s12 = (f" {us['split12']:.1f} | {us['split12'] / us['torch']:.2f} | "
+               f"{'yes' if r['split12_identical'] else 'NO'} |") if args.split12 else ""
         print(f"| {r['shape']} {r['n']}x{r['k']} | {r['m']} | {us['torch']:.1f} | {us['skinny']:.1f} | "
               f"{us['skinny'] / us['torch']:.2f} | {gb['torch']:.0f} | {gb['skinny']:.0f} | {r['ctas']} | "
-              f"{'yes' if r['close'] else 'NO'} |")
+              f"{'yes' if r['close'] else 'NO'} |" + s12)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(0), "rows": rows}, f, indent=1)

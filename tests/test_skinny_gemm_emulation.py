@@ -6,7 +6,9 @@ two tiles back through the descriptors (fp64 sums per k16 step). CPU CI then che
 run checks for real, minus the hardware's own swizzle and timing: the ring's stages and phases, the
 descriptors' offsets, the step ranges, the segment flush through the partials (the last CTA sums in
 K order), the counters left zero, tails in N, K and M, and the grid planner's choices on the
-Qwen3-8B shapes (132 SMs).
+Qwen3-8B shapes (132 SMs). The split12 kernel (csrc/cuda/split12_skinny.cu: TMA'd planes decoded by
+a warpgroup into the same tiles) runs on the same stand-ins and must equal the bf16 kernel bit for
+bit, escapes included.
 
 Checked per shape, token count and grid: every output within bf16 rounding plus fp32 summation of
 an fp64 reference, NaN-poisoned outputs all written, the same rows bit-equal at every M and on a
@@ -26,9 +28,9 @@ typedef uint64_t cuuint64_t;
 typedef int CUresult;
 constexpr CUresult CUDA_SUCCESS = 0;
 struct alignas(64) CUtensorMap { uint64_t opaque[16]; };
-enum CUtensorMapDataType { CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 };
+enum CUtensorMapDataType { CU_TENSOR_MAP_DATA_TYPE_UINT8, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 };
 enum CUtensorMapInterleave { CU_TENSOR_MAP_INTERLEAVE_NONE };
-enum CUtensorMapSwizzle { CU_TENSOR_MAP_SWIZZLE_128B };
+enum CUtensorMapSwizzle { CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_SWIZZLE_128B };
 enum CUtensorMapL2promotion { CU_TENSOR_MAP_L2_PROMOTION_L2_256B };
 enum CUtensorMapFloatOOBfill { CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE };
 """
@@ -48,6 +50,9 @@ CUDA_RUNTIME_H = r"""
 #define __grid_constant__
 #define __shared__ static
 enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidValue = 1 };
+struct uint2 { uint32_t x, y; };
+struct uint4 { uint32_t x, y, z, w; };
+inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w) { return uint4{x, y, z, w}; }
 typedef void* cudaStream_t;
 struct dim3 { unsigned x, y, z; dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {} };
 struct Idx { unsigned x = 0, y = 0, z = 0; };
@@ -61,13 +66,17 @@ using std::min;
 using std::max;
 namespace emu {
 inline std::mutex atomics;
-// The tensor map as the fake encoder stores it: base, columns, rows, row stride, box.
-struct Map { const uint8_t* base; uint64_t cols, rows, stride; uint32_t box_cols, box_rows; };
-inline CUresult encode(CUtensorMap* map, CUtensorMapDataType, cuuint32_t rank, void* ptr, const cuuint64_t* dims,
+// The tensor map as the fake encoder stores it: base, columns, rows, row stride, box, element
+// bytes, 128-byte swizzle or none. It refuses what the driver refuses for these two kinds.
+struct Map { const uint8_t* base; uint64_t cols, rows, stride; uint32_t box_cols, box_rows, elem; bool swizzle; };
+inline CUresult encode(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, void* ptr, const cuuint64_t* dims,
                        const cuuint64_t* strides, const cuuint32_t* box, const cuuint32_t*, CUtensorMapInterleave,
-                       CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill) {
-  if (rank != 2 || box[0] * 2 != 128 || box[1] > 256 || strides[0] % 16 || (uintptr_t)ptr % 16) return 1;
-  Map m{(const uint8_t*)ptr, dims[0], dims[1], strides[0], box[0], box[1]};
+                       CUtensorMapSwizzle swizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill) {
+  const uint32_t elem = type == CU_TENSOR_MAP_DATA_TYPE_UINT8 ? 1 : 2, row_bytes = box[0] * elem;
+  const bool sw = swizzle == CU_TENSOR_MAP_SWIZZLE_128B;
+  if (rank != 2 || (sw ? row_bytes != 128 : row_bytes % 16 != 0) || box[0] > 256 || box[1] > 256 ||
+      strides[0] % 16 || (uintptr_t)ptr % 16) return 1;
+  Map m{(const uint8_t*)ptr, dims[0], dims[1], strides[0], box[0], box[1], elem, sw};
   std::memcpy(map->opaque, &m, sizeof m);
   return CUDA_SUCCESS;
 }
@@ -153,11 +162,12 @@ inline void tma_load_2d(uint32_t dst, const void* map, int c0, int c1, uint32_t 
     for (uint32_t c = 0; c < m.box_cols; ++c) {
       const uint64_t row = (uint64_t)c1 + r, col = (uint64_t)c0 + c;
       uint16_t v = 0;
-      if (row < m.rows && col < m.cols) std::memcpy(&v, m.base + row * m.stride + col * 2, 2);
-      std::memcpy(emu::at(emu::swizzle128(dst + r * 128 + c * 2)), &v, 2);
+      if (row < m.rows && col < m.cols) std::memcpy(&v, m.base + row * m.stride + col * m.elem, m.elem);
+      const uint32_t at = dst + r * m.box_cols * m.elem + c * m.elem;
+      std::memcpy(emu::at(m.swizzle ? emu::swizzle128(at) : at), &v, m.elem);
     }
   std::lock_guard<std::mutex> l(emu::cta->m); auto& b = emu::cta->bars.at(bar);
-  b.tx -= (int64_t)m.box_rows * m.box_cols * 2; emu::complete_if_done(b);
+  b.tx -= (int64_t)m.box_rows * m.box_cols * m.elem; emu::complete_if_done(b);
 }
 inline void tma_load_2d_evict_first(uint32_t dst, const void* map, int c0, int c1, uint32_t bar) {
   tma_load_2d(dst, map, c0, c1, bar);
@@ -181,6 +191,7 @@ inline void wgmma_m64n16k16_bf16(float d[8], uint64_t a, uint64_t b) {
     d[i] = (float)s;
   }
 }
+inline void fence_proxy_async_smem() {}
 inline void wgmma_fence() {}
 inline void wgmma_commit() {}
 inline void wgmma_wait_all() {}
@@ -221,10 +232,36 @@ MAIN = r"""
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <vector>
 #include <string>
 using namespace specpilot::skinny;
 
 static float bf(uint16_t b) { const uint32_t u = (uint32_t)b << 16; float f; std::memcpy(&f, &u, 4); return f; }
+
+// split12 planes of w, packed by the C++ reference packer (csrc/cpu/split12_pack.cpp).
+struct Planes { std::vector<uint8_t> lo, codes, base; std::vector<int32_t> rowptr, col; std::vector<int16_t> val; };
+static Planes pack(const std::vector<uint16_t>& w, int n, int k) {
+  using namespace specpilot::split12;
+  Planes p; const int64_t kpad = round_up_kpad(k); std::vector<int32_t> count(n); p.base.resize(n);
+  cpu_choose_bases(w.data(), n, k, p.base.data(), count.data());
+  p.rowptr.assign(n + 1, 0);
+  for (int r = 0; r < n; ++r) p.rowptr[r + 1] = p.rowptr[r] + count[r];
+  p.lo.resize((size_t)n * kpad); p.codes.resize((size_t)n * kpad / 2); p.col.resize(p.rowptr[n]); p.val.resize(p.rowptr[n]);
+  cpu_pack(w.data(), n, k, p.base.data(), p.rowptr.data(), p.lo.data(), p.codes.data(), p.col.data(), p.val.data());
+  return p;
+}
+
+static bool gemm_split12(const Planes& p, int n, int k, const std::vector<uint16_t>& x, int m, int ctas,
+                         std::vector<uint16_t>& y, std::vector<int>& counters) {
+  const int used = ctas ? ctas : skinny_ctas(n, k);
+  std::vector<float> partials(skinny_partials_floats(used, n), NAN);
+  y.assign((size_t)m * n, 0xFFFF);
+  Split12SkinnyArgs a{};
+  a.planes = {p.lo.data(), p.codes.data(), p.base.data(), p.rowptr.data(), p.col.data(), (const uint16_t*)p.val.data()};
+  a.n = n; a.k = k; a.x = x.data(); a.m = m; a.y = y.data();
+  a.partials = partials.data(); a.counters = counters.data(); a.ctas = ctas; a.pdl = true;
+  return cuda_split12_skinny_gemm(a, nullptr) == 0;
+}
 
 // y for M tokens on the given grid; false if the launch was refused.
 static bool gemm(const std::vector<uint16_t>& w, int n, int k, const std::vector<uint16_t>& x, int m, int ctas,
@@ -250,6 +287,9 @@ int main(int argc, char** argv) {
     const int n = s[0], k = s[1];
     std::vector<uint16_t> w((size_t)n * k), x16((size_t)16 * k);
     for (auto& v : w) v = to_bf(nd(rng) / std::sqrt((float)k));
+    for (size_t i = 0; i < w.size(); i += 37) w[i] = 0;                 // outside a row's exponent window:
+    for (size_t i = 5; i < w.size(); i += 101) w[i] = to_bf(-3e4f);     // split12 escapes
+    const Planes planes = pack(w, n, k);
     for (auto& v : x16) v = to_bf(nd(rng));
     for (int ctas : grids) {
       std::vector<int> counters(skinny_counters(n), 0);
@@ -274,11 +314,18 @@ int main(int argc, char** argv) {
         ok = ok && gemm(w, n, k, xm, m, ctas, part, counters);
         same_at_every_m &= std::equal(part.begin(), part.end(), full.begin());
       }
+      bool split12_identical = true;  // the split12 kernel equals the bf16 one bit for bit
+      for (int m : {16, 5}) {
+        std::vector<uint16_t> xm(x16.begin(), x16.begin() + (size_t)m * k), s12;
+        ok = ok && gemm_split12(planes, n, k, xm, m, ctas, s12, counters);
+        split12_identical &= std::equal(s12.begin(), s12.end(), full.begin());
+      }
       bool zero = true;
       for (int c : counters) zero &= c == 0;
-      const bool good = ok && worst <= 1.0 && same_at_every_m && zero;
-      std::printf("N=%d K=%d ctas=%d (planned %d): err/bound %.3f same-at-every-M %d counters-zero %d %s\n", n, k,
-                  ctas, skinny_ctas(n, k), worst, same_at_every_m, zero, good ? "ok" : "FAIL");
+      const bool good = ok && worst <= 1.0 && same_at_every_m && split12_identical && zero;
+      std::printf("N=%d K=%d escapes=%d ctas=%d (planned %d): err/bound %.3f same-at-every-M %d split12-identical %d "
+                  "counters-zero %d %s\n", n, k, planes.rowptr[n], ctas, skinny_ctas(n, k), worst, same_at_every_m,
+                  split12_identical, zero, good ? "ok" : "FAIL");
       fails += !good;
       ++cases;
     }
@@ -298,7 +345,7 @@ int main(int argc, char** argv) {
 
 
 def kernel_for_host(path) -> str:
-    """skinny_gemm.cu with its dynamic shared memory taken from the emulated CTA."""
+    """A kernel source with its dynamic shared memory taken from the emulated CTA."""
     src = path.read_text()
     decl = "extern __shared__ uint8_t smem_raw[];"
     assert decl in src, "skinny_gemm.cu changed its shared-memory declaration: update this emulation"
@@ -310,9 +357,15 @@ def test_skinny_kernel_on_the_host(tmp_path):
     for name, text in (("cuda.h", CUDA_H), ("cuda_runtime.h", CUDA_RUNTIME_H), ("fused_bf16.cuh", FUSED_BF16_CUH),
                        ("sm90_device.cuh", SM90_DEVICE_CUH), ("split12_launch.h", SPLIT12_LAUNCH_H)):
         (tmp_path / name).write_text(text)
-    # The kernel source sits beside the stand-ins, so its quoted includes find them first.
-    (tmp_path / "skinny_gemm.cu").write_text(kernel_for_host(CSRC_DIR / "cuda" / "skinny_gemm.cu"))
-    (tmp_path / "main.cpp").write_text('#include "skinny_gemm.cu"\n' + MAIN)
-    out = run_on_host(tmp_path / "emulation", [tmp_path / "main.cpp"], [tmp_path, CSRC_DIR / "include"], timeout=600)
+    # The kernel sources sit beside the stand-ins, so their quoted includes find them first.
+    cuda_dir = CSRC_DIR / "cuda"
+    (tmp_path / "skinny_common.cuh").write_text((cuda_dir / "skinny_common.cuh").read_text())
+    for name in ("skinny_gemm", "split12_skinny"):
+        (tmp_path / f"{name}.cpp").write_text(kernel_for_host(cuda_dir / f"{name}.cu"))
+    (tmp_path / "main.cpp").write_text('#include "cuda_runtime.h"\n#include "specpilot/skinny_gemm.h"\n'
+                                       '#include "fused_bf16.cuh"\n' + MAIN)
+    sources = [tmp_path / "main.cpp", tmp_path / "skinny_gemm.cpp", tmp_path / "split12_skinny.cpp",
+               CSRC_DIR / "cpu" / "split12_pack.cpp"]
+    out = run_on_host(tmp_path / "emulation", sources, [tmp_path, CSRC_DIR / "include"], timeout=600)
     cases = int(out.split("cases ")[-1])
     assert cases == 6 * 6 + 5 and out.count(" ok\n") == cases, out

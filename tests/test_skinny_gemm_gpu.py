@@ -1,7 +1,9 @@
 """skinny_gemm (the M <= 16 tensor-core GEMM) on the H200: against an fp64 reference on odd shapes
-and several grid sizes (row blocks whole or cut in K anywhere), outputs poisoned with NaN first, a token's output the same at every M and on
-every run, a PDL chain inside a CUDA graph equal to eager launches with the counters left zero, bad
-inputs refused; then a tiny engine's spec tokens with the skinny GEMM on vs off. Skipped on CPU.
+and several grid sizes (row blocks whole or cut in K anywhere), outputs poisoned with NaN first, a
+token's output the same at every M and on every run, a PDL chain inside a CUDA graph equal to eager
+launches with the counters left zero, bad inputs refused; then a tiny engine's spec tokens with the
+skinny GEMM on vs off. split12_skinny_gemm: bit-identical to skinny_gemm on the unpacked weights
+(escapes included) at several shapes, M and grids; bad inputs refused. Skipped on CPU.
 
 Tolerance: fp32 accumulation (tensor-core products are exact, sums in fp32) then one bf16 rounding:
 |y - ref| <= 2^-8 |ref| + K * 2^-23 * (|W| |x|).
@@ -165,3 +167,58 @@ def test_engine_spec_with_skinny_gemm_on_vs_off(ops, family, monkeypatch):
         assert bool(calls) == on, f"the skinny path {'did not run' if on else 'ran'} with the switch {on}"
         calls.clear()
     assert_forks_only_at_a_near_tie(target, prompt[0].tolist(), out[True], out[False])
+
+
+def split12_run(ops, w, x, ctas=0):
+    """split12_skinny_gemm on W packed to split12 (format v1), NaN-poisoned y, counters checked."""
+    from specpilot.kernels.variants.split12_args import contract_args, pack
+
+    m, n, k = x.shape[0], w.shape[0], w.shape[1]
+    y = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    partials, counters = workspace(ops, ctas, n, k)
+    ops.split12_skinny_gemm(x, *contract_args(pack(w)), k, ctas, True, y, partials, counters)
+    torch.cuda.synchronize()
+    assert (counters == 0).all(), "split12_skinny_gemm left a row-block counter non-zero"
+    return y
+
+
+def with_escapes(w):
+    """W with weights outside every row's exponent window (zeros, large values): split12 escapes."""
+    w = w.clone()
+    w.view(-1)[::37] = 0
+    w.view(-1)[5::101] = -3e4
+    return w
+
+
+@pytest.mark.parametrize("n,k", [(37, 8), (300, 200), (1000, 4096), (6144, 4096), (4096, 12288)])
+@pytest.mark.parametrize("m", [1, 7, 16])
+def test_split12_skinny_equals_the_bf16_kernel_bit_for_bit(ops, cuda_gen, n, k, m):
+    w = with_escapes(randn(n, k, g=cuda_gen, scale=k ** -0.5))
+    x = randn(m, k, g=cuda_gen)
+    got = split12_run(ops, w, x)
+    assert not got.isnan().any(), "split12_skinny_gemm left poisoned (NaN) outputs"
+    assert torch.equal(got, run(ops, w, x)), "split12 and bf16 skinny kernels differ"
+
+
+@pytest.mark.parametrize("ctas", [1, 3, 7, 64])
+def test_split12_skinny_equals_the_bf16_kernel_at_every_grid(ops, cuda_gen, ctas):
+    n, k = 300, 4096
+    w, x = with_escapes(randn(n, k, g=cuda_gen, scale=k ** -0.5)), randn(16, k, g=cuda_gen)
+    assert torch.equal(split12_run(ops, w, x, ctas), run(ops, w, x, ctas))
+
+
+def test_split12_skinny_bad_inputs_are_refused_with_the_reason(ops):
+    refused_in_subprocess("""
+from specpilot.kernels.variants.split12_args import contract_args, pack
+w = torch.randn(64, 256, device="cuda").to(torch.bfloat16); P = contract_args(pack(w))
+x = bf(4, 256); y = bf(4, 64)
+p = torch.zeros(64 * 16 * 64, device="cuda"); c = torch.zeros(8, dtype=torch.int32, device="cuda")
+P12 = contract_args(pack(torch.randn(64, 252, device="cuda").to(torch.bfloat16)))
+""", [
+        ("ops.split12_skinny_gemm(bf(17, 256), *P, 256, 0, True, bf(17, 64), p, c)", "M must be in 1..16"),
+        ("ops.split12_skinny_gemm(bf(4, 252), *P12, 252, 0, True, y, p, c)", "K must be a positive multiple of 8"),
+        ("ops.split12_skinny_gemm(x, *P, 256, 0, True, bf(4, 63), p, c)", "out"),
+        ("ops.split12_skinny_gemm(x, *P, 256, -1, True, y, p, c)", "ctas must be 0"),
+        ("ops.split12_skinny_gemm(x, *P, 256, 2, True, y, torch.zeros(10, device='cuda'), c)", "partials must hold"),
+        ("ops.split12_skinny_gemm(x, *P, 256, 0, True, y, p, c[:0])", "counters must hold"),
+    ])

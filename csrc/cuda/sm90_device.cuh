@@ -76,6 +76,10 @@ __device__ __forceinline__ void tma_load_2d_evict_first(uint32_t dst, const void
       : "memory");
 }
 
+// Makes this thread's generic-proxy writes to shared memory visible to the async proxy (wgmma,
+// TMA) once the reader has synchronised with it (e.g. through an mbarrier).
+__device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
 // wgmma shared-memory descriptor of a K-major bf16 tile with 128-byte rows in the 128-byte swizzle
 // that TMA writes (tile 1024-byte aligned; 8-row groups 1024 bytes apart). The k-th 16-column
 // slice of the tile starts `32 * k` bytes further.

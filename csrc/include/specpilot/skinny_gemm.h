@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include "specpilot/split12_format.h"
+
 namespace specpilot {
 namespace skinny {
 
@@ -38,6 +40,23 @@ int64_t skinny_partials_floats(int ctas, int n);
 int skinny_counters(int n);
 
 int cuda_skinny_gemm(const SkinnyArgs& args, void* stream);
+
+// The same product for split12 weights (format v1, csrc/cuda/split12_skinny.cu): bit-identical to
+// cuda_skinny_gemm on the unpacked bf16 weights with the same ctas (same tiles, cuts and order),
+// and the same workspace.
+struct Split12SkinnyArgs {
+  split12::Split12Planes planes;  // rows of kpad = round_up_kpad(k) columns, 16-byte aligned planes
+  int n, k;                       // K % 8 == 0
+  const uint16_t* x;
+  int m;
+  uint16_t* y;
+  float* partials;
+  int* counters;
+  int ctas;
+  bool pdl;
+};
+
+int cuda_split12_skinny_gemm(const Split12SkinnyArgs& args, void* stream);
 
 }  // namespace skinny
 }  // namespace specpilot
