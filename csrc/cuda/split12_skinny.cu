@@ -58,9 +58,15 @@ __device__ __forceinline__ uint4 decode8(uint32_t codes, uint2 lo, uint32_t base
   return make_uint4(bits[0] | bits[1] << 16, bits[2] | bits[3] << 16, bits[4] | bits[5] << 16, bits[6] | bits[7] << 16);
 }
 
+// Element j (0..7, known only at run time) of 8 bf16 in a uint4 set to `bits`, without indexing
+// the vector dynamically (that would put it in local memory).
 __device__ __forceinline__ void set_bf16(uint4& v, int j, uint16_t bits) {
-  uint32_t& w = (&v.x)[j / 2];
+  uint32_t w = j < 2 ? v.x : j < 4 ? v.y : j < 6 ? v.z : v.w;
   w = j % 2 ? (w & 0x0000FFFFu) | ((uint32_t)bits << 16) : (w & 0xFFFF0000u) | bits;
+  if (j < 2) v.x = w;
+  else if (j < 4) v.y = w;
+  else if (j < 6) v.z = w;
+  else v.w = w;
 }
 
 // One decoder thread's part of a stage: row `r` of the tile, columns [col0, col0 + kHalf) of the
