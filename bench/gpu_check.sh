@@ -44,7 +44,7 @@ for step in $steps; do
              tail -1 "$OUT/tests.log" | tee -a "$summary" ;;
     split12) run_step split12 python3 -m specpilot.bench.split12_kernels --out "$OUT/split12.json" ;;
     gemv)    run_step gemv python3 -m specpilot.bench.gemv_kernels --out "$OUT/gemv.json" ;;
-    skinny)  run_step skinny python3 -m specpilot.bench.skinny_kernels --sweep --split12 --out "$OUT/skinny.json" ;;
+    skinny)  run_step skinny timeout 400 python3 -m specpilot.bench.skinny_kernels --sweep --split12 --out "$OUT/skinny.json" ;;
     engine)  run_step engine python3 -m specpilot.bench.gpu_engine --out "$OUT" ;;
     ab)      run_step ab python3 -m specpilot.bench.engine_ab --preset qwen3-8b --out "$OUT/engine_ab.json" ;;
     agents)  run_step agents python3 -m specpilot.bench.gpu_agents --out "$OUT" --total-budget ${AGENTS_BUDGET:-280} ;;
