@@ -15,6 +15,8 @@ def test_cpu_calls_fall_back_to_the_module_bit_for_bit():
     with switched(skinny_linear.set_skinny_gemm, True):
         assert not skinny_linear.takes(x, proj)
         assert torch.equal(skinny_linear.linear(proj, x), proj(x))
+        assert not skinny_linear.takes_weight(x, proj.weight)
+        assert torch.equal(skinny_linear.matmul(x, proj.weight), proj(x))
 
 
 def test_the_switch_returns_the_previous_value():

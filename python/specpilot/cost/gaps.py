@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from specpilot.cost.ceilings import Ceilings, measure_ceilings
 from specpilot.cost.shapes import ModelShape, drafter_target_layers, step_components
@@ -74,11 +73,8 @@ class _Measurer:
         w = torch.randn(n, k, device=self.device, dtype=self.dtype)
         if m == 1 and self.one_token_gemv(w):      # what the engine's one-token steps run
             return time_call(lambda: gemv_fusion.linear(x, w), self.device, self.reps)
-        if self.device == "cuda" and 2 <= m <= skinny_linear.MAX_ROWS:
-            proj = nn.Linear(k, n, bias=False, device="meta")
-            proj.weight = nn.Parameter(w, requires_grad=False)
-            if skinny_linear.takes(x, proj):        # what the engine's verify / draft steps run
-                return time_call(lambda: skinny_linear.linear(proj, x), self.device, self.reps)
+        if skinny_linear.takes_weight(x, w):       # what the engine's verify / draft steps run
+            return time_call(lambda: skinny_linear.matmul(x, w), self.device, self.reps)
         return time_call(lambda: F.linear(x, w), self.device, self.reps)
 
     def linear_label(self, dtype: str) -> str:

@@ -37,7 +37,8 @@ class DraftAttention(nn.Module):
         """x [B, T, H] -> k (normed, rotated) and v written into k/v_cache [B, Hkv, S, D] at `positions`.
         q [B, T, Hq*D] (the q projection, optional) -> returned normed and rotated, [B, Hq, T, D]."""
         b, t, _ = x.shape
-        k, v = skinny_linear.linear(self.kv, x).view(b, t, 2 * self.nkv, self.d).split(self.nkv, dim=2)   # views of [k; v]
+        kv = skinny_linear.linear(self.kv, x)
+        k, v = kv.view(b, t, 2 * self.nkv, self.d).split(self.nkv, dim=2)   # views of [k; v]
         if q is not None:
             q = q.view(b, t, self.nq, self.d)
         return qk_norm_rope_cache(q, k, v, None if q is None else self.q_norm.weight, self.k_norm.weight,

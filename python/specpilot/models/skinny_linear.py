@@ -6,7 +6,7 @@ H200 the Qwen3-8B verify step takes 4.74 ms with it against 5.10 ms with cuBLAS,
 1.14 vs 1.17 (docs/PERF_NOTES.md, seventh session). Launched with PDL: after our PDL elementwise
 kernels it streams its first weights while they run. Used for the target's QKV, O, gate_up, down
 and LM head, and the drafter's q, kv, o and logits.
-`takes` says no when the switch is off or so are fused_ops' kernels, the rows are not 2..MAX_ROWS
+`matmul(x, w)` is the same for a bare weight. `takes` says no when the switch is off or so are fused_ops' kernels, the rows are not 2..MAX_ROWS
 of CUDA bf16, or the linear is not a plain bias-free nn.Linear whose bf16 weight the kernel reads
 (K % 8 == 0, 16-byte aligned). One token row stays with gemv_fusion / cuBLAS.
 
@@ -59,13 +59,18 @@ def weight_ok(w: torch.Tensor) -> bool:
             and w.shape[1] % 8 == 0 and w.data_ptr() % 16 == 0)
 
 
-def takes(x: torch.Tensor, *linears) -> bool:
-    """Whether x [..., K] (2..MAX_ROWS rows) runs through the skinny GEMM for these linears."""
+def takes_weight(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether x [..., K] (2..MAX_ROWS rows) times the weight w [N, K] runs through the skinny GEMM."""
     if not (_enabled and fused_ops.fused_kernels_enabled()) or torch.compiler.is_compiling():
         return False
     if not (x.is_cuda and x.dtype == torch.bfloat16 and 2 <= x.numel() // max(x.shape[-1], 1) <= MAX_ROWS):
         return False
-    return all(type(m) is nn.Linear and m.bias is None and weight_ok(m.weight) for m in linears) and available()
+    return weight_ok(w) and available()
+
+
+def takes(x: torch.Tensor, *linears) -> bool:
+    """Whether x runs through the skinny GEMM for these linears (plain bias-free nn.Linear)."""
+    return all(type(m) is nn.Linear and m.bias is None and takes_weight(x, m.weight) for m in linears)
 
 
 @functools.lru_cache(maxsize=None)
@@ -103,6 +108,7 @@ _workspaces: dict[torch.device, _Workspace] = {}
 
 
 def _run(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """x @ weight.T through the kernel (the caller checked takes_weight)."""
     rows = x.reshape(-1, x.shape[-1])
     if not (rows.is_contiguous() and rows.data_ptr() % 16 == 0):
         rows = rows.contiguous()
@@ -117,6 +123,11 @@ def _run(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def linear(proj: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """proj(x), through the skinny GEMM when `takes(x, proj)`."""
     return _run(proj.weight, x) if takes(x, proj) else proj(x)
+
+
+def matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w.T, through the skinny GEMM when `takes_weight(x, w)` (else torch)."""
+    return _run(w, x) if takes_weight(x, w) else torch.nn.functional.linear(x, w)
 
 
 registry.register("skinny_gemm", "cuda-sm90a", lambda: available() and torch.cuda.is_available())
