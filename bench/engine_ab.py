@@ -13,7 +13,8 @@ new kernel that faults must not cost the other rows), then also the skinny tenso
 verify and draft linears (models/skinny_linear.py); last, the same with split12 weights (every
 layer's linears and the LM head swapped for Split12Linear, bench.gpu_engine_split12's shared
 planes: the fused split12 GEMV at T = 1, or split12_linear after separate norm / gate kernels;
-the tensor-core kernel for verify). The swap cannot be undone, so they run last.
+the mma.sync tensor-core kernel or the split12 skinny GEMM for verify). The swap cannot be undone,
+so they run last.
 All in one process, so the ratios are side by side. Prints a markdown table last.
 """
 import argparse
@@ -36,7 +37,9 @@ CONFIGS = (("unfused + SDPA cudnn", False, "cudnn", "cublas", False, False, "bf1
            ("fused + auto attention + fused GEMV (AR), split12 weights", True, "auto", "cublas", True, False,
             "split12"),
            ("fused + auto attention, split12 weights (split12_linear at T = 1)", True, "auto", "cublas", False,
-            False, "split12"))
+            False, "split12"),
+           ("fused + specpilot attention + skinny GEMM (verify, draft), split12 weights (split12_linear at T = 1)",
+            True, "specpilot", "cublas", False, True, "split12"))
 
 
 def main(argv=None) -> int:

@@ -81,7 +81,8 @@ def time_steps(engine, block: int, iters: int = 50) -> dict:
     if engine.drafter is not None:
         out["draft_ms"] = measure(lambda: runner.draft_step(feats[:, :4], CONTEXT - 4, blk, CONTEXT, block))
         hidden = torch.zeros(1, block - 1, engine.target.config.hidden_size, device=dev, dtype=engine.target.dtype)
-        out["lm_head15_ms"] = measure(lambda: engine.target.lm_head(hidden))     # eager, one GEMM
+        with runner.kernel_ctx(block - 1):  # split12 LM heads: the kernel the draft step uses for these rows
+            out["lm_head15_ms"] = measure(lambda: engine.target.lm_head(hidden))  # eager, one GEMM
     fused = runner.fused
     fused.capture_all(block if engine.drafter is not None else None)
     pos = [CONTEXT]                                            # the graph advances one position per call

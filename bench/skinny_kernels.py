@@ -6,7 +6,8 @@ weights come from HBM, as in a verify step), replayed; us per call = replay time
 
 GB/s counts bf16 weight bytes only. --sweep also times several grid sizes (persistent CTAs) at the
 first row count. --split12 also times split12_skinny_gemm (csrc/cuda/split12_skinny.cu) on the same
-weights packed to split12, and checks that its output equals the bf16 kernel's bit for bit.
+weights packed to split12, and checks that its output equals the bf16 kernel's bit for bit; beside
+it the older split12 tensor-core kernel (split12_linear_tc, mma.sync).
 Correctness first: each output against torch's within bf16 output rounding plus fp32 summation
 (exit 1 if not, or if a split12 output differs).
 """
@@ -79,9 +80,12 @@ def main(argv=None) -> int:
                 calls12 = [lambda planes=planes: ops.split12_skinny_gemm(x, *planes, k, 0, True, y12, partials,
                                                                          counters) for planes in packed]
                 calls12[0]()
-                identical = torch.equal(y12, y)
+                identical = torch.equal(y12.float(), got)  # y now holds the last weight copy's output
                 ok &= identical
                 us["split12"] = 1e6 * time_graph(calls12, REPS)
+                ytc = torch.empty_like(y)  # the split12 tensor-core kernel the engine used before (mma.sync)
+                us["split12_tc"] = 1e6 * time_graph(
+                    [lambda planes=planes: ops.split12_linear_tc(x, *planes, k, ytc) for planes in packed], REPS)
             sweep = {}
             if args.sweep and i == 0:
                 for ctas in SWEEP:
@@ -96,13 +100,13 @@ def main(argv=None) -> int:
                   + f", close {close}", flush=True)
         del ws
         torch.cuda.empty_cache()
-    extra = " split12 us | split12 / torch | split12 == skinny |" if args.split12 else ""
+    extra = " split12 us | split12 / torch | split12 == skinny | split12_tc us |" if args.split12 else ""
     print("\n| shape | M | torch us | skinny us | skinny / torch | torch GB/s | skinny GB/s | ctas | close |" + extra)
-    print("|---|---|---|---|---|---|---|---|---|" + "---|" * (3 if args.split12 else 0))
+    print("|---|---|---|---|---|---|---|---|---|" + "---|" * (4 if args.split12 else 0))
     for r in rows:
         us, gb = r["us"], r["gbps"]
         s12 = (f" {us['split12']:.1f} | {us['split12'] / us['torch']:.2f} | "
-               f"{'yes' if r['split12_identical'] else 'NO'} |") if args.split12 else ""
+               f"{'yes' if r['split12_identical'] else 'NO'} | {us['split12_tc']:.1f} |") if args.split12 else ""
         print(f"| {r['shape']} {r['n']}x{r['k']} | {r['m']} | {us['torch']:.1f} | {us['skinny']:.1f} | "
               f"{us['skinny'] / us['torch']:.2f} | {gb['torch']:.0f} | {gb['skinny']:.0f} | {r['ctas']} | "
               f"{'yes' if r['close'] else 'NO'} |" + s12)

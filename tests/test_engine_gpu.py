@@ -64,21 +64,34 @@ def test_sampling_on_cuda_matches_stock(cuda_pair):
     assert a.tokens == ref.tokens
 
 
-def test_split12_engine_matches_bf16_twin_on_cuda():
-    """weights="split12" on CUDA: graphed AR (simt kernel) and verify (tensor-core kernel) logits
-    bit-identical to the Bf16Linear twin's, and identical greedy tokens."""
+@pytest.mark.parametrize("skinny", [True, False])
+def test_split12_engine_matches_bf16_twin_on_cuda(skinny):
+    """weights="split12" on CUDA: graphed AR (simt kernel) and verify logits (the skinny GEMM, or the
+    mma.sync kernel with the skinny GEMM off) bit-identical to the Bf16Linear twin's, and identical
+    greedy tokens."""
     from specpilot.engine import Engine
-    from specpilot.formats.split12.linear import swap_linears
-    from specpilot.models import load_drafter, load_target
+    from specpilot.engine.linear_kernels import kernel_for
+    from specpilot.formats.split12.linear import Split12Linear, swap_linears
+    from specpilot.models import load_drafter, load_target, skinny_linear
     from specpilot.models.random_ckpt import write_pair
     import tempfile
 
-    with tempfile.TemporaryDirectory() as tmp:
-        t, d = write_pair(tmp, "tiny-qwen3", layer_ids=[0, 2], block_size=8, seed=fresh_seed())
-        s12 = load_target(t, device="cuda", dtype=torch.bfloat16, weights="split12")
-        twin = load_target(t, device="cuda", dtype=torch.bfloat16)
-        swap_linears(twin, kind="bf16")
-        engines = [Engine(m, load_drafter(d, m), max_seq_len=300) for m in (s12, twin)]
+    previous = skinny_linear.set_skinny_gemm(skinny)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            t, d = write_pair(tmp, "tiny-qwen3", layer_ids=[0, 2], block_size=8, seed=fresh_seed())
+            s12 = load_target(t, device="cuda", dtype=torch.bfloat16, weights="split12")
+            twin = load_target(t, device="cuda", dtype=torch.bfloat16)
+            swap_linears(twin, kind="bf16")
+            engines = [Engine(m, load_drafter(d, m), max_seq_len=300) for m in (s12, twin)]
+        linear = next(m for m in s12.modules() if isinstance(m, Split12Linear))
+        assert kernel_for(linear, 8) == ("skinny" if skinny else "tc")
+        _split12_and_twin_agree(engines)
+    finally:
+        skinny_linear.set_skinny_gemm(previous)
+
+
+def _split12_and_twin_agree(engines):
     g = torch.Generator().manual_seed(fresh_seed())
     prompt = torch.randint(0, 300, (1, 40), generator=g).cuda()
     for e in engines:

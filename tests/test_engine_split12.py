@@ -1,6 +1,7 @@
 """weights="split12" through the engine: the split12 target and its Bf16Linear twin (same kernel
 order) give bit-identical logits and tokens (CPU here; on CUDA the AR step uses the simt kernel and
-verify / draft steps the tensor-core one, see engine/linear_kernels.py)."""
+verify / draft steps the skinny GEMM or the mma.sync one, see engine/linear_kernels.py), and the
+engine's choice of kernel by row count."""
 import pytest
 import torch
 
@@ -43,3 +44,26 @@ def test_split12_engine_tokens_equal_twin(engines):
     ar = [e.generate_ar(prompt, 12) for e in engines]
     assert spec[0].tokens == spec[1].tokens and spec[0].acceptance_lengths == spec[1].acceptance_lengths
     assert ar[0].tokens == ar[1].tokens
+
+
+@pytest.mark.parametrize("skinny_on,built,in_features,rows,want", [
+    (True, True, 64, 1, "simt"), (True, True, 64, 2, "skinny"), (True, True, 64, 16, "skinny"),
+    (True, True, 64, 17, "tc"), (True, True, 60, 8, "tc"), (False, True, 64, 8, "tc"),
+    (True, False, 64, 8, "tc"), (False, False, 64, 1, "simt")])
+def test_kernel_for_rows(monkeypatch, skinny_on, built, in_features, rows, want):
+    """One row: the CUDA-core GEMV; 2..16 rows: the skinny GEMM while it is on, built, and K % 8 == 0;
+    otherwise the mma.sync kernel."""
+    from specpilot.engine.linear_kernels import kernel_for, linear_kernel_for_rows
+    from specpilot.formats.split12.linear import Bf16Linear
+    from specpilot.models import skinny_linear
+
+    monkeypatch.setattr(skinny_linear, "available", lambda: built)
+    previous = skinny_linear.set_skinny_gemm(skinny_on)
+    try:
+        m = Bf16Linear(torch.zeros(8, in_features, dtype=torch.bfloat16))
+        assert kernel_for(m, rows) == want
+        with linear_kernel_for_rows([m], rows):
+            assert m.kernel == want
+        assert m.kernel == "simt"  # restored
+    finally:
+        skinny_linear.set_skinny_gemm(previous)

@@ -89,6 +89,11 @@ inline cudaError_t cudaGetDriverEntryPointByVersion(const char* name, void** fn,
 }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline int atomicAdd(int* p, int v) { std::lock_guard<std::mutex> l(emu::atomics); const int old = *p; *p += v; return old; }
+inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {  // byte i of the result: byte (s >> 4i) & 7 of y:x
+  const uint64_t v = (uint64_t)y << 32 | x; uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) r |= (uint32_t)((v >> (8 * ((s >> (4 * i)) & 7u))) & 0xFFu) << (8 * i);
+  return r;
+}
 template <class T> inline void __stcg(T* p, T v) { *p = v; }
 template <class T> inline T __ldcg(const T* p) { return *p; }
 """
@@ -121,6 +126,7 @@ struct Cta {  // one CTA's shared memory, mbarriers and named barrier
   std::mutex m; std::condition_variable cv;
   std::map<uint32_t, Bar> bars;
   int named_count = 0, named_gen = 0, block_threads = 0, block_count = 0, block_gen = 0;
+  int warp_count[32] = {}, warp_gen[32] = {};
 };
 inline Cta* cta = nullptr;
 inline uint8_t* at(uint32_t addr) { return cta->smem + addr; }
@@ -137,6 +143,9 @@ inline void wait_all(int& count, int& gen, int threads) {
 }
 }  // namespace emu
 inline void __syncthreads() { emu::wait_all(emu::cta->block_count, emu::cta->block_gen, emu::cta->block_threads); }
+inline void __syncwarp() {  // every lane of the warp (the kernel calls it with all 32)
+  const int w = threadIdx.x / 32; emu::wait_all(emu::cta->warp_count[w], emu::cta->warp_gen[w], 32);
+}
 namespace specpilot { namespace sm90 {
 inline void pdl_launch_dependents() {}
 inline void pdl_wait() {}

@@ -1,6 +1,7 @@
 """split12 on the H200: CUDA split12_linear == CUDA bf16_linear == the CPU kernels bit for bit,
 within the fp64 tolerance, batch-invariant, graph-capturable; odd shapes and Qwen3-8B shapes.
-The tensor-core twins (kernel="tc"): split12 == bf16 bit for bit, M-invariant, within tolerance."""
+The tensor-core twins (kernel="tc" and the skinny GEMM's kernel="skinny"): split12 == bf16 bit for
+bit, M-invariant, within tolerance."""
 
 import pytest
 import torch
@@ -36,10 +37,10 @@ def same_bits(a, b):
 
 
 def within_tolerance(y, x, w, kernel="simt"):
-    """The bounds of ops.py: 2^-8 |ref| + c 2^-24 sum|x w|, c = ceil(K/1024)*32 + 5 (CUDA cores)
-    or 34 ceil(K/128) + 8 (tensor cores)."""
+    """The bounds of ops.py: 2^-8 |ref| + c 2^-24 sum|x w|, c = ceil(K/1024)*32 + 5 (CUDA cores),
+    34 ceil(K/128) + 8 (mma.sync) or 2 K (the skinny GEMM)."""
     K = x.shape[1]
-    c = (-(-K // 1024) * 32 + 5) if kernel == "simt" else (34 * -(-K // 128) + 8)
+    c = {"simt": -(-K // 1024) * 32 + 5, "tc": 34 * -(-K // 128) + 8, "skinny": 2 * K}[kernel]
     exact = x.double() @ w.double().T
     mag = x.double().abs() @ w.double().abs().T
     tol = 2.0 ** -8 * exact.abs() + c * 2.0 ** -24 * mag + 2.0 ** -133
@@ -62,18 +63,23 @@ def test_cuda_equals_cpu_and_twin(M, N, K, gen):
     assert within_tolerance(y12, x, w)
 
 
-@pytest.mark.parametrize("N,K", [(37, 133), (300, 1000), (129, 4100), (64, 1)])
-def test_tensor_core_twins_agree_and_are_m_invariant(N, K, gen):
+@pytest.mark.parametrize("kernel,N,K", [("tc", 37, 133), ("tc", 300, 1000), ("tc", 129, 4100), ("tc", 64, 1),
+                                          ("skinny", 37, 136), ("skinny", 300, 1000), ("skinny", 129, 4104),
+                                          ("skinny", 64, 8)])
+def test_tensor_core_twins_agree_and_are_m_invariant(kernel, N, K, gen):
+    """Every row equals the bf16 twin's and the same row computed at any other M, bit for bit
+    (kernel="skinny" runs its 20 rows as two launches, 16 + 4)."""
+    rows = 32 if kernel == "tc" else 20
     w = weights(N, K, gen, escape_share=0.02)
     p = ops.pack(w)
-    x = torch.randn(32, K, generator=gen, device="cuda").to(torch.bfloat16)
-    full = ops.split12_linear(x, p, out=poisoned(32, N), kernel="tc")
-    assert same_bits(full, ops.bf16_linear(x, w, out=poisoned(32, N), kernel="tc"))
-    assert within_tolerance(full, x, w, kernel="tc")
+    x = torch.randn(rows, K, generator=gen, device="cuda").to(torch.bfloat16)
+    full = ops.split12_linear(x, p, out=poisoned(rows, N), kernel=kernel)
+    assert same_bits(full, ops.bf16_linear(x, w, out=poisoned(rows, N), kernel=kernel))
+    assert within_tolerance(full, x, w, kernel=kernel)
     for M in (1, 2, 7, 16):
-        y12 = ops.split12_linear(x[:M].contiguous(), p, out=poisoned(M, N), kernel="tc")
+        y12 = ops.split12_linear(x[:M].contiguous(), p, out=poisoned(M, N), kernel=kernel)
         assert same_bits(y12, full[:M])
-        assert same_bits(y12, ops.bf16_linear(x[:M].contiguous(), w, out=poisoned(M, N), kernel="tc"))
+        assert same_bits(y12, ops.bf16_linear(x[:M].contiguous(), w, out=poisoned(M, N), kernel=kernel))
 
 
 def test_escape_heavy_rows_and_unaligned_x(gen):
@@ -89,9 +95,10 @@ def test_escape_heavy_rows_and_unaligned_x(gen):
     y12 = ops.split12_linear(x, p, out=poisoned(1, N))
     assert same_bits(y12, ops.bf16_linear(x, w, out=poisoned(1, N)))
     assert same_bits(y12.cpu(), ops.split12_linear(x.cpu().contiguous(), p.to("cpu")))
-    tc = ops.split12_linear(x, p, out=poisoned(1, N), kernel="tc")
-    assert same_bits(tc, ops.bf16_linear(x, w, out=poisoned(1, N), kernel="tc"))
-    assert within_tolerance(tc, x, w, kernel="tc")
+    for kernel in ("tc", "skinny"):
+        tc = ops.split12_linear(x, p, out=poisoned(1, N), kernel=kernel)
+        assert same_bits(tc, ops.bf16_linear(x, w, out=poisoned(1, N), kernel=kernel))
+        assert within_tolerance(tc, x, w, kernel=kernel)
 
 
 def test_batch_invariant_and_graph_capturable(gen):
@@ -192,6 +199,7 @@ def test_qwen3_8b_shapes(name, gen):
         assert same_bits(y12, y16)
         assert within_tolerance(y12, x, w)
         assert same_bits(y12[:, rows].cpu(), ops.split12_linear(x.cpu(), p_rows))
-        tc = ops.split12_linear(x, p, out=poisoned(M, N), kernel="tc")
-        assert same_bits(tc, ops.bf16_linear(x, w, out=poisoned(M, N), kernel="tc"))
-        assert within_tolerance(tc, x, w, kernel="tc")
+        for kernel in ("tc", "skinny"):
+            tc = ops.split12_linear(x, p, out=poisoned(M, N), kernel=kernel)
+            assert same_bits(tc, ops.bf16_linear(x, w, out=poisoned(M, N), kernel=kernel))
+            assert within_tolerance(tc, x, w, kernel=kernel)

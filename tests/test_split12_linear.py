@@ -123,6 +123,14 @@ def test_bad_inputs_name_the_problem(gen):
                                            torch.empty(3, 8, dtype=torch.bfloat16))
     with pytest.raises(RuntimeError, match="bf16_linear|x must be"):
         torch.ops.specpilot.bf16_linear(torch.zeros(2, 40, dtype=torch.float32), w, torch.empty(2, 8, dtype=torch.bfloat16))
+    x = torch.zeros(2, 40, dtype=torch.bfloat16)
+    for kernel in ("tc", "skinny"):  # tensor-core kernels: CUDA only, said before anything runs
+        with pytest.raises(ValueError, match=f"kernel='{kernel}' runs on CUDA only"):
+            ops.split12_linear(x, p, kernel=kernel)
+        with pytest.raises(ValueError, match=f"kernel='{kernel}' runs on CUDA only"):
+            ops.bf16_linear(x, w, kernel=kernel)
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        ops.split12_linear(x, p, kernel="wgmma")
 
 
 def test_kernel_variant_knob_round_trips_and_rejects_bad_values():

@@ -1,16 +1,20 @@
 """Which kernel the split12 / bf16-twin linears use for a call, by the number of token rows.
 
 Split12Linear and Bf16Linear (formats/split12/linear.py) read their `kernel` attribute at call
-time: "simt" (CUDA-core GEMV, fastest at M = 1) or "tc" (tensor cores; the simt kernel is ~5x slower
-than torch at M = 16). The engine sets it around each step, so a CUDA graph bakes in the right one.
-Exactness: Split12Linear and its Bf16Linear twin stay bit-identical under either kernel; simt and
-tc differ from each other by fp32 summation order only (see formats/split12/ops.py).
+time: "simt" (CUDA-core GEMV, fastest at M = 1), "skinny" (TMA + wgmma skinny GEMM, 2..16 rows,
+while the skinny GEMM is on: models/skinny_linear.py) or "tc" (mma.sync tensor cores, any rows; the
+simt kernel is ~5x slower than torch at M = 16). The engine sets it around each step, so a CUDA
+graph bakes in the right one. Exactness: Split12Linear and its Bf16Linear twin stay bit-identical
+under every kernel; the kernels differ from each other by fp32 summation order only (see
+formats/split12/ops.py).
 """
 from __future__ import annotations
 
 import contextlib
 
-KERNELS = ("simt", "tc")
+from specpilot.models import skinny_linear
+
+KERNELS = ("simt", "tc", "skinny")
 
 
 def switchable_linears(models):
@@ -28,20 +32,28 @@ def switchable_linears(models):
 
 @contextlib.contextmanager
 def linear_kernel_for_rows(mods, rows: int):
-    """Within the block, the given switchable linears (cuda_switchable) use "simt" for rows == 1
-    and "tc" otherwise."""
+    """Within the block, the given switchable linears (cuda_switchable) use "simt" for rows == 1,
+    "skinny" for 2..16 rows where it can run, and "tc" otherwise."""
     if not mods:
         yield
         return
-    want = "simt" if rows == 1 else "tc"
     saved = [m.kernel for m in mods]
     for m in mods:
-        m.kernel = want
+        m.kernel = kernel_for(m, rows)
     try:
         yield
     finally:
         for m, k in zip(mods, saved):
             m.kernel = k
+
+
+def kernel_for(module, rows: int) -> str:
+    """The kernel a switchable linear uses for `rows` token rows."""
+    if rows == 1:
+        return "simt"
+    skinny = (rows <= skinny_linear.MAX_ROWS and skinny_linear.enabled() and skinny_linear.available()
+              and module.in_features % 8 == 0)
+    return "skinny" if skinny else "tc"
 
 
 def cuda_switchable(models):

@@ -14,10 +14,8 @@ Exactness: fp32 accumulation in one fixed order per weight shape (never dependen
 or on timing: K segments are summed in K order), so results differ from cuBLAS by summation
 rounding only; bf16 engines are held to token forcing against stock.
 
-Workspace: one partials buffer and one zeroed counter array per device (sized per weight shape,
-any row count), grown on demand outside CUDA-graph capture (a zero fill captured into a graph would
-not run until its first replay) and never freed (graphs captured earlier keep pointing at them).
-Kernels on one stream only: two streams running skinny GEMMs at once would share the counters.
+Workspace: kernels/skinny_workspace.py (per device, grown outside capture; one stream only).
+split12 weights use the same kernel family through Split12Linear's kernel="skinny".
 """
 from __future__ import annotations
 
@@ -27,7 +25,7 @@ import torch
 from torch import nn
 
 from specpilot import _ext, settings
-from specpilot.kernels import registry
+from specpilot.kernels import registry, skinny_workspace
 
 from . import fused_ops
 
@@ -73,40 +71,6 @@ def takes(x: torch.Tensor, *linears) -> bool:
     return all(type(m) is nn.Linear and m.bias is None and takes_weight(x, m.weight) for m in linears)
 
 
-@functools.lru_cache(maxsize=None)
-def _workspace_size(n: int, k: int) -> tuple:
-    """(partial floats, counters) a launch for an N x K weight needs (any M): asked of the op once per shape."""
-    ops = _ext.ops()
-    return ops.skinny_partials_count(ops.skinny_plan_ctas(n, k), n), ops.skinny_counter_count(n)
-
-
-class _Workspace:
-    """The split-K partials and row-block counters of one device, grown on demand."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.partials = torch.empty(0, dtype=torch.float32, device=device)
-        self.counters = torch.zeros(0, dtype=torch.int32, device=device)
-        self._retired: list[torch.Tensor] = []          # kept alive for graphs captured earlier
-
-    def buffers(self, n: int, k: int):
-        floats, counters = _workspace_size(n, k)
-        if (self.partials.numel() < floats or self.counters.numel() < counters) and \
-                torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"skinny_linear: the workspace for a {n} x {k} weight must exist before CUDA-graph "
-                               "capture; run the step once outside capture first (graphs.GraphedStep warms up)")
-        if self.partials.numel() < floats:
-            self._retired.append(self.partials)
-            self.partials = torch.empty(floats, dtype=torch.float32, device=self.device)
-        if self.counters.numel() < counters:
-            self._retired.append(self.counters)
-            self.counters = torch.zeros(counters, dtype=torch.int32, device=self.device)
-        return self.partials, self.counters
-
-
-_workspaces: dict[torch.device, _Workspace] = {}
-
-
 def _run(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """x @ weight.T through the kernel (the caller checked takes_weight)."""
     rows = x.reshape(-1, x.shape[-1])
@@ -114,8 +78,7 @@ def _run(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         rows = rows.contiguous()
     n, k = weight.shape
     y = x.new_empty(rows.shape[0], n)
-    ws = _workspaces.get(weight.device) or _workspaces.setdefault(weight.device, _Workspace(weight.device))
-    partials, counters = ws.buffers(n, k)
+    partials, counters = skinny_workspace.buffers(weight.device, n, k)
     _ext.ops().skinny_gemm(weight, rows, 0, True, y, partials, counters)
     return y.view(*x.shape[:-1], n)
 

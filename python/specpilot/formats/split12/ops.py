@@ -11,17 +11,23 @@ Exactness contracts:
   fp64 reference |y - ref| <= 2^-8 |ref| + (34 ceil(K/128) + 8) 2^-24 sum_k |x_k w_k| (a warp
   chains ceil(K/128) mma, each adding 16 products with at most 17 truncations of <= 2^-23; then
   8 fp32 adds over warps).
+- kernel="skinny" (CUDA only, 1..16 rows per launch; TMA + wgmma, csrc/cuda/split12_skinny.cu and
+  skinny_gemm.cu): split12 == bf16 twin bit for bit (the split12 kernel decodes into the very tiles
+  the bf16 kernel loads and runs the same wgmmas and K-ordered sums), each token's output is
+  independent of M; the order is the skinny GEMM's: |y - ref| <= 2^-8 |ref| + 2K 2^-24 sum_k |x_k w_k|
+  (wgmma chains over K; the bound the skinny GEMM's own tests use).
 """
 import torch
 
 from specpilot import _ext
-from specpilot.kernels import registry
+from specpilot.kernels import registry, skinny_workspace
 from specpilot.kernels.dispatch import integrated_launcher
 
 from .reference import Split12Tensor
 
 CUDA_MAX_M = 32  # rows per CUDA launch; larger M is split into chunks (rows are independent)
-KERNELS = ("simt", "tc")  # CUDA-core lane-tree order (CPU-identical) / tensor cores
+SKINNY_MAX_M = 16  # rows per skinny-GEMM launch (kMaxM)
+KERNELS = ("simt", "tc", "skinny")  # CUDA-core lane-tree order (CPU-identical) / mma.sync / TMA + wgmma
 # CUDA kernel variants (csrc/include/specpilot/split12_format.h): which launch geometry / load
 # pipeline the CUDA ops use at M = 1 and for kernel="tc". Every variant gives the same output bits.
 KERNEL_VARIANTS = {0: "shipped", 1: "load-ahead", 2: "M=1 R=1 U=2", 3: "M=1 R=2 U=2", 4: "load-ahead + PDL launch"}
@@ -42,16 +48,19 @@ for _op in ("split12_linear", "bf16_linear"):
     registry.register(_op, "cuda-sm90a", _cuda_live)
     registry.register(_op, "cpu-ref", _cpu_live)
     registry.register(_op + "_tc", "cuda-sm90a-mma", _cuda_live)
+    registry.register(_op + "_skinny", "cuda-sm90a-wgmma", lambda: _cuda_live() and _ext.has_cuda_op("skinny_gemm"))
+
+
+def _check_kernel(name: str, kernel: str, x: torch.Tensor) -> None:
+    if kernel not in KERNELS:
+        raise ValueError(f"{name}: kernel must be one of {KERNELS}, got {kernel!r}")
+    if kernel != "simt" and x.device.type != "cuda":
+        raise ValueError(f"{name}: kernel={kernel!r} runs on CUDA only, x is on {x.device}")
 
 
 def _op(name: str, kernel: str, x: torch.Tensor):
-    if kernel not in KERNELS:
-        raise ValueError(f"{name}: kernel must be one of {KERNELS}, got {kernel!r}")
-    if kernel == "tc":
-        if x.device.type != "cuda":
-            raise ValueError(f"{name}: kernel='tc' runs on CUDA only, x is on {x.device}")
-        name += "_tc"
-    return getattr(_ext.ops(), name)
+    """The simt or tc op (the skinny kernel has its own launch, `_skinny`)."""
+    return getattr(_ext.ops(), name + "_tc" if kernel == "tc" else name)
 
 
 def kernel_variant(variant: int | None = None) -> int:
@@ -88,11 +97,24 @@ def _out(x: torch.Tensor, N: int, out):
     return out
 
 
-def _chunks(x: torch.Tensor, out: torch.Tensor):
-    """(x rows, out rows) pieces the kernels accept (CUDA takes M <= 32)."""
-    if x.device.type != "cuda" or x.shape[0] <= CUDA_MAX_M:
+def _chunks(x: torch.Tensor, out: torch.Tensor, rows: int = CUDA_MAX_M):
+    """(x rows, out rows) pieces the kernels accept (CUDA takes M <= 32, the skinny GEMM M <= 16)."""
+    if x.device.type != "cuda" or x.shape[0] <= rows:
         return [(x, out)]
-    return [(x[i:i + CUDA_MAX_M], out[i:i + CUDA_MAX_M]) for i in range(0, x.shape[0], CUDA_MAX_M)]
+    return [(x[i:i + rows], out[i:i + rows]) for i in range(0, x.shape[0], rows)]
+
+
+def _skinny(x: torch.Tensor, out: torch.Tensor, n: int, k: int, launch) -> torch.Tensor:
+    """The skinny GEMM over x's rows in chunks of 16: launch(x rows, out rows, partials, counters).
+    TMA wants 16-byte aligned, contiguous rows (a view at an odd offset is copied)."""
+    if not (x.is_contiguous() and x.data_ptr() % 16 == 0):
+        x = x.clone(memory_format=torch.contiguous_format)
+    if not (out.is_contiguous() and out.data_ptr() % 16 == 0):
+        raise ValueError(f"kernel='skinny' writes a contiguous, 16-byte aligned out, got strides {out.stride()}")
+    partials, counters = skinny_workspace.buffers(x.device, n, k)
+    for xs, ys in _chunks(x, out, SKINNY_MAX_M):
+        launch(xs, ys, partials, counters)
+    return out
 
 
 def split12_linear(x: torch.Tensor, p: Split12Tensor, out: torch.Tensor | None = None,
@@ -100,9 +122,13 @@ def split12_linear(x: torch.Tensor, p: Split12Tensor, out: torch.Tensor | None =
     """y = x @ W.T: x bf16 [M, K] contiguous, W = p [N, K] -> y bf16 [M, N] (written into out if given)."""
     if x.dim() != 2 or x.shape[1] != p.K:
         raise ValueError(f"split12_linear: x must be [M, K={p.K}], got {list(x.shape)}")
-    op = _op("split12_linear", kernel, x)
+    _check_kernel("split12_linear", kernel, x)
     out = _out(x, p.N, out)
     planes = list(p.planes().values())
+    if kernel == "skinny":
+        return _skinny(x, out, p.N, p.K, lambda xs, ys, partials, counters: _ext.ops().split12_skinny_gemm(
+            xs, *planes, p.K, 0, True, ys, partials, counters))
+    op = _op("split12_linear", kernel, x)
     if kernel == "simt" and x.is_cuda and x.shape[0] == 1 and x.is_contiguous() and out.is_contiguous():
         launch = integrated_launcher("split12_gemv", (p.N, p.K), x.device)  # agent-integrated variant
         if launch is not None:
@@ -118,8 +144,12 @@ def bf16_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = Non
     """y = x @ w.T in split12's reduction order: x bf16 [M, K], w bf16 [N, K] -> y bf16 [M, N]."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"bf16_linear: need x [M, K] and w [N, K], got {list(x.shape)} and {list(w.shape)}")
-    op = _op("bf16_linear", kernel, x)
+    _check_kernel("bf16_linear", kernel, x)
     out = _out(x, w.shape[0], out)
+    if kernel == "skinny":
+        return _skinny(x, out, w.shape[0], w.shape[1], lambda xs, ys, partials, counters: _ext.ops().skinny_gemm(
+            w, xs, 0, True, ys, partials, counters))
+    op = _op("bf16_linear", kernel, x)
     for xs, ys in _chunks(x, out):
         op(xs, w, ys)
     return out

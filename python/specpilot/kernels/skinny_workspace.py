@@ -1,0 +1,56 @@
+"""The workspace of the skinny GEMMs (torch.ops.specpilot.skinny_gemm and split12_skinny_gemm, one
+contract: csrc/include/specpilot/skinny_gemm.h): an fp32 partials buffer for row blocks that CTAs
+share, and a zeroed int32 counter per row block, which each launch leaves zero again.
+
+One pair per device, sized for the largest weight shape seen (any row count), grown on demand
+outside CUDA-graph capture (a zero fill captured into a graph would not run until its first replay)
+and never freed (graphs captured earlier keep pointing at the old buffers). Kernels on one stream
+only: two streams running skinny GEMMs at once would share the counters.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from specpilot import _ext
+
+
+@functools.lru_cache(maxsize=None)
+def _size(n: int, k: int) -> tuple:
+    """(partial floats, counters) a launch for an N x K weight needs (any M): asked of the op once per shape."""
+    ops = _ext.ops()
+    return ops.skinny_partials_count(ops.skinny_plan_ctas(n, k), n), ops.skinny_counter_count(n)
+
+
+class _Workspace:
+    """The partials and row-block counters of one device, grown on demand."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.partials = torch.empty(0, dtype=torch.float32, device=device)
+        self.counters = torch.zeros(0, dtype=torch.int32, device=device)
+        self._retired: list[torch.Tensor] = []          # kept alive for graphs captured earlier
+
+    def buffers(self, n: int, k: int):
+        floats, counters = _size(n, k)
+        if (self.partials.numel() < floats or self.counters.numel() < counters) and \
+                torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"skinny GEMM: the workspace for a {n} x {k} weight must exist before CUDA-graph "
+                               "capture; run the step once outside capture first (graphs.GraphedStep warms up)")
+        if self.partials.numel() < floats:
+            self._retired.append(self.partials)
+            self.partials = torch.empty(floats, dtype=torch.float32, device=self.device)
+        if self.counters.numel() < counters:
+            self._retired.append(self.counters)
+            self.counters = torch.zeros(counters, dtype=torch.int32, device=self.device)
+        return self.partials, self.counters
+
+
+_workspaces: dict[torch.device, _Workspace] = {}
+
+
+def buffers(device: torch.device, n: int, k: int):
+    """(partials, counters) on `device` for a launch over an N x K weight with the planned grid."""
+    ws = _workspaces.get(device) or _workspaces.setdefault(device, _Workspace(device))
+    return ws.buffers(n, k)
