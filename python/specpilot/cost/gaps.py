@@ -2,8 +2,9 @@
 generated token. `cost_report(...)` is the API the agents read; `specpilot cost` prints it.
 
 measured: the live implementation timed on the device (on the GPU: our one-token GEMV (gemv_fusion)
-at M = 1, our skinny GEMM (skinny_linear) at 2..16 rows, bf16 matmul above, or the split12 op where
-it is built; fp32 matmul on the CPU).
+at M = 1, our skinny GEMM (skinny_linear) at 2..16 rows, bf16 matmul above, or, for split12 weights
+where the op is built, split12_linear with the kernel the engine picks for the row count
+(engine/linear_kernels.py); fp32 matmul on the CPU).
 ceiling: max(bytes / copy bandwidth, flops / matmul rate, one launch).
 lost per token = (measured - ceiling) * count / tokens the step produces.
 An AR decode step produces `batch` tokens; a draft + verify step `batch * tau` (tau is stated).
@@ -62,14 +63,14 @@ class _Measurer:
     def linear(self, m: int, n: int, k: int) -> float:
         x = torch.randn(m, k, device=self.device, dtype=self.dtype)
         if self.split12 and self.device == "cuda" and m <= SPLIT12_OP_MAX_M:
-            from specpilot import _ext
-            from specpilot.kernels.variants.split12_args import contract_args, pack
+            from specpilot.engine.linear_kernels import kernel_for_shape
+            from specpilot.formats.split12 import ops as split12_ops
+            from specpilot.kernels.variants.split12_args import pack  # packs on the weight's device
 
-            w = torch.randn(n, k, device=self.device, dtype=torch.bfloat16)
-            a = pack(w)
+            p = pack(torch.randn(n, k, device=self.device, dtype=torch.bfloat16))
             out = torch.empty(m, n, device=self.device, dtype=torch.bfloat16)
-            op = _ext.ops().split12_linear
-            return time_call(lambda: op(x, *contract_args(a), k, out), self.device, self.reps)
+            kernel = kernel_for_shape(m, k)  # what the engine's Split12Linear runs for m rows
+            return time_call(lambda: split12_ops.split12_linear(x, p, out, kernel=kernel), self.device, self.reps)
         w = torch.randn(n, k, device=self.device, dtype=self.dtype)
         if m == 1 and self.one_token_gemv(w):      # what the engine's one-token steps run
             return time_call(lambda: gemv_fusion.linear(x, w), self.device, self.reps)
@@ -79,7 +80,10 @@ class _Measurer:
 
     def linear_label(self, dtype: str) -> str:
         if self.split12:
-            return "split12_linear op"
+            skinny = skinny_linear.enabled() and skinny_linear.available()
+            return ("split12_linear op (CUDA-core GEMV at M = 1, "
+                    + (f"split12 skinny GEMM at 2..{skinny_linear.MAX_ROWS} rows, " if skinny else "")
+                    + "mma.sync tensor cores above)")
         label = f"torch {dtype} matmul"
         if self.device == "cuda" and skinny_linear.enabled() and skinny_linear.available():
             label = f"skinny_gemm at M = 2..{skinny_linear.MAX_ROWS}, " + label + " otherwise"

@@ -49,10 +49,16 @@ def linear_kernel_for_rows(mods, rows: int):
 
 def kernel_for(module, rows: int) -> str:
     """The kernel a switchable linear uses for `rows` token rows."""
+    return kernel_for_shape(rows, module.in_features)
+
+
+def kernel_for_shape(rows: int, in_features: int) -> str:
+    """The kernel for `rows` token rows times a weight with `in_features` columns (the cost model
+    times the same choice)."""
     if rows == 1:
         return "simt"
     skinny = (rows <= skinny_linear.MAX_ROWS and skinny_linear.enabled() and skinny_linear.available()
-              and module.in_features % 8 == 0)
+              and in_features % 8 == 0)
     return "skinny" if skinny else "tc"
 
 

@@ -15,6 +15,8 @@ import torch
 
 from specpilot import _ext
 
+MAX_ROWS = 16  # token rows per launch (kMaxM in csrc/include/specpilot/skinny_gemm.h)
+
 
 @functools.lru_cache(maxsize=None)
 def _size(n: int, k: int) -> tuple:

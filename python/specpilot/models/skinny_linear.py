@@ -29,7 +29,7 @@ from specpilot.kernels import registry, skinny_workspace
 
 from . import fused_ops
 
-MAX_ROWS = 16                          # kMaxM
+MAX_ROWS = skinny_workspace.MAX_ROWS
 
 _enabled = settings.get().skinny_gemm  # SPECPILOT_SKINNY_GEMM
 

@@ -26,7 +26,6 @@ from specpilot.kernels.dispatch import integrated_launcher
 from .reference import Split12Tensor
 
 CUDA_MAX_M = 32  # rows per CUDA launch; larger M is split into chunks (rows are independent)
-SKINNY_MAX_M = 16  # rows per skinny-GEMM launch (kMaxM)
 KERNELS = ("simt", "tc", "skinny")  # CUDA-core lane-tree order (CPU-identical) / mma.sync / TMA + wgmma
 # CUDA kernel variants (csrc/include/specpilot/split12_format.h): which launch geometry / load
 # pipeline the CUDA ops use at M = 1 and for kernel="tc". Every variant gives the same output bits.
@@ -112,7 +111,7 @@ def _skinny(x: torch.Tensor, out: torch.Tensor, n: int, k: int, launch) -> torch
     if not (out.is_contiguous() and out.data_ptr() % 16 == 0):
         raise ValueError(f"kernel='skinny' writes a contiguous, 16-byte aligned out, got strides {out.stride()}")
     partials, counters = skinny_workspace.buffers(x.device, n, k)
-    for xs, ys in _chunks(x, out, SKINNY_MAX_M):
+    for xs, ys in _chunks(x, out, skinny_workspace.MAX_ROWS):
         launch(xs, ys, partials, counters)
     return out
 
