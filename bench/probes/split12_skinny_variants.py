@@ -6,10 +6,13 @@ replaced, compiled by nvcc into a shared library and first checked bit for bit a
 package's skinny_gemm on the unpacked weights (M = 16, 5, 1; escapes included). Needs the package
 built with CUDA and nvcc. One-off experiment, not part of the package:
 
-    python bench/probes/split12_skinny_variants.py NAME=RAW:DEC:DECODERS ...
+    python bench/probes/split12_skinny_variants.py NAME=RAW:DEC:DECODERS ... [--grids 132]
 
 RAW / DEC = raw / decoded ring stages (32 KB / 40 KB each, at most 227 KB in all), DECODERS =
-decoder threads (a multiple of 128). Prints us per call per shape, then ratios to the bf16 kernel.
+decoder threads (a multiple of 128, 8 or 16 rows per warp). --grids also times each variant on
+those grid sizes (NAME@CTAS; the planner's grid is the bf16 kernel's, one CTA per row block where it
+can: a decode-bound kernel may want every SM). Prints us per call per shape, then ratios to the
+bf16 kernel.
 """
 import argparse
 import ctypes
@@ -25,7 +28,6 @@ import torch.nn.functional as F
 from skinny_tma_variants import REPS, SHAPES, set_constant
 from specpilot.bench.timing import time_graph
 from specpilot.formats.split12 import ops as split12_ops
-from specpilot.kernels import skinny_workspace
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SHAPES = {**SHAPES, "lm_head": (151936, 4096)}
@@ -50,14 +52,16 @@ def build(name: str, raw: int, dec: int, decoders: int, workdir: str):
     return ctypes.CDLL(str(d / "probe.so"))
 
 
-def launcher(lib, planes, n: int, k: int, x, y):
-    """A launch of one variant at the planner's grid, with the package's workspace."""
+def launcher(lib, planes, n: int, k: int, x, y, ctas: int = 0):
+    """A launch of one variant on `ctas` CTAs (0: the planner's grid), with its own workspace."""
     ptrs = (ctypes.c_void_p * 6)(*[t.data_ptr() for t in planes])
-    partials, counters = skinny_workspace.buffers(x.device, n, k)
+    ops = torch.ops.specpilot
+    partials = torch.empty(ops.skinny_partials_count(ctas or ops.skinny_plan_ctas(n, k), n), device=x.device)
+    counters = torch.zeros(ops.skinny_counter_count(n), dtype=torch.int32, device=x.device)
 
     def call():
         err = lib.probe_gemm(ptrs, n, k, ctypes.c_void_p(x.data_ptr()), x.shape[0], ctypes.c_void_p(y.data_ptr()),
-                             ctypes.c_void_p(partials.data_ptr()), ctypes.c_void_p(counters.data_ptr()), 0, 1,
+                             ctypes.c_void_p(partials.data_ptr()), ctypes.c_void_p(counters.data_ptr()), ctas, 1,
                              ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
         if err:
             raise RuntimeError(f"launch failed: cudaError {err}")
@@ -83,7 +87,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("variants", nargs="+", help="NAME=RAW:DEC:DECODERS")
     p.add_argument("--shapes", default=",".join(SHAPES))
+    p.add_argument("--grids", default="", help="grid sizes timed besides the planner's, e.g. 132")
     args = p.parse_args()
+    grids = [int(g) for g in args.grids.split(",") if g]
     specs = [(v.split("=")[0], *map(int, v.split("=")[1].split(":"))) for v in args.variants]
     with tempfile.TemporaryDirectory() as workdir, ThreadPoolExecutor(8) as pool:
         libs = dict(zip((s[0] for s in specs), pool.map(lambda s: build(*s, workdir), specs)))
@@ -101,7 +107,9 @@ def main() -> int:
             t = {"torch": 1e6 * time_graph([lambda w=w: F.linear(x, w) for w in ws], REPS),
                  "bf16": 1e6 * time_graph([lambda w=w: split12_ops.bf16_linear(x, w, y, "skinny") for w in ws], REPS)}
             for name, lib in libs.items():
-                t[name] = 1e6 * time_graph([launcher(lib, planes, n, k, x, y) for planes in packed], REPS)
+                for ctas in [0] + grids:
+                    key = f"{name}@{ctas}" if ctas else name
+                    t[key] = 1e6 * time_graph([launcher(lib, planes, n, k, x, y, ctas) for planes in packed], REPS)
             print(shape, " ".join(f"{key}={us:.1f}" for key, us in t.items()), flush=True)
             rows.append((shape, t))
             del ws, packed
