@@ -62,17 +62,12 @@ struct Split12Plan {
 
 constexpr int kRowsPerWarp = kRowsPerCta / (kDecoders / 32);
 
-// 8 weights of one row -> 8 bf16: `codes` holds their nibbles n = sign << 3 | cls (byte j: column j
-// low, column j + 4 high), `lo` their low bytes, base4 the row's base in every byte. Four columns at
-// once: hi = sign << 7 | (cls + base) = n + 15 * (n & 8) + base (every byte stays <= 255: no carry
-// between bytes), then byte_perm interleaves hi and lo bytes: ~13 ops for 8 weights. base4 = 0 on
+// 8 weights of one row -> 8 bf16 (the format's decode8, byte_perm: ~12 integer ops). base4 = 0 on
 // zero-filled planes (rows past N, columns past K) gives +0.
 __device__ __forceinline__ uint4 decode8(uint32_t codes, uint2 lo, uint32_t base4) {
-  const uint32_t n_lo = codes & 0x0F0F0F0Fu, n_hi = (codes >> 4) & 0x0F0F0F0Fu;  // columns 0-3, 4-7
-  const uint32_t h_lo = (n_lo & 0x08080808u) * 15u + (n_lo + base4);
-  const uint32_t h_hi = (n_hi & 0x08080808u) * 15u + (n_hi + base4);
-  return make_uint4(__byte_perm(lo.x, h_lo, 0x5140), __byte_perm(lo.x, h_lo, 0x7362),
-                    __byte_perm(lo.y, h_hi, 0x5140), __byte_perm(lo.y, h_hi, 0x7362));
+  uint32_t w[4];
+  split12::decode8(codes, lo.x, lo.y, base4, w);
+  return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 // Byte offset of (row r, column kl of the step) in the stage's four 128-byte-swizzled boxes.
