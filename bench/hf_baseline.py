@@ -43,7 +43,10 @@ def load_hf_pair(target_dir, drafter_dir, device, dtype) -> HFPair:
     the run's device and dtype."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype, attn_implementation="sdpa")
+    from specpilot.formats.split12.io import hf_loadable
+
+    with hf_loadable(target_dir) as folder:  # a split12 folder: HF reads its bf16 unpack
+        target = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, attn_implementation="sdpa")
     target = target.to(device).eval()
     drafter = None
     if drafter_dir is not None:

@@ -62,3 +62,36 @@ def test_demo_without_zoo_says_so(monkeypatch, tmp_path, capsys):
     assert rc == 0 and "NO ZOO PAIR FOUND" in out and "RANDOM-WEIGHT" in out
     summary = last_json(out)
     assert summary["passed"] is True and summary["prompts"] == 1 and summary["tokens"] == 8
+
+
+def test_split12_folder_as_target(tmp_path, capsys):
+    """A `specpilot pack`ed target runs as split12 by default (stock reads a bf16 unpack of it) and
+    token-forces against stock; --weights bf16 runs the same folder unpacked, with the same tokens."""
+    import torch
+
+    from specpilot.formats.split12.linear import Split12Linear
+    from specpilot.models import load_target
+
+    t, d = write_pair(tmp_path, "tiny-qwen3", layer_ids=[0, 2], block_size=4, seed=fresh_seed(),
+                      dtype=torch.bfloat16)
+    packed = tmp_path / "target-split12"
+    assert main(["pack", str(t), str(packed)]) == 0
+    capsys.readouterr()
+    assert any(isinstance(m, Split12Linear) for m in load_target(packed).modules())
+    assert not any(isinstance(m, Split12Linear) for m in load_target(packed, weights="bf16").modules())
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "prompt": "def f(x):\n"}) + "\n")
+    rc = main(["verify", "--target", str(packed), "--drafter", str(d), "--prompts", str(prompts),
+               "--max-new-tokens", "12", "--device", "cpu", "--dtype", "bf16"])
+    out = last_json(capsys.readouterr().out)
+    assert rc == 0 and out["passed"] is True and out["prompts"] == 1 and out["tokens"] >= 1
+    assert out["weights"] == "split12"
+    runs = {}
+    for mode, weights in (("--drafter", None), ("--ar", None), ("--ar", "bf16")):
+        args = ["generate", "--target", str(packed), "--prompt", "x = 1\n", "--max-new-tokens", "10",
+                "--device", "cpu", "--dtype", "bf16"] + ([mode, str(d)] if mode == "--drafter" else [mode])
+        assert main(args + (["--weights", weights] if weights else [])) == 0
+        out = capsys.readouterr().out
+        runs[mode, weights] = (last_json(out)["weights"], out.split("=== prompt ===\n")[1].split("\n--- prompt")[0])
+    assert runs["--drafter", None][0] == runs["--ar", None][0] == "split12" and runs["--ar", "bf16"][0] == "bf16"
+    assert runs["--drafter", None][1] == runs["--ar", None][1]  # greedy spec == AR on split12 weights

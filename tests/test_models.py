@@ -186,8 +186,9 @@ def test_request_errors(folders):
 
 
 def test_split12_weights_option(folders, tmp_path):
-    """weights='split12' swaps the linears (or says what is missing); a `specpilot pack` folder loads
-    to the very same bf16 weights as its source."""
+    """weights='split12' swaps the linears (or says what is missing); a `specpilot pack` folder runs
+    split12 by default (as stored), and with weights='bf16' loads to the very same bf16 weights as
+    its source."""
     t, _ = folders["tiny-qwen3"]
     try:
         from specpilot.formats.split12 import io as split12_io
@@ -201,9 +202,14 @@ def test_split12_weights_option(folders, tmp_path):
     t, _ = write_pair(tmp_path / "bf16", "tiny-qwen3", layer_ids=[0, 3], seed=fresh_seed(), dtype=torch.bfloat16)
     summary = split12_io.pack_folder(t, tmp_path / "packed")
     assert split12_io.is_split12_folder(tmp_path / "packed"), summary
-    plain, packed = load_target(t), load_target(tmp_path / "packed")
+    plain, packed = load_target(t), load_target(tmp_path / "packed", weights="bf16")
     for (na, a), (nb, b) in zip(plain.state_dict().items(), packed.state_dict().items()):
         assert na == nb and torch.equal(a, b)
+    as_stored = load_target(tmp_path / "packed")
+    assert isinstance(as_stored.layers[0].attn.qkv, Split12Linear)
+    assert not isinstance(load_target(tmp_path / "packed", dtype=torch.float32).layers[0].attn.qkv, Split12Linear)
+    with pytest.raises(ValueError, match="as stored"):
+        load_target(t, weights="int4")
     swapped = load_target(t, weights="split12")
     assert isinstance(swapped.layers[0].attn.qkv, Split12Linear) and isinstance(swapped.lm_head, Split12Linear)
     out = Engine(swapped, max_seq_len=64).generate_ar([1, 2, 3], 5)

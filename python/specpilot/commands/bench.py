@@ -28,7 +28,8 @@ def configure(parser):
     parser.add_argument("--methods", default=",".join(DEFAULT_METHODS), help=f"comma list of {','.join(METHODS)}")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
-    parser.add_argument("--weights", default="bf16", choices=("bf16", "split12"), help="our engine's weights")
+    parser.add_argument("--weights", default=None, choices=("bf16", "split12"),
+                        help="our engine's target weights (default: as stored; split12 packs a bf16 folder at load)")
     parser.add_argument("--replay", default=None,
                         help="scale tier: replay acceptance in our_spec, a fixed TAU (e.g. 6.49) or a trace.json")
     parser.add_argument("--tier", default="auto", choices=("auto", "real", "scale", "correctness"),
@@ -131,12 +132,13 @@ def run(args) -> int:
     from specpilot.bench import datasets, e2e, random_pair, report, traces
     import torch
 
-    from specpilot.models.loading import as_dtype
+    from specpilot.models.loading import as_dtype, resolve_weights
 
     _check_args(args)
     methods = e2e.parse_methods(args.methods)
     random_target = random_pair.is_random(args.target)
     _check_methods(args, methods, random_target)
+    args.weights = (args.weights or "bf16") if random_target else resolve_weights(args.target, args.dtype, args.weights)
     names = [datasets.canonical_name(n) for n in args.benchmarks.split(",") if n.strip()]
     samples = {n: datasets.load_benchmark(Path(args.datasets), n, args.limit) for n in names}
     tokenizer = _load_tokenizer(args.target)

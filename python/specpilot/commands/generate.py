@@ -14,17 +14,17 @@ def configure(parser):
     parser.add_argument("--block-size", type=int, default=None, help="default: the drafter's")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--weights", default="bf16", choices=["bf16", "split12"])
     parser.add_argument("--ar", action="store_true", help="target-only decoding (no drafter needed)")
 
 
 def run(args) -> int:
     from specpilot.models import stop_ids_for
+    from specpilot.models.loading import resolve_weights
 
     if not args.ar and not args.drafter:
         raise ValueError("speculative decoding needs --drafter DIR (or pass --ar)")
-    target, drafter, tok = load_pair(args.target, None if args.ar else args.drafter, args.device, args.dtype,
-                                     args.weights)
+    weights = resolve_weights(args.target, args.dtype, args.weights)
+    target, drafter, tok = load_pair(args.target, None if args.ar else args.drafter, args.device, args.dtype, weights)
     prompts = prompts_from_args(args, tok)
     engine = engine_for(target, drafter, prompts, args.max_new_tokens)
     stop = stop_ids_for(target, tok)
@@ -44,7 +44,7 @@ def run(args) -> int:
         rows.append({"id": pid, "tokens": len(r.tokens), "tau": r.tau, "tokens_per_s": r.tokens_per_s})
     total_tokens = sum(r["tokens"] for r in rows)
     taus = [r["tau"] for r in rows if r["tau"]]
-    print(json.dumps({"prompts": len(rows), "tokens": total_tokens, "mode": "ar" if args.ar else "spec",
+    print(json.dumps({"prompts": len(rows), "tokens": total_tokens, "mode": "ar" if args.ar else "spec", "weights": weights,
                       "tau": sum(taus) / len(taus) if taus else None,
                       "tokens_per_s": sum(r["tokens_per_s"] for r in rows) / len(rows)}))
     return 0

@@ -1,6 +1,7 @@
 """`specpilot verify`: stock dflash_generate vs our engine on a prompt file; token forcing of
 stock's transcripts through our target. Exit 0 only if every prompt passes; the last line is one
-JSON object (prompts, tokens, mismatches, tolerated, passed, ...)."""
+JSON object (prompts, tokens, mismatches, tolerated, passed, weights, ...). A split12 folder runs
+split12 (stock reads a bf16 unpack of it); --weights split12 packs a bf16 folder at load."""
 import json
 
 from specpilot.engine.cli_support import add_model_args, engine_for, load_pair, prompts_from_args
@@ -18,10 +19,12 @@ def configure(parser):
 
 def run(args) -> int:
     from specpilot.models import stop_ids_for
+    from specpilot.models.loading import resolve_weights
     from specpilot.verify.forcing import token_force
     from specpilot.verify.stock import load_stock
 
-    target, drafter, tok = load_pair(args.target, args.drafter, args.device, args.dtype)
+    weights = resolve_weights(args.target, args.dtype, args.weights)
+    target, drafter, tok = load_pair(args.target, args.drafter, args.device, args.dtype, weights)
     prompts = prompts_from_args(args, tok)
     engine = engine_for(target, drafter, prompts, args.max_new_tokens)
     stock = load_stock(args.target, args.drafter, args.device, args.dtype)
@@ -33,7 +36,7 @@ def run(args) -> int:
                          stop_ids=stop_ids_for(target, tok), block_size=args.block_size,
                          ids=[pid for pid, _ in prompts], arbiter=arbiter)
     print_report(report)
-    print(json.dumps(report.summary()))
+    print(json.dumps({**report.summary(), "weights": weights}))
     return 0 if report.passed else 1
 
 

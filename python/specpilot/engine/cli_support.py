@@ -7,6 +7,9 @@ import torch
 def add_model_args(parser, drafter_required: bool = True):
     parser.add_argument("--target", required=True, help="target model folder (HF format)")
     parser.add_argument("--drafter", required=drafter_required, help="DFlash drafter folder")
+    parser.add_argument("--weights", default=None, choices=["bf16", "split12"],
+                        help="our engine's target weights (default: as stored; split12 packs a bf16 folder at "
+                             "load, bf16 unpacks a split12 folder)")
     add_run_args(parser)
 
 
@@ -32,7 +35,7 @@ def prompts_from_args(args, tokenizer):
     return out
 
 
-def load_pair(target_dir, drafter_dir, device, dtype, weights="bf16"):
+def load_pair(target_dir, drafter_dir, device, dtype, weights=None):
     from specpilot.models import load_drafter, load_target, load_tokenizer
 
     target = load_target(target_dir, device=device, dtype=dtype, weights=weights)

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from . import hf_names
-from .checkpoint import assign_state, read_any_state_dict
+from .checkpoint import SPLIT12_FORMAT, assign_state, checkpoint_format, read_any_state_dict
 from .config import drafter_config_from_dict, read_config_json, target_config_from_dict
 from .drafter import DFlashDrafter
 from .target import TargetLM
@@ -40,11 +40,12 @@ def build_target(cfg) -> TargetLM:
         return TargetLM(cfg)
 
 
-def load_target(folder, device="cpu", dtype=torch.bfloat16, weights="bf16") -> TargetLM:
+def load_target(folder, device="cpu", dtype=torch.bfloat16, weights=None) -> TargetLM:
     """Qwen3 / LLaMA-3.x causal LM from an HF folder (config.json + safetensors, single or sharded,
-    or a split12-packed folder). weights="split12" swaps the linears for split12 ones after loading."""
-    if weights not in ("bf16", "split12"):
-        raise ValueError(f"weights={weights!r}: use 'bf16' or 'split12'")
+    or a split12-packed folder). weights="split12" swaps the linears for split12 ones after loading
+    (a bf16 folder is packed at load), "bf16" keeps bf16 linears (a split12 folder is unpacked),
+    None runs the weights as stored: split12 for a split12 folder in bf16, else bf16."""
+    weights = resolve_weights(folder, dtype, weights)
     device, dtype = _device(device), as_dtype(dtype)
     cfg = target_config_from_dict(read_config_json(folder), where=f"target {folder}")
     state = hf_names.target_from_hf(read_any_state_dict(folder), cfg, where=f"target {folder}")
@@ -59,6 +60,17 @@ def load_target(folder, device="cpu", dtype=torch.bfloat16, weights="bf16") -> T
     if weights == "split12":
         swap_to_split12(model)
     return model
+
+
+def resolve_weights(folder, dtype, weights=None) -> str:
+    """'bf16' or 'split12': `weights` if given, else as stored (split12 for a split12 folder run in
+    bf16; a split12 folder run in fp32 holds the same bf16 values in fp32)."""
+    if weights not in (None, "bf16", "split12"):
+        raise ValueError(f"weights={weights!r}: use 'bf16', 'split12' or None (as stored)")
+    if weights is not None:
+        return weights
+    stored = checkpoint_format(folder) if (Path(folder) / "config.json").exists() else "bf16"
+    return "split12" if as_dtype(dtype) == torch.bfloat16 and stored == SPLIT12_FORMAT else "bf16"
 
 
 def swap_to_split12(model) -> None:

@@ -31,8 +31,11 @@ def load_stock(target_dir, drafter_dir, device="cpu", dtype=torch.bfloat16) -> S
     from dflash.model import DFlashDraftModel
     from transformers import AutoModelForCausalLM
 
+    from specpilot.formats.split12.io import hf_loadable
+
     dtype, device = as_dtype(dtype), torch.device(device)
-    target = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=dtype, attn_implementation="sdpa")
+    with hf_loadable(target_dir) as folder:  # a split12 folder: stock reads its bf16 unpack
+        target = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, attn_implementation="sdpa")
     drafter = DFlashDraftModel.from_pretrained(str(drafter_dir), dtype=dtype, attn_implementation="sdpa")
     return StockPair(target.to(device).eval(), drafter.to(device).eval(), device)
 

@@ -6,6 +6,7 @@ of a split12 folder carries the metadata FORMAT_KEYS below; readers refuse anoth
 layout. Other files (config, tokenizer, ...) are copied. Writes go to a temporary sibling folder
 that is renamed into place, so a folder is never half-written.
 """
+import contextlib
 import json
 import os
 import shutil
@@ -84,6 +85,20 @@ def is_split12_folder(folder) -> bool:
             return (f.metadata() or {}).get("format") == FORMAT_NAME
     except (FileNotFoundError, OSError):
         return False
+
+
+@contextlib.contextmanager
+def hf_loadable(folder):
+    """The folder as HF transformers (stock DFlash, the HF baselines) can load it: the folder itself,
+    or for a split12 folder a bf16 unpack of it in a temporary folder, removed on exit (load the
+    model inside the block)."""
+    if not is_split12_folder(folder):
+        yield Path(folder)
+        return
+    with tempfile.TemporaryDirectory(prefix="specpilot-bf16-") as tmp:
+        dst = Path(tmp) / Path(folder).name
+        unpack_folder(folder, dst)
+        yield dst
 
 
 def load_state_dict(folder) -> dict:
