@@ -1,8 +1,10 @@
 """`specpilot bench` end to end on a tiny random pair (CPU, fp32), and the e2e loop with fakes."""
 import json
 import os
+import pathlib
 import random
 import string
+import tempfile
 
 import pytest
 
@@ -83,6 +85,28 @@ def test_cli_all_methods(tiny_pair, prompt_dir, tmp_path, capsys):
     assert (out / "report.png").read_bytes()[:4] == b"\x89PNG"
     assert traces.load(out / "traces_stock.json").prompts  # replayable trace recorded
     assert "[gsm8k 1/1]" in captured.err and "tok/s" in captured.err
+
+
+def test_cli_split12_folder_target(tmp_path, prompt_dir, rng, capsys):
+    """A packed (split12) target: our methods run split12 weights, stock reads a bf16 unpack of the
+    folder; the report names the weights."""
+    import torch
+
+    from specpilot.models.random_ckpt import write_pair
+
+    target, drafter = write_pair(tmp_path / "pair", "tiny-qwen3", block_size=4, seed=rng.randrange(2**31),
+                                 dtype=torch.bfloat16)
+    assert cli.main(["pack", str(target), str(tmp_path / "packed")]) == 0
+    unpacks = lambda: set(pathlib.Path(tempfile.gettempdir()).glob("specpilot-bf16-*"))  # noqa: E731
+    before = unpacks()
+    out = tmp_path / "out"
+    rc = cli.main(["bench", "--target", str(tmp_path / "packed"), "--drafter", str(drafter), "--datasets",
+                   str(prompt_dir), "--benchmarks", "gsm8k", "--limit", "1", "--max-new-tokens", "6", "--dtype", "bf16",
+                   "--device", "cpu", "--methods", "stock,our_ar,our_spec", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    assert {r["method"] for r in _rows(out)} == {"stock", "our_ar", "our_spec"}
+    assert json.loads((out / "run_info.json").read_text())["weights"] == "split12"
+    assert unpacks() <= before  # the temporary bf16 unpack for stock is gone
 
 
 def test_cli_replay_follows_trace(tiny_pair, prompt_dir, tmp_path, rng, capsys):
