@@ -5,9 +5,9 @@ forward. On by default (`set_skinny_gemm(False)` or SPECPILOT_SKINNY_GEMM=0 turn
 H200 the Qwen3-8B verify step takes 4.74 ms with it against 5.10 ms with cuBLAS, the draft step
 1.14 vs 1.17 (docs/PERF_NOTES.md, seventh session). Launched with PDL: after our PDL elementwise
 kernels it streams its first weights while they run. Used for the target's QKV, O, gate_up, down
-and LM head, and the drafter's q, kv, o and logits.
-`matmul(x, w)` is the same for a bare weight. `takes` says no when the switch is off or so are fused_ops' kernels, the rows are not 2..MAX_ROWS
-of CUDA bf16, or the linear is not a plain bias-free nn.Linear whose bf16 weight the kernel reads
+and LM head, and the drafter's q, kv, o and logits. `matmul(x, w)` is the same for a bare weight.
+`takes` says no when the switch is off or so are fused_ops' kernels, the rows are not 2..MAX_ROWS of
+CUDA bf16, or the linear is not a plain bias-free nn.Linear whose bf16 weight the kernel reads
 (K % 8 == 0, 16-byte aligned). One token row stays with gemv_fusion / cuBLAS.
 
 Exactness: fp32 accumulation in one fixed order per weight shape (never dependent on the row count
