@@ -25,3 +25,30 @@ def test_the_switch_returns_the_previous_value():
     first = skinny_linear.set_skinny_gemm(True)
     assert skinny_linear.set_skinny_gemm(first) is True
     assert skinny_linear.enabled() is first
+
+
+def test_the_launch_loop_chunks_rows_and_aligns_x(monkeypatch):
+    """kernels/skinny_workspace.run (the launch loop of every skinny GEMM call), with a stand-in
+    launch on the CPU: 20 rows go as 16 + 4, a contiguous x at an odd offset is copied to an aligned
+    one with the same values, the workspace is passed through, and an out it cannot write is refused."""
+    import pytest
+
+    from specpilot.kernels import skinny_workspace
+
+    ws = (torch.empty(3), torch.zeros(2, dtype=torch.int32))
+    monkeypatch.setattr(skinny_workspace, "buffers", lambda device, n, k: ws)
+    buf = torch.randn(20 * 8 + 1, dtype=torch.bfloat16)
+    x = buf[1:].view(20, 8)
+    assert x.is_contiguous() and x.data_ptr() % 16 != 0
+    out = torch.full((20, 4), float("nan"), dtype=torch.bfloat16)
+    calls = []
+
+    def launch(xs, ys, partials, counters):
+        calls.append((xs.shape[0], xs.data_ptr() % 16, partials is ws[0] and counters is ws[1]))
+        ys.copy_(xs[:, :4])
+
+    assert skinny_workspace.run(x, out, 4, 8, launch) is out
+    assert calls == [(16, 0, True), (4, 0, True)]
+    assert torch.equal(out, x[:, :4])
+    with pytest.raises(ValueError, match="out must be contiguous"):
+        skinny_workspace.run(x, out.t(), 4, 8, launch)

@@ -1,6 +1,7 @@
 """The workspace of the skinny GEMMs (torch.ops.specpilot.skinny_gemm and split12_skinny_gemm, one
 contract: csrc/include/specpilot/skinny_gemm.h): an fp32 partials buffer for row blocks that CTAs
-share, and a zeroed int32 counter per row block, which each launch leaves zero again.
+share, and a zeroed int32 counter per row block, which each launch leaves zero again; and `run`,
+the one launch loop both ops go through (aligned rows, chunks of MAX_ROWS, this workspace).
 
 One pair per device, sized for the largest weight shape seen (any row count), grown on demand
 outside CUDA-graph capture (a zero fill captured into a graph would not run until its first replay)
@@ -56,3 +57,17 @@ def buffers(device: torch.device, n: int, k: int):
     """(partials, counters) on `device` for a launch over an N x K weight with the planned grid."""
     ws = _workspaces.get(device) or _workspaces.setdefault(device, _Workspace(device))
     return ws.buffers(n, k)
+
+
+def run(x: torch.Tensor, out: torch.Tensor, n: int, k: int, launch) -> torch.Tensor:
+    """out [M, N] = x [M, K] times an N x K weight through a skinny GEMM, in chunks of MAX_ROWS rows:
+    launch(x rows, out rows, partials, counters) runs one. TMA wants contiguous, 16-byte aligned
+    rows: x is copied when it is not (a contiguous view at an odd offset too)."""
+    if not (x.is_contiguous() and x.data_ptr() % 16 == 0):
+        x = x.clone(memory_format=torch.contiguous_format)
+    if not (out.is_contiguous() and out.data_ptr() % 16 == 0):
+        raise ValueError(f"skinny GEMM: out must be contiguous and 16-byte aligned, got strides {out.stride()}")
+    partials, counters = buffers(x.device, n, k)
+    for i in range(0, x.shape[0], MAX_ROWS):
+        launch(x[i:i + MAX_ROWS], out[i:i + MAX_ROWS], partials, counters)
+    return out

@@ -73,13 +73,11 @@ def takes(x: torch.Tensor, *linears) -> bool:
 
 def _run(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """x @ weight.T through the kernel (the caller checked takes_weight)."""
-    rows = x.reshape(-1, x.shape[-1])
-    if not (rows.is_contiguous() and rows.data_ptr() % 16 == 0):
-        rows = rows.contiguous()
     n, k = weight.shape
+    rows = x.reshape(-1, k)
     y = x.new_empty(rows.shape[0], n)
-    partials, counters = skinny_workspace.buffers(weight.device, n, k)
-    _ext.ops().skinny_gemm(weight, rows, 0, True, y, partials, counters)
+    skinny_workspace.run(rows, y, n, k, lambda xs, ys, partials, counters: _ext.ops().skinny_gemm(
+        weight, xs, 0, True, ys, partials, counters))
     return y.view(*x.shape[:-1], n)
 
 

@@ -58,7 +58,7 @@ def _check_kernel(name: str, kernel: str, x: torch.Tensor) -> None:
 
 
 def _op(name: str, kernel: str, x: torch.Tensor):
-    """The simt or tc op (the skinny kernel has its own launch, `_skinny`)."""
+    """The simt or tc op (the skinny kernels launch through kernels/skinny_workspace.run)."""
     return getattr(_ext.ops(), name + "_tc" if kernel == "tc" else name)
 
 
@@ -96,24 +96,11 @@ def _out(x: torch.Tensor, N: int, out):
     return out
 
 
-def _chunks(x: torch.Tensor, out: torch.Tensor, rows: int = CUDA_MAX_M):
-    """(x rows, out rows) pieces the kernels accept (CUDA takes M <= 32, the skinny GEMM M <= 16)."""
-    if x.device.type != "cuda" or x.shape[0] <= rows:
+def _chunks(x: torch.Tensor, out: torch.Tensor):
+    """(x rows, out rows) pieces the kernels accept (CUDA takes M <= 32)."""
+    if x.device.type != "cuda" or x.shape[0] <= CUDA_MAX_M:
         return [(x, out)]
-    return [(x[i:i + rows], out[i:i + rows]) for i in range(0, x.shape[0], rows)]
-
-
-def _skinny(x: torch.Tensor, out: torch.Tensor, n: int, k: int, launch) -> torch.Tensor:
-    """The skinny GEMM over x's rows in chunks of 16: launch(x rows, out rows, partials, counters).
-    TMA wants 16-byte aligned, contiguous rows (a view at an odd offset is copied)."""
-    if not (x.is_contiguous() and x.data_ptr() % 16 == 0):
-        x = x.clone(memory_format=torch.contiguous_format)
-    if not (out.is_contiguous() and out.data_ptr() % 16 == 0):
-        raise ValueError(f"kernel='skinny' writes a contiguous, 16-byte aligned out, got strides {out.stride()}")
-    partials, counters = skinny_workspace.buffers(x.device, n, k)
-    for xs, ys in _chunks(x, out, skinny_workspace.MAX_ROWS):
-        launch(xs, ys, partials, counters)
-    return out
+    return [(x[i:i + CUDA_MAX_M], out[i:i + CUDA_MAX_M]) for i in range(0, x.shape[0], CUDA_MAX_M)]
 
 
 def split12_linear(x: torch.Tensor, p: Split12Tensor, out: torch.Tensor | None = None,
@@ -125,7 +112,7 @@ def split12_linear(x: torch.Tensor, p: Split12Tensor, out: torch.Tensor | None =
     out = _out(x, p.N, out)
     planes = list(p.planes().values())
     if kernel == "skinny":
-        return _skinny(x, out, p.N, p.K, lambda xs, ys, partials, counters: _ext.ops().split12_skinny_gemm(
+        return skinny_workspace.run(x, out, p.N, p.K, lambda xs, ys, partials, counters: _ext.ops().split12_skinny_gemm(
             xs, *planes, p.K, 0, True, ys, partials, counters))
     op = _op("split12_linear", kernel, x)
     if kernel == "simt" and x.is_cuda and x.shape[0] == 1 and x.is_contiguous() and out.is_contiguous():
@@ -146,7 +133,7 @@ def bf16_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = Non
     _check_kernel("bf16_linear", kernel, x)
     out = _out(x, w.shape[0], out)
     if kernel == "skinny":
-        return _skinny(x, out, w.shape[0], w.shape[1], lambda xs, ys, partials, counters: _ext.ops().skinny_gemm(
+        return skinny_workspace.run(x, out, w.shape[0], w.shape[1], lambda xs, ys, partials, counters: _ext.ops().skinny_gemm(
             w, xs, 0, True, ys, partials, counters))
     op = _op("bf16_linear", kernel, x)
     for xs, ys in _chunks(x, out):
