@@ -13,7 +13,8 @@ new kernel that faults must not cost the other rows), then also the skinny tenso
 verify and draft linears (models/skinny_linear.py); last, the same with split12 weights (every
 layer's linears and the LM head swapped for Split12Linear, bench.gpu_engine_split12's shared
 planes: the fused split12 GEMV at T = 1, or split12_linear after separate norm / gate kernels;
-the mma.sync tensor-core kernel or the split12 skinny GEMM for verify). The swap cannot be undone,
+the mma.sync tensor-core kernel or the split12 skinny GEMM for verify; the last row with the T = 1
+linears on split12 kernel variant 5, the register-fed kernel the streamed one replaced). The swap cannot be undone,
 so they run last.
 All in one process, so the ratios are side by side. Prints a markdown table last.
 """
@@ -24,7 +25,7 @@ import json
 import torch
 
 # (name, fused elementwise kernels, attention backend, cuBLAS library for the linears, fused GEMVs,
-#  skinny GEMM for the verify / draft linears, weights)
+#  skinny GEMM for the verify / draft linears, weights[:split12 kernel variant, default the shipped one])
 CONFIGS = (("unfused + SDPA cudnn", False, "cudnn", "cublas", False, False, "bf16"),
            ("fused + SDPA cudnn", True, "cudnn", "cublas", False, False, "bf16"),
            ("fused + specpilot attention", True, "specpilot", "cublas", False, False, "bf16"),
@@ -39,11 +40,14 @@ CONFIGS = (("unfused + SDPA cudnn", False, "cudnn", "cublas", False, False, "bf1
            ("fused + auto attention, split12 weights (split12_linear at T = 1)", True, "auto", "cublas", False,
             False, "split12"),
            ("fused + specpilot attention + skinny GEMM (verify, draft), split12 weights (split12_linear at T = 1)",
-            True, "specpilot", "cublas", False, True, "split12"))
+            True, "specpilot", "cublas", False, True, "split12"),
+           ("the same, split12 kernel variant 5 (T = 1 register-fed, without the streamed kernel)",
+            True, "specpilot", "cublas", False, True, "split12:5"))
 
 
 def main(argv=None) -> int:
     from specpilot.engine import Engine
+    from specpilot.formats.split12 import ops as split12_ops
     from specpilot.models import fused_ops, gemv_fusion, skinny_linear
     from specpilot.models.attention_backend import set_attention_backend
     from specpilot.models.random_ckpt import TARGET_PRESETS, drafter_config_for, random_drafter, random_target
@@ -57,7 +61,7 @@ def main(argv=None) -> int:
     p.add_argument("--configs", default="", help="1-based indices into CONFIGS to run, e.g. 4,6 (default: all)")
     args = p.parse_args(argv)
     chosen = [CONFIGS[int(i) - 1] for i in args.configs.split(",") if i.strip()] or list(CONFIGS)
-    kinds = [c[6] for c in chosen]
+    kinds = [c[6].partition(":")[0] for c in chosen]
     if "split12" in kinds and "bf16" in kinds[kinds.index("split12"):]:
         raise SystemExit("engine_ab: the split12 configurations swap the target's weights for good; run them last")
     cfg = TARGET_PRESETS[args.preset]
@@ -66,6 +70,7 @@ def main(argv=None) -> int:
     floor = weight_bytes(target) / HBM_BYTES_PER_S * 1e3
     rows, failed, split12_done = [], [], False
     for name, fused, attention, blas, gemv, skinny, weights in chosen:
+        weights, _, variant = weights.partition(":")
         if weights == "split12" and not split12_done:
             split12_done = True
             from .gpu_engine_split12 import shared_plane_split12
@@ -75,6 +80,7 @@ def main(argv=None) -> int:
         previous_gemv = gemv_fusion.set_fused_gemv(gemv)
         previous_split12_gemv = gemv_fusion.set_fused_split12_gemv(gemv and weights == "split12")
         previous_skinny = skinny_linear.set_skinny_gemm(skinny)
+        previous_variant = split12_ops.kernel_variant(int(variant) if variant else split12_ops.SHIPPED_VARIANT)
         previous_blas = torch.backends.cuda.preferred_blas_library()    # (called with a name it returns the new one)
         torch.backends.cuda.preferred_blas_library(blas)
         try:
@@ -95,6 +101,7 @@ def main(argv=None) -> int:
         gemv_fusion.set_fused_gemv(previous_gemv)
         gemv_fusion.set_fused_split12_gemv(previous_split12_gemv)
         skinny_linear.set_skinny_gemm(previous_skinny)
+        split12_ops.kernel_variant(previous_variant)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"preset": args.preset, "floor_ms": floor, "rows": rows, "failed": failed}, f, indent=1)

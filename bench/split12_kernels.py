@@ -47,12 +47,12 @@ def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 10) -> float:
 
 
 def variant_runs(M: int, variants):
-    """(variant, kernel) pairs worth timing: variants 2, 3 differ from 1 only at M=1 on CUDA cores,
+    """(variant, kernel) pairs worth timing: variants 2, 3 (5) differ from 1 (0) only at M=1 on CUDA cores,
     4 (PDL launches) at M=1 on CUDA cores and on tensor cores."""
     runs = []
     for v in variants:
         for kernel in ops.KERNELS:
-            if v in (2, 3) and (M != 1 or kernel != "simt"):
+            if v in (2, 3, 5) and (M != 1 or kernel != "simt"):
                 continue
             if v == 4 and M != 1 and kernel == "simt":
                 continue
@@ -178,12 +178,12 @@ def _us(us: dict, key: str) -> str:
 def print_table(rows, copy_bw):
     print(f"\ncopy bandwidth {copy_bw / 1e9:.0f} GB/s (read+write); GB/s = stored weight bytes / time; "
           "x torch = time / torch bf16 time; shipped = variant 0, v1 = load-ahead kernels, "
-          "v2 / v3 = M=1 alternatives, v4 = v1 + PDL launches, m1 = split12_gemv_m1 (persistent, PDL); exact = split12 == bf16 twin and == v0 bit for bit; ok: the best shipped "
+          "v2 / v3 = M=1 alternatives, v4 = v1 + PDL launches, v5 = M=1 register-fed (v0 without the streamed kernel), m1 = split12_gemv_m1 (persistent, PDL); exact = split12 == bf16 twin and == v0 bit for bit; ok: the best shipped "
           "split12 kernel meets the ratio (and 85% copy BW at M=1)")
     print("| shape | M | exact | torch us | bf16 simt us | shipped simt us | shipped tc us | m1 us | v1 simt us "
-          "| v1 tc us | v2 simt | v3 simt | v4 simt | v4 tc | best GB/s | % copy | x torch simt | x torch tc "
+          "| v1 tc us | v2 simt | v3 simt | v4 simt | v4 tc | v5 simt | best GB/s | % copy | x torch simt | x torch tc "
           "| x torch m1 | bf16 gemv_m1 us | m1 / bf16 gemv_m1 | target | ok |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         us, best = r["us"], r["best_kernel"]
         ok = r["meets_ratio"] and (r["M"] != 1 or r["meets_copy_bw"])
@@ -191,6 +191,7 @@ def print_table(rows, copy_bw):
               f"| {_us(us, 'bf16_simt')} | {_us(us, 'split12_simt')} | {_us(us, 'split12_tc')} "
               f"| {_us(us, 'split12_m1')} | {_us(us, 'split12_simt@v1')} | {_us(us, 'split12_tc@v1')} | {_us(us, 'split12_simt@v2')} "
               f"| {_us(us, 'split12_simt@v3')} | {_us(us, 'split12_simt@v4')} | {_us(us, 'split12_tc@v4')} "
+              f"| {_us(us, 'split12_simt@v5')} "
               f"| {r.get(f'gbps_split12_{best}', float('nan')):.0f} "
               f"| {100 * r.get(f'copy_frac_split12_{best}', float('nan')):.0f} "
               f"| {r.get('ratio_split12_simt_to_torch', float('nan')):.3f} "
@@ -205,7 +206,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True, help="JSON file for every number")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"subset of {','.join(SHAPES)}")
     parser.add_argument("--ms", default="1,16", help="token counts M (1..32)")
-    parser.add_argument("--variants", default="0,1,2,3,4",
+    parser.add_argument("--variants", default="0,1,2,3,4,5",
                         help=f"CUDA kernel variants to check and time (must include {ops.SHIPPED_VARIANT}); "
                              f"{ops.KERNEL_VARIANTS}")
     args = parser.parse_args(argv)

@@ -237,16 +237,9 @@ int launch_kernel(void (*kernel)(Params...), dim3 grid, int block, int, cudaStre
 }}  // namespace specpilot::split12
 """
 
-MAIN = r"""
-#include <cmath>
-#include <cstdio>
-#include <random>
+PACK_CPP = r"""
 #include <vector>
-#include <string>
-using namespace specpilot::skinny;
-
-static float bf(uint16_t b) { const uint32_t u = (uint32_t)b << 16; float f; std::memcpy(&f, &u, 4); return f; }
-
+#include "specpilot/split12_format.h"
 // split12 planes of w, packed by the C++ reference packer (csrc/cpu/split12_pack.cpp).
 struct Planes { std::vector<uint8_t> lo, codes, base; std::vector<int32_t> rowptr, col; std::vector<int16_t> val; };
 static Planes pack(const std::vector<uint16_t>& w, int n, int k) {
@@ -259,7 +252,19 @@ static Planes pack(const std::vector<uint16_t>& w, int n, int k) {
   cpu_pack(w.data(), n, k, p.base.data(), p.rowptr.data(), p.lo.data(), p.codes.data(), p.col.data(), p.val.data());
   return p;
 }
+"""
 
+MAIN = r"""
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+#include <string>
+using namespace specpilot::skinny;
+
+static float bf(uint16_t b) { const uint32_t u = (uint32_t)b << 16; float f; std::memcpy(&f, &u, 4); return f; }
+
+""" + PACK_CPP + r"""
 static bool gemm_split12(const Planes& p, int n, int k, const std::vector<uint16_t>& x, int m, int ctas,
                          std::vector<uint16_t>& y, std::vector<int>& counters) {
   const int used = ctas ? ctas : skinny_ctas(n, k);
@@ -353,19 +358,23 @@ int main(int argc, char** argv) {
 """
 
 
-def kernel_for_host(path) -> str:
-    """A kernel source with its dynamic shared memory taken from the emulated CTA."""
+def kernel_for_host(path, decl="extern __shared__ uint8_t smem_raw[];", pointer="smem_raw") -> str:
+    """A kernel source with its dynamic shared memory (`decl`) taken from the emulated CTA."""
     src = path.read_text()
-    decl = "extern __shared__ uint8_t smem_raw[];"
-    assert decl in src, "skinny_gemm.cu changed its shared-memory declaration: update this emulation"
-    return src.replace(decl, "uint8_t* smem_raw = emu::cta->smem;")
+    assert decl in src, f"{path.name} changed its shared-memory declaration: update this emulation"
+    return src.replace(decl, f"uint8_t* {pointer} = emu::cta->smem;")
+
+
+def write_stand_ins(folder, extra_device: str = "") -> None:
+    """The stand-in headers (extra_device appended to sm90_device.cuh) into `folder`."""
+    for name, text in (("cuda.h", CUDA_H), ("cuda_runtime.h", CUDA_RUNTIME_H), ("fused_bf16.cuh", FUSED_BF16_CUH),
+                       ("sm90_device.cuh", SM90_DEVICE_CUH + extra_device), ("split12_launch.h", SPLIT12_LAUNCH_H)):
+        (folder / name).write_text(text)
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed on this machine")
 def test_skinny_kernel_on_the_host(tmp_path):
-    for name, text in (("cuda.h", CUDA_H), ("cuda_runtime.h", CUDA_RUNTIME_H), ("fused_bf16.cuh", FUSED_BF16_CUH),
-                       ("sm90_device.cuh", SM90_DEVICE_CUH), ("split12_launch.h", SPLIT12_LAUNCH_H)):
-        (tmp_path / name).write_text(text)
+    write_stand_ins(tmp_path)
     # The kernel sources sit beside the stand-ins, so their quoted includes find them first.
     cuda_dir = CSRC_DIR / "cuda"
     (tmp_path / "skinny_common.cuh").write_text((cuda_dir / "skinny_common.cuh").read_text())

@@ -147,11 +147,11 @@ def test_every_kernel_variant_gives_the_same_bits(N, K, gen):
         ops.kernel_variant(start)
 
 
-@pytest.mark.parametrize("kernel,M", [("simt", 1), ("tc", 16), ("tc", 1)])
-def test_pdl_launches_keep_dependent_calls_ordered(kernel, M, gen):
-    """Variant 4 (programmatic dependent launch) in a CUDA graph: each call reads the previous
-    call's output as x and overwrites a buffer the call before it wrote, so a missing wait
-    shows up as a wrong bit (compared with plain launches, eagerly)."""
+@pytest.mark.parametrize("kernel,M,variant", [("simt", 1, 4), ("tc", 16, 4), ("tc", 1, 4), ("simt", 1, 0)])
+def test_pdl_launches_keep_dependent_calls_ordered(kernel, M, variant, gen):
+    """Variant 4 (programmatic dependent launch) and 0 at M = 1 (the streamed GEMV always launches
+    so) in a CUDA graph: each call reads the previous call's output as x and overwrites a buffer the call
+    before it wrote, so a missing wait shows up as a wrong bit (compared with plain launches, eagerly)."""
     N = K = 4096
     w = weights(N, K, gen)
     p = ops.pack(w)
@@ -168,7 +168,7 @@ def test_pdl_launches_keep_dependent_calls_ordered(kernel, M, gen):
         ops.kernel_variant(1)
         chain()
         want = [b.clone() for b in bufs]
-        ops.kernel_variant(4)
+        ops.kernel_variant(variant)
         chain()  # eager PDL launches
         assert all(same_bits(b, e) for b, e in zip(bufs, want))
         graph = torch.cuda.CUDAGraph()

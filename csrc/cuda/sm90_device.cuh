@@ -76,6 +76,17 @@ __device__ __forceinline__ void tma_load_2d_evict_first(uint32_t dst, const void
       : "memory");
 }
 
+// Bulk copy (1-D TMA, no tensor map): `bytes` contiguous bytes from global `src` to shared `dst`,
+// completing them on `bar`. src, dst 16-byte aligned, bytes a multiple of 16. evict_first: the
+// weights are read once, so they should not push x and the tables out of L2.
+__device__ __forceinline__ void bulk_load_evict_first(uint32_t dst, const void* src, int bytes, uint32_t bar) {
+  asm volatile(
+      "{\n.reg .b64 policy;\ncreatepolicy.fractional.L2::evict_first.b64 policy, 1.0;\n"
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], policy;\n}\n" ::"r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+
 // Makes this thread's generic-proxy writes to shared memory visible to the async proxy (wgmma,
 // TMA) once the reader has synchronised with it (e.g. through an mbarrier).
 __device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }

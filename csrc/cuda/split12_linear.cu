@@ -1,6 +1,6 @@
 // Launchers of the CUDA-core linear kernels for M = 1..32 tokens: split12 (M = 1 goes to the
-// contract kernel split12_gemv, except variants 0, 2, 3 which use linear_kernel here) and its bf16
-// twin. Exactness: bit-identical to each other and to the CPU kernels (reduction order of
+// streamed kernel split12_stream.cu under variant 0 where it wins, to the contract kernel
+// split12_gemv under variants 1 and 4, else to linear_kernel here) and its bf16 twin. Exactness: bit-identical to each other and to the CPU kernels (reduction order of
 // split12_format.h), whatever the bucket or variant below.
 #include <cuda_runtime.h>
 
@@ -36,7 +36,8 @@ int launch(const Source& src, const uint16_t* x, int M, uint16_t* y, int N, int 
   };
   if (M <= 1) {
     switch (cuda_kernel_variant()) {  // see split12_format.h
-      case 0: return go(linear_kernel<Source, 1, 2, 1>, 2);
+      case 0:
+      case kCudaVariantRegisterFed: return go(linear_kernel<Source, 1, 2, 1>, 2);
       case 2: return go(linear_kernel<Source, 1, 1, 2>, 1);
       case 3: return go(linear_kernel<Source, 1, 2, 2>, 2);
       default: break;
@@ -61,6 +62,12 @@ int cuda_split12_linear(const uint16_t* x, int M, const uint8_t* lo, const uint8
   if (M < 1 || M > kCudaMaxM || N < 1 || K < 1) return (int)cudaErrorInvalidValue;
   if (M == 1 && (cuda_kernel_variant() == kCudaVariantLatest || cuda_kernel_variant() == kCudaVariantPdl))
     return cuda_split12_gemv(x, lo, codes, base, esc_rowptr, esc_col, esc_val, N, K, y, stream);
+  // The streamed kernel wins where its early start counts (the layer shapes; engine AR -5%), the
+  // register-fed one on very large matrices (LM head: 210 vs 228 us), docs/PERF_NOTES.md.
+  constexpr int64_t kStreamMaxWeights = int64_t(1) << 28;
+  if (M == 1 && cuda_kernel_variant() == kCudaVariantDefault && (int64_t)N * K < kStreamMaxWeights &&
+      split12_stream_gemv_fits(K))
+    return cuda_split12_stream_gemv(x, lo, codes, base, esc_rowptr, esc_col, esc_val, N, K, y, stream);
   const Split12Source src{{lo, codes, base, esc_rowptr, esc_col, reinterpret_cast<const uint16_t*>(esc_val)},
                           (int)round_up_kpad(K)};
   return launch(src, x, M, y, N, K, static_cast<cudaStream_t>(stream));

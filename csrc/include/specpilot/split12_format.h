@@ -153,6 +153,13 @@ int cuda_split12_linear(const uint16_t* x, int M, const uint8_t* lo, const uint8
                         const int32_t* esc_rowptr, const int32_t* esc_col, const int16_t* esc_val, int N,
                         int K, uint16_t* y, void* stream);
 int cuda_bf16_linear(const uint16_t* x, int M, const uint16_t* w, int N, int K, uint16_t* y, void* stream);
+// M = 1 with the weights streamed through shared memory by bulk copies (csrc/cuda/split12_stream.cu),
+// same order and bits as cuda_split12_linear; refuses (cudaErrorInvalidValue) a K whose x does not
+// fit beside a two-stage ring (split12_stream_gemv_fits: K <= 64768).
+bool split12_stream_gemv_fits(int K);
+int cuda_split12_stream_gemv(const uint16_t* x, const uint8_t* lo, const uint8_t* codes, const uint8_t* base,
+                             const int32_t* esc_rowptr, const int32_t* esc_col, const int16_t* esc_val, int N, int K,
+                             uint16_t* y, void* stream);
 // Tensor-core twins (csrc/cuda/split12_tc.cu): mma.sync order, split12 == bf16 bit for bit and
 // M-invariant, but not the lane-tree order above (within fp32 tolerance of it).
 int cuda_split12_linear_tc(const uint16_t* x, int M, const uint8_t* lo, const uint8_t* codes, const uint8_t* base,
@@ -165,16 +172,21 @@ constexpr int kCudaMaxM = 32;
 // times old and new side by side; process-global, not thread-safe; op split12_kernel_variant):
 //   1           M = 1: split12_gemv, 1 row per warp, 4 chunks per lane in flight (U = 4);
 //               tensor cores: tc_pipelined_kernel (cp.async ring, 3-4 spans per warp in flight).
-//   0 (default) M = 1 with 2 rows per warp, U = 1; tc_linear_kernel. The default because on the H200
-//               (2026-12-02, docs/PERF_NOTES.md) it beat 1-4 on every Qwen3-8B shape at M = 1 and 16.
+//   0 (default) M = 1: cuda_split12_stream_gemv below 2^28 weights (the layer shapes), else 2 rows
+//               per warp, U = 1; tc_linear_kernel. On the H200 (docs/PERF_NOTES.md) the register-fed
+//               M = 1 kernel beat 1-4 on every Qwen3-8B shape, and the streamed one took the engine's
+//               AR step 5% below it (2026-12-03).
 //   2, 3        M = 1 alternatives to 1 (R = 1, U = 2 / R = 2, U = 2), tensor cores as 1.
 //   4           1 launched with programmatic dependent launch (M = 1 and tensor cores): a kernel
 //               starts during the previous one and prefetches weights (csrc/cuda/split12_launch.h).
+//   5           0 without the streamed kernel (M = 1 always 2 rows per warp, U = 1: the default
+//               until 2026-12-03).
 // Only M = 1 and kernel "tc" change; every variant keeps every output bit of variant 0 (the
 // CUDA-core order is fixed by the format, the tensor-core kernels share their mma sequence).
 constexpr int kCudaVariantLatest = 1;  // the load-ahead kernels (variant 1's geometry)
 constexpr int kCudaVariantDefault = 0;
-constexpr int kCudaVariantCount = 5;
+constexpr int kCudaVariantRegisterFed = 5;
+constexpr int kCudaVariantCount = 6;
 inline int& cuda_kernel_variant() {
   static int variant = kCudaVariantDefault;
   return variant;
