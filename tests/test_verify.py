@@ -97,7 +97,7 @@ def test_forcing_fails_a_broken_engine(pair):
         w.copy_(saved)
     assert not bad.passed and bad.mismatches > 0
     assert all(m["margin"] >= m["eps"] for m in bad.mismatch_list)
-    assert {m["path"] for m in bad.mismatch_list} == {"prefill", "decode"}
+    assert {m["path"] for m in bad.mismatch_list} == {"prefill", "decode", "verify"}
 
 
 def test_forcing_catches_a_bug_in_the_one_token_decode_path_alone(pair, monkeypatch):
@@ -116,6 +116,26 @@ def test_forcing_catches_a_bug_in_the_one_token_decode_path_alone(pair, monkeypa
     assert {m["path"] for m in bad.mismatch_list} == {"decode"}
     assert all(m["position"] > 0 for m in bad.mismatch_list)
     assert len(bad.mismatch_list) == bad.tokens - 2 * 1      # every decode position after the first
+
+
+def test_forcing_catches_a_bug_in_the_verify_step_alone(pair, monkeypatch):
+    """A bug that only B-token steps hit (as a broken skinny GEMM would be) passes the one-forward
+    and one-token paths but fails the verify path, on the positions the full block chose."""
+    block = pair.engine.drafter.block_size
+    prompts = [pair.random_prompt(5) for _ in range(2)]            # no prefill or full forward of B rows
+    real_forward = pair.target.forward
+
+    def block_steps_broken(ids, *args, **kwargs):
+        logits, features = real_forward(ids, *args, **kwargs)
+        return (-logits if ids.shape[1] == block else logits), features
+
+    monkeypatch.setattr(pair.target, "forward", block_steps_broken)
+    bad = token_force(pair.engine, pair.stock, prompts, 2 * block)
+    assert not bad.passed
+    assert {m["path"] for m in bad.mismatch_list} == {"verify"}
+    # stock's tokens 0..B-1 go in as the first (full) block and choose tokens 1..B; the short last
+    # block runs the same kernels at B - 1 rows, unbroken here
+    assert {m["position"] for m in bad.mismatch_list} <= set(range(1, block + 1))
 
 
 @pytest.mark.skipif(settings.zoo_pair() is None, reason="the zoo pair (SPECPILOT_ZOO) is not present")

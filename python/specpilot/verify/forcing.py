@@ -1,10 +1,13 @@
 """Token forcing: the reward-hacking guard.
 
 For each prompt: run stock (dflash_generate on HF), keep its transcript, teacher-force prompt +
-transcript through OUR target twice and compare our argmax at every generated position with stock's
-token: once in one forward pass over the whole sequence (path "prefill": the multi-token kernels of
-prefill and verify), once through the engine's own one-token decode step, token by token after a
-prefill of the prompt (path "decode": the AR step's kernels and CUDA graphs, e.g. gemv_fusion).
+transcript through OUR target three times and compare our argmax at every generated position with
+stock's token: once in one forward pass over the whole sequence (path "prefill": the multi-token
+kernels of prefill), once through the engine's own one-token decode step, token by token after a
+prefill of the prompt (path "decode": the AR step's kernels and CUDA graphs, e.g. gemv_fusion), and
+once through the engine's B-token verify step, stock's tokens fed a block at a time after a prefill
+of the prompt (path "verify": the kernels and graphs of the speculative loop's verify pass, e.g.
+the 2..16-row skinny GEMM, which a long one-forward pass does not use).
 A mismatch is tolerated only where stock's own top-2 logit margin at that
 position (HF forward over the same sequence) is below eps: a bf16 near-tie that either side may break
 either way. eps = 0 in fp32 (no tolerance), eps = 1e-2 * max(1, |top logit|) in bf16/fp16 (about one
@@ -31,7 +34,7 @@ BF16_REL_EPS = 1e-2
 @dataclass
 class ForcingReport:
     prompts: int = 0
-    tokens: int = 0                         # positions compared (each on both paths)
+    tokens: int = 0                         # positions compared (each on every path)
     mismatches: int = 0                     # untolerated: each one fails the run
     tolerated: int = 0                      # near-tie mismatches (details in tolerated_list)
     passed: bool = True
@@ -95,6 +98,23 @@ def forced_decode_argmax(engine, prompt, tokens) -> list:
     return choices
 
 
+@torch.inference_mode()
+def forced_verify_argmax(engine, prompt, tokens, block_size: int) -> list:
+    """Our argmax for each of `tokens` through the engine's verify step: prefill the prompt, then
+    stock's tokens block_size at a time (graphed on CUDA; a short last block eagerly, as in the
+    speculative loop), each row's logits choosing the next token."""
+    runner, device = engine.runner, engine.target.device
+    logits, _ = runner.prefill(torch.tensor([list(map(int, prompt))], device=device), with_features=False)
+    choices = [int(logits[0, -1].argmax())]
+    fed = list(map(int, tokens[:-1]))
+    for start in range(0, len(fed), block_size):
+        block = fed[start:start + block_size]
+        logits, _ = runner.target_step(torch.tensor([block], device=device), len(prompt) + start,
+                                       with_features=False, graphed=len(block) == block_size)
+        choices += logits[0].argmax(-1).tolist()
+    return choices
+
+
 def _common_prefix(a, b) -> int:
     n = 0
     for x, y in zip(a, b):
@@ -119,8 +139,10 @@ def token_force(engine, stock: StockPair, prompts, max_new_tokens: int, stop_ids
         ref = run_stock(stock, prompt, max_new_tokens, stop_ids, 0.0, block_size)
         sequence = list(prompt) + ref.tokens
         n = len(prompt)
+        verify_block = block_size or (engine.drafter.block_size if engine.drafter is not None else 1)
         paths = {"prefill": forced_argmax(target, sequence)[n - 1:len(sequence) - 1],   # our choice per stock token
-                 "decode": forced_decode_argmax(engine, prompt, ref.tokens)}
+                 "decode": forced_decode_argmax(engine, prompt, ref.tokens),
+                 "verify": forced_verify_argmax(engine, prompt, ref.tokens, verify_block)}
         stock_logits = arbiter_logits = None
         row = {"id": name, "prompt_len": n, "tokens": len(ref.tokens), "mismatches": 0, "tolerated": 0}
         disagreements = [(path, j, mine, theirs) for path, ours in paths.items()
