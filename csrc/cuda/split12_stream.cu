@@ -50,7 +50,7 @@ constexpr int kXOffset = kBarOffset + kWarps * kMaxDepth * 8;
 // One CTA per SM. (Two CTAs of 8 warps, <= 113 KB each, so that the next kernel's CTA could start
 // beside a finishing one, measured slower on every Qwen3-8B shape: docs/PERF_NOTES.md.)
 constexpr int kCtaSmem = 232448;  // the H100 / H200 opt-in limit per block
-constexpr uint32_t kNegZeroPair = 0x80008000u;                   // x past K: -0 (see accumulate)
+constexpr uint32_t kNegZeroBf16 = 0x8000u;                       // x past K: -0 (see accumulate)
 static_assert(kStageLaneChunks * kLanes * kChunk == kStageCols, "a stage is whole lane sweeps");
 
 // One row's tables, every lane holding the same values.
@@ -163,12 +163,13 @@ __global__ void __launch_bounds__(kThreads, 1) split12_stream_kernel(const Strea
   uint8_t* const ring = smem + kXOffset + 2 * a.kpad + warp * depth * kStageBytes;
 
   pdl_launch_dependents();
-  // Stage g: row g / stages_per_row, columns from (g % stages_per_row) * kStageCols, slot g % depth.
-  auto issue = [&](int g) {
+  // Stage g: row g / stages_per_row, columns from (g % stages_per_row) * kStageCols, into slot
+  // s = g % depth (the caller knows it).
+  auto issue = [&](int g, int s) {
     const int k = g / stages_per_row, t = g - k * stages_per_row;
     const int64_t n = first_row + (int64_t)k * all_warps;
     const int col = t * kStageCols, cols = min(kStageCols, a.kpad - col);
-    const uint32_t slot = sm90::smem_u32(ring + (g % depth) * kStageBytes), bar = bars + (g % depth) * 8;
+    const uint32_t slot = sm90::smem_u32(ring + s * kStageBytes), bar = bars + s * 8;
     sm90::mbar_arrive_expect_tx(bar, cols + cols / 2);
     sm90::bulk_load_evict_first(slot, a.w.lo + n * a.kpad + col, cols, bar);
     sm90::bulk_load_evict_first(slot + kStageCols, a.w.codes + n * (a.kpad / 2) + col / 2, cols / 2, bar);
@@ -177,7 +178,7 @@ __global__ void __launch_bounds__(kThreads, 1) split12_stream_kernel(const Strea
   if (lane == 0) {
     for (int s = 0; s < depth; ++s) sm90::mbar_init(bars + s * 8, 1);
     sm90::mbar_init_fence();
-    for (int g = 0; g < depth && g < my_stages; ++g) issue(g);
+    for (int g = 0; g < depth && g < my_stages; ++g) issue(g, g);
   }
   RowTables cur{}, next{}, after{};
   if (my_rows > 0) cur = load_tables(a.w, first_row);
@@ -193,7 +194,7 @@ __global__ void __launch_bounds__(kThreads, 1) split12_stream_kernel(const Strea
     } else {  // the tail (-0 past K) or an unaligned x
       uint32_t h[8];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) h[j] = k0 + j < a.K ? (uint32_t)__ldg(a.x + k0 + j) : (kNegZeroPair & 0xFFFFu);
+      for (int j = 0; j < 8; ++j) h[j] = k0 + j < a.K ? (uint32_t)__ldg(a.x + k0 + j) : kNegZeroBf16;
       v = make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16);
     }
     *reinterpret_cast<uint4*>(xs + ((int64_t)(piece % 4) * chunks + piece / 4) * 8) = v;
@@ -242,7 +243,7 @@ __global__ void __launch_bounds__(kThreads, 1) split12_stream_kernel(const Strea
     __syncwarp();  // every lane has read the slot
     if (lane == 0 && g + depth < my_stages) {
       sm90::fence_proxy_async_smem();
-      issue(g + depth);
+      issue(g + depth, slot_index);  // the slot just read
     }
     if (++slot_index == depth) {
       slot_index = 0;
@@ -278,7 +279,8 @@ int cuda_split12_stream_gemv(const uint16_t* x, const uint8_t* lo, const uint8_t
                              const int32_t* esc_rowptr, const int32_t* esc_col, const int16_t* esc_val, int N, int K,
                              uint16_t* y, void* stream) {
   const int kpad = (int)round_up_kpad(K);
-  if (N < 1 || K < 1 || !split12_stream_gemv_fits(K)) return (int)cudaErrorInvalidValue;
+  const int depth = K >= 1 ? ring_depth(kpad) : 0;
+  if (N < 1 || depth == 0) return (int)cudaErrorInvalidValue;
   static const int allowed =
       (int)cudaFuncSetAttribute(split12_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kCtaSmem);
   if (allowed != 0) return allowed;
@@ -290,7 +292,6 @@ int cuda_split12_stream_gemv(const uint16_t* x, const uint8_t* lo, const uint8_t
                         kpad,
                         K % 8 == 0 && (reinterpret_cast<uintptr_t>(x) & 15u) == 0};
   const int grid = min(sm_count(), (N + kWarps - 1) / kWarps);
-  const int depth = ring_depth(kpad);
   // PDL always: the kernel waits for the previous grid before it touches x or y.
   return launch_kernel(split12_stream_kernel, grid, kThreads, smem_bytes(kpad, depth),
                        static_cast<cudaStream_t>(stream), true, args, depth);

@@ -84,13 +84,18 @@ def forced_logits(target, sequence) -> torch.Tensor:
     return logits[0]
 
 
+def _prefill_choice(engine, prompt):
+    """(runner, device, [our choice of the first token]) after a prefill of the prompt into the engine's cache."""
+    runner, device = engine.runner, engine.target.device
+    logits, _ = runner.prefill(torch.tensor([list(map(int, prompt))], device=device), with_features=False)
+    return runner, device, [int(logits[0, -1].argmax())]
+
+
 @torch.inference_mode()
 def forced_decode_argmax(engine, prompt, tokens) -> list:
     """Our argmax for each of `tokens` through the engine's AR path: prefill the prompt, then one
     one-token decode step (graphed on CUDA) per token, fed stock's token, not our choice."""
-    runner, device = engine.runner, engine.target.device
-    logits, _ = runner.prefill(torch.tensor([list(map(int, prompt))], device=device), with_features=False)
-    choices = [int(logits[0, -1].argmax())]
+    runner, device, choices = _prefill_choice(engine, prompt)
     for j, token in enumerate(tokens[:-1]):
         logits, _ = runner.target_step(torch.tensor([[int(token)]], device=device), len(prompt) + j,
                                        with_features=False)
@@ -103,9 +108,7 @@ def forced_verify_argmax(engine, prompt, tokens, block_size: int) -> list:
     """Our argmax for each of `tokens` through the engine's verify step: prefill the prompt, then
     stock's tokens block_size at a time (graphed on CUDA; a short last block eagerly, as in the
     speculative loop), each row's logits choosing the next token."""
-    runner, device = engine.runner, engine.target.device
-    logits, _ = runner.prefill(torch.tensor([list(map(int, prompt))], device=device), with_features=False)
-    choices = [int(logits[0, -1].argmax())]
+    runner, device, choices = _prefill_choice(engine, prompt)
     fed = list(map(int, tokens[:-1]))
     for start in range(0, len(fed), block_size):
         block = fed[start:start + block_size]
