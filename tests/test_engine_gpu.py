@@ -91,6 +91,30 @@ def test_split12_engine_matches_bf16_twin_on_cuda(skinny):
         skinny_linear.set_skinny_gemm(previous)
 
 
+def test_split12_prefill_and_verify_equal_the_plain_bf16_engine():
+    """Prefill rows ("dense": decode + cuBLAS) and verify rows ("skinny") run the very GEMMs a plain
+    bf16 model's nn.Linear runs, so a split12 engine's prefill and verify logits and features are
+    the bf16 engine's bit for bit. (Its one-token step keeps its own lane-tree order.)"""
+    from specpilot.engine import Engine
+    from specpilot.models import load_drafter, load_target, skinny_linear
+    from specpilot.models.random_ckpt import write_pair
+    import tempfile
+
+    assert skinny_linear.enabled()
+    with tempfile.TemporaryDirectory() as tmp:
+        t, d = write_pair(tmp, "tiny-qwen3", layer_ids=[0, 2], block_size=8, seed=fresh_seed())
+        models = [load_target(t, device="cuda", dtype=torch.bfloat16, weights=w) for w in ("split12", "bf16")]
+        engines = [Engine(m, load_drafter(d, m), max_seq_len=300) for m in models]
+    g = torch.Generator().manual_seed(fresh_seed())
+    prompt = torch.randint(0, 300, (1, 40), generator=g).cuda()
+    pre = [e.runner.prefill(prompt, with_features=True) for e in engines]
+    assert torch.equal(pre[0][0], pre[1][0]) and torch.equal(pre[0][1], pre[1][1])
+    for step in range(3):
+        ids = torch.randint(0, 300, (1, 8), generator=g).cuda()
+        ver = [[t.clone() for t in e.runner.target_step(ids, 40 + 8 * step, with_features=True)] for e in engines]
+        assert torch.equal(ver[0][0], ver[1][0]) and torch.equal(ver[0][1], ver[1][1])
+
+
 def _split12_and_twin_agree(engines):
     g = torch.Generator().manual_seed(fresh_seed())
     prompt = torch.randint(0, 300, (1, 40), generator=g).cuda()

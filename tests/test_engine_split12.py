@@ -48,11 +48,11 @@ def test_split12_engine_tokens_equal_twin(engines):
 
 @pytest.mark.parametrize("skinny_on,built,in_features,rows,want", [
     (True, True, 64, 1, "simt"), (True, True, 64, 2, "skinny"), (True, True, 64, 16, "skinny"),
-    (True, True, 64, 17, "tc"), (True, True, 60, 8, "tc"), (False, True, 64, 8, "tc"),
+    (True, True, 64, 17, "dense"), (False, True, 64, 40, "dense"), (True, True, 60, 8, "tc"), (False, True, 64, 8, "tc"),
     (True, False, 64, 8, "tc"), (False, False, 64, 1, "simt")])
 def test_kernel_for_rows(monkeypatch, skinny_on, built, in_features, rows, want):
-    """One row: the CUDA-core GEMV; 2..16 rows: the skinny GEMM while it is on, built, and K % 8 == 0;
-    otherwise the mma.sync kernel."""
+    """One row: the CUDA-core GEMV; 2..16 rows: the skinny GEMM while it is on, built, and K % 8 == 0,
+    otherwise the mma.sync kernel; more rows: decode + torch's GEMM."""
     from specpilot.engine.linear_kernels import kernel_for, linear_kernel_for_rows
     from specpilot.formats.split12.linear import Bf16Linear
     from specpilot.models import skinny_linear

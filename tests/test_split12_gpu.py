@@ -63,6 +63,19 @@ def test_cuda_equals_cpu_and_twin(M, N, K, gen):
     assert within_tolerance(y12, x, w)
 
 
+@pytest.mark.parametrize("N,K", [(37, 133), (300, 1000), (129, 4104), (64, 1), (5, 8)])
+def test_cuda_unpack_equals_the_cpu_decoder_and_dense_equals_torch(N, K, gen):
+    """The GPU decoder (the "dense" kernel's first half) gives the packed weight's very bits, tails
+    and escapes included; "dense" is then torch's own GEMM on them, for any rows."""
+    w = weights(N, K, gen, escape_share=0.02)
+    p = ops.pack(w)
+    assert same_bits(ops.unpack(p), w)
+    assert same_bits(ops.unpack(p).cpu(), ops.unpack(p.to("cpu")))
+    x = torch.randn(100, K, generator=gen, device="cuda").to(torch.bfloat16)
+    assert same_bits(ops.split12_linear(x, p, out=poisoned(100, N), kernel="dense"),
+                     torch.nn.functional.linear(x, w))
+
+
 @pytest.mark.parametrize("kernel,N,K", [("tc", 37, 133), ("tc", 300, 1000), ("tc", 129, 4100), ("tc", 64, 1),
                                           ("skinny", 37, 136), ("skinny", 300, 1000), ("skinny", 129, 4104),
                                           ("skinny", 64, 8)])

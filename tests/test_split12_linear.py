@@ -111,6 +111,21 @@ def test_modules_and_swap(gen):
     assert kept.swapped == [] and "budget" in kept.kept["0"]
 
 
+def test_dense_kernel_is_torchs_own_linear_on_the_decoded_weight(gen):
+    """kernel="dense" (the engine's choice for prefill rows) is F.linear on the bit-exact decoded
+    weight, for split12 and the twin alike; out= is filled and checked."""
+    w = weights(40, 72, gen)
+    x = torch.randn(20, 72, generator=gen).to(torch.bfloat16)
+    p = ops.pack(w)
+    want = nn.functional.linear(x, w)
+    assert torch.equal(ops.split12_linear(x, p, kernel="dense").view(torch.int16), want.view(torch.int16))
+    out = torch.full((20, 40), float("nan"), dtype=torch.bfloat16)
+    assert ops.bf16_linear(x, w, out=out, kernel="dense") is out
+    assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+    with pytest.raises(ValueError, match=r"out must be bfloat16 \[20, 40\]"):
+        ops.split12_linear(x, p, out=torch.empty(20, 41, dtype=torch.bfloat16), kernel="dense")
+
+
 def test_bad_inputs_name_the_problem(gen):
     w = weights(8, 40, gen)
     p = ops.pack(w)

@@ -1,7 +1,8 @@
 // CUDA implementations of split12_linear / bf16_linear (CUDA cores, the lane-tree order) and of
 // split12_linear_tc / bf16_linear_tc (tensor cores). Schemas in split12.cpp. Out-parameter
 // style and the current torch stream, so CUDA-graph capture allocates nothing.
-// split12_pack / split12_unpack stay CPU ops (python/specpilot/formats/split12/ops.py moves data).
+// split12_pack stays a CPU op (python/specpilot/formats/split12/ops.py moves data); split12_unpack
+// has a CUDA implementation too (the "dense" path decodes a weight on the GPU).
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
@@ -71,6 +72,31 @@ void bf16_linear_cuda(const at::Tensor& x, const at::Tensor& w, at::Tensor& out)
   check_launch("bf16_linear", err, M, N, K);
 }
 
+at::Tensor split12_unpack_cuda(const at::Tensor& lo, const at::Tensor& codes, const at::Tensor& base,
+                              const at::Tensor& esc_rowptr, const at::Tensor& esc_col, const at::Tensor& esc_val,
+                              int64_t K) {
+  SP_CHECK(lo.dim() == 2, "split12_unpack: lo must be 2-D [N, kpad], got shape ", lo.sizes());
+  const int64_t N = lo.size(0);
+  // Reuse the linear checks with an empty x / out on the planes' device (no host sync: the escape
+  // table is trusted, as every CUDA op here trusts a validated Split12Tensor's).
+  const at::Tensor x = at::empty({0, K}, lo.options().dtype(at::kBFloat16));
+  check_split12_args(x, lo, codes, base, esc_rowptr, esc_col, esc_val, K,
+                     at::empty({0, N}, lo.options().dtype(at::kBFloat16)));
+  SP_CHECK(N <= INT32_MAX && K <= INT32_MAX, "split12_unpack: N=", N, " and K=", K, " must fit int32");
+  SP_CHECK(reinterpret_cast<uintptr_t>(lo.data_ptr()) % 8 == 0 && reinterpret_cast<uintptr_t>(codes.data_ptr()) % 4 == 0,
+           "split12_unpack: lo must start 8-byte and codes 4-byte aligned, got lo at ", lo.data_ptr(), ", codes at ",
+           codes.data_ptr(), " (a view with a storage offset? pass .clone())");
+  at::Tensor w = at::empty({N, K}, lo.options().dtype(at::kBFloat16));
+  const c10::cuda::CUDAGuard guard(lo.device());
+  const Split12Planes planes{lo.data_ptr<uint8_t>(), codes.data_ptr<uint8_t>(), base.data_ptr<uint8_t>(),
+                             esc_rowptr.data_ptr<int32_t>(), esc_col.data_ptr<int32_t>(),
+                             reinterpret_cast<const uint16_t*>(esc_val.data_ptr())};
+  const int err = cuda_split12_unpack(planes, (int)N, (int)K, reinterpret_cast<uint16_t*>(w.data_ptr()),
+                                      c10::cuda::getCurrentCUDAStream(lo.get_device()).stream());
+  check_launch("split12_unpack", err, 0, N, K);
+  return w;
+}
+
 }  // namespace
 }  // namespace split12
 }  // namespace specpilot
@@ -81,4 +107,5 @@ TORCH_LIBRARY_IMPL(specpilot, CUDA, m) {
   m.impl("bf16_linear", &bf16_linear_cuda<cuda_bf16_linear>);
   m.impl("split12_linear_tc", &split12_linear_cuda<cuda_split12_linear_tc>);
   m.impl("bf16_linear_tc", &bf16_linear_cuda<cuda_bf16_linear_tc>);
+  m.impl("split12_unpack", &split12_unpack_cuda);
 }

@@ -166,6 +166,9 @@ int cuda_split12_linear_tc(const uint16_t* x, int M, const uint8_t* lo, const ui
                            const int32_t* esc_rowptr, const int32_t* esc_col, const int16_t* esc_val, int N,
                            int K, uint16_t* y, void* stream);
 int cuda_bf16_linear_tc(const uint16_t* x, int M, const uint16_t* w, int N, int K, uint16_t* y, void* stream);
+// Decode to bf16 bits [N, K] (csrc/cuda/split12_unpack.cu), == cpu_unpack's. Trusts the escape table
+// (a validated Split12Tensor's): it does not read it back to the host.
+int cuda_split12_unpack(const Split12Planes& planes, int N, int K, uint16_t* w, void* stream);
 constexpr int kCudaMaxM = 32;
 
 // Which CUDA kernels the launchers above pick (a benchmark knob, kept so bench/split12_kernels.py

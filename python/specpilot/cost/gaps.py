@@ -83,7 +83,7 @@ class _Measurer:
             skinny = skinny_linear.enabled() and skinny_linear.available()
             return ("split12_linear op (CUDA-core GEMV at M = 1, "
                     + (f"split12 skinny GEMM at 2..{skinny_linear.MAX_ROWS} rows, " if skinny else "")
-                    + "mma.sync tensor cores above)")
+                    + "decode + cuBLAS above)")
         label = f"torch {dtype} matmul"
         if self.device == "cuda" and skinny_linear.enabled() and skinny_linear.available():
             label = f"skinny_gemm at M = 2..{skinny_linear.MAX_ROWS}, " + label + " otherwise"

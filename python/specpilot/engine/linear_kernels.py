@@ -2,11 +2,14 @@
 
 Split12Linear and Bf16Linear (formats/split12/linear.py) read their `kernel` attribute at call
 time: "simt" (CUDA-core GEMV, fastest at M = 1), "skinny" (TMA + wgmma skinny GEMM, 2..16 rows,
-while the skinny GEMM is on: models/skinny_linear.py) or "tc" (mma.sync tensor cores, any rows; the
-simt kernel is ~5x slower than torch at M = 16). The engine sets it around each step, so a CUDA
-graph bakes in the right one. Exactness: Split12Linear and its Bf16Linear twin stay bit-identical
-under every kernel; the kernels differ from each other by fp32 summation order only (see
-formats/split12/ops.py).
+while the skinny GEMM is on: models/skinny_linear.py), "tc" (mma.sync tensor cores, 2..16 rows
+when the skinny GEMM cannot run; the simt kernel is ~5x slower than torch at M = 16) or "dense"
+(more rows, i.e. prefill: decode the weight, then cuBLAS). The engine sets it around each step, so
+a CUDA graph bakes in the right one. Exactness: Split12Linear and its Bf16Linear twin stay
+bit-identical under every kernel; the kernels differ from each other by fp32 summation order only
+(see formats/split12/ops.py). "skinny" and "dense" are also what a bf16 model's nn.Linear runs for
+those rows (skinny_linear.linear, F.linear), so a split12 engine's prefill and verify steps give
+the bf16 engine's bits; only the one-token GEMV's order differs (split12 lane tree vs gemv_fusion).
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import contextlib
 
 from specpilot.models import skinny_linear
 
-KERNELS = ("simt", "tc", "skinny")
+KERNELS = ("simt", "tc", "skinny", "dense")
 
 
 def switchable_linears(models):
@@ -33,7 +36,7 @@ def switchable_linears(models):
 @contextlib.contextmanager
 def linear_kernel_for_rows(mods, rows: int):
     """Within the block, the given switchable linears (cuda_switchable) use "simt" for rows == 1,
-    "skinny" for 2..16 rows where it can run, and "tc" otherwise."""
+    "skinny" for 2..16 rows where it can run ("tc" where not), and "dense" for more rows."""
     if not mods:
         yield
         return
@@ -57,8 +60,9 @@ def kernel_for_shape(rows: int, in_features: int) -> str:
     times the same choice)."""
     if rows == 1:
         return "simt"
-    skinny = (rows <= skinny_linear.MAX_ROWS and skinny_linear.enabled() and skinny_linear.available()
-              and in_features % 8 == 0)
+    if rows > skinny_linear.MAX_ROWS:
+        return "dense"
+    skinny = skinny_linear.enabled() and skinny_linear.available() and in_features % 8 == 0
     return "skinny" if skinny else "tc"
 
 

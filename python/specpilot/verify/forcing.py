@@ -143,7 +143,9 @@ def token_force(engine, stock: StockPair, prompts, max_new_tokens: int, stop_ids
         sequence = list(prompt) + ref.tokens
         n = len(prompt)
         verify_block = block_size or (engine.drafter.block_size if engine.drafter is not None else 1)
-        paths = {"prefill": forced_argmax(target, sequence)[n - 1:len(sequence) - 1],   # our choice per stock token
+        with engine.runner.kernel_ctx(len(sequence)):   # the linears' prefill kernels (split12: "dense")
+            prefill = forced_argmax(target, sequence)[n - 1:len(sequence) - 1]          # our choice per stock token
+        paths = {"prefill": prefill,
                  "decode": forced_decode_argmax(engine, prompt, ref.tokens),
                  "verify": forced_verify_argmax(engine, prompt, ref.tokens, verify_block)}
         stock_logits = arbiter_logits = None

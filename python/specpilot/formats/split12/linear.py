@@ -28,7 +28,7 @@ class Split12Linear(nn.Module):
     def __init__(self, packed: Split12Tensor, kernel: str = "simt"):
         super().__init__()
         packed.validate()
-        self.kernel = kernel  # "simt" (CPU-identical order), "tc" or "skinny" (tensor cores, CUDA only)
+        self.kernel = kernel  # ops.KERNELS: "simt" (CPU-identical order), "tc" / "skinny" (CUDA), "dense"
         self.in_features, self.out_features = packed.K, packed.N
         for name, t in packed.planes().items():
             self.register_buffer(name, t)
@@ -81,7 +81,7 @@ def swap_linears(module: nn.Module, names_predicate=None, kind: str = "split12",
     Split12Linear (kind="split12") or Bf16Linear (kind="bf16"), in place. Matrices that would cost
     more than max_bits_per_weight stay nn.Linear and are listed in report.kept. Tied weights are
     packed once per module that uses them (the LM head gets its own planes). kernel: "simt"
-    (CUDA cores, the CPU's order), "tc" or "skinny" (tensor cores; CUDA only, see ops.py)."""
+    (CUDA cores, the CPU's order), "tc" or "skinny" (tensor cores; CUDA only) or "dense" (see ops.py)."""
     if kind not in ("split12", "bf16"):
         raise ValueError(f"swap_linears: kind must be 'split12' or 'bf16', got {kind!r}")
     if kernel not in ops.KERNELS:

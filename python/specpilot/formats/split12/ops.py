@@ -16,6 +16,9 @@ Exactness contracts:
   the bf16 kernel loads and runs the same wgmmas and K-ordered sums), each token's output is
   independent of M; the order is the skinny GEMM's: |y - ref| <= 2^-8 |ref| + 2K 2^-24 sum_k |x_k w_k|
   (wgmma chains over K; the bound the skinny GEMM's own tests use).
+- kernel="dense" (many rows: prefill): decode the weight to a bf16 scratch matrix (`unpack`, on the
+  planes' device) and run torch's F.linear (cuBLAS on CUDA). Compute-bound there, so the decode pass
+  is cheap, and the result is the bf16 model's nn.Linear bit for bit (same GEMM, same weight bits).
 """
 import torch
 
@@ -26,7 +29,8 @@ from specpilot.kernels.dispatch import integrated_launcher
 from .reference import Split12Tensor
 
 CUDA_MAX_M = 32  # rows per CUDA launch; larger M is split into chunks (rows are independent)
-KERNELS = ("simt", "tc", "skinny")  # CUDA-core lane-tree order (CPU-identical) / mma.sync / TMA + wgmma
+KERNELS = ("simt", "tc", "skinny", "dense")  # CUDA-core lane-tree order (CPU-identical) / mma.sync / TMA + wgmma /
+#                                             decode + torch's GEMM
 # CUDA kernel variants (csrc/include/specpilot/split12_format.h): which launch geometry / load
 # pipeline the CUDA ops use at M = 1 and for kernel="tc". Every variant gives the same output bits.
 KERNEL_VARIANTS = {0: "shipped", 1: "load-ahead", 2: "M=1 R=1 U=2", 3: "M=1 R=2 U=2", 4: "load-ahead + PDL launch",
@@ -55,7 +59,7 @@ for _op in ("split12_linear", "bf16_linear"):
 def _check_kernel(name: str, kernel: str, x: torch.Tensor) -> None:
     if kernel not in KERNELS:
         raise ValueError(f"{name}: kernel must be one of {KERNELS}, got {kernel!r}")
-    if kernel != "simt" and x.device.type != "cuda":
+    if kernel in ("tc", "skinny") and x.device.type != "cuda":
         raise ValueError(f"{name}: kernel={kernel!r} runs on CUDA only, x is on {x.device}")
 
 
@@ -82,10 +86,19 @@ def pack(w: torch.Tensor) -> Split12Tensor:
 
 
 def unpack(p: Split12Tensor) -> torch.Tensor:
-    """Split12Tensor -> bf16 [N, K] on the planes' device. Bit-exact."""
+    """Split12Tensor -> bf16 [N, K] on the planes' device. Bit-exact (decoded on the GPU for CUDA
+    planes when the build has the CUDA kernels, else on the CPU)."""
+    if p.lo.device.type == "cuda" and _cuda_live():
+        return _ext.ops().split12_unpack(*p.planes().values(), p.K)
     cpu = p.to("cpu") if p.lo.device.type != "cpu" else p
     w = _ext.ops().split12_unpack(*cpu.planes().values(), p.K)
     return w.to(p.lo.device)
+
+
+def _dense(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """kernel="dense": torch's own GEMM (what nn.Linear runs), copied into out if one is given."""
+    y = torch.nn.functional.linear(x, w)
+    return y if out is None else _out(x, w.shape[0], out).copy_(y)
 
 
 def _out(x: torch.Tensor, N: int, out):
@@ -111,6 +124,8 @@ def split12_linear(x: torch.Tensor, p: Split12Tensor, out: torch.Tensor | None =
     if x.dim() != 2 or x.shape[1] != p.K:
         raise ValueError(f"split12_linear: x must be [M, K={p.K}], got {list(x.shape)}")
     _check_kernel("split12_linear", kernel, x)
+    if kernel == "dense":
+        return _dense(x, unpack(p), out)
     out = _out(x, p.N, out)
     planes = list(p.planes().values())
     if kernel == "skinny":
@@ -133,6 +148,8 @@ def bf16_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = Non
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"bf16_linear: need x [M, K] and w [N, K], got {list(x.shape)} and {list(w.shape)}")
     _check_kernel("bf16_linear", kernel, x)
+    if kernel == "dense":
+        return _dense(x, w, out)
     out = _out(x, w.shape[0], out)
     if kernel == "skinny":
         return skinny_workspace.run(x, out, w.shape[0], w.shape[1], lambda xs, ys, partials, counters: _ext.ops().skinny_gemm(
