@@ -2,7 +2,8 @@
 // split12_linear_tc / bf16_linear_tc (tensor cores). Schemas in split12.cpp. Out-parameter
 // style and the current torch stream, so CUDA-graph capture allocates nothing.
 // split12_pack stays a CPU op (python/specpilot/formats/split12/ops.py moves data); split12_unpack
-// has a CUDA implementation too (the "dense" path decodes a weight on the GPU).
+// has a CUDA implementation too, returning a new tensor (the "dense" path decodes a weight on the GPU
+// for a prefill, which runs eagerly).
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
