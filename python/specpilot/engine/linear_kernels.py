@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import contextlib
 
+from specpilot.formats.split12.ops import KERNELS
 from specpilot.models import skinny_linear
-
-KERNELS = ("simt", "tc", "skinny", "dense")
 
 
 def switchable_linears(models):
