@@ -351,8 +351,12 @@ __global__ void __launch_bounds__(kThreads) split_kernel(const DecodeAttentionAr
 }
 
 // One warp per output row: out = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max), over the
-// splits that had keys (the same split_geometry as the split kernel). Every lse is loaded at once
-// (one per lane and 32 splits), then the partials in split order with independent loads in flight.
+// splits that had keys (the same split_geometry as the split kernel), summed in split order. Every
+// load goes out before the first one is used: the lse of every split (one per lane and 32 splits)
+// and the partials of up to 32 splits (a fully unrolled, predicated group, so they stay in
+// registers). The combine is one L2 round trip (one more per further 32 splits), where a loop with
+// each load behind its FMA waited out one round trip per four splits (1.3 us more per call at
+// T = 1 and 17 splits, 33 us per Qwen3-8B AR step: docs/PERF_NOTES.md, eleventh session).
 template <int D>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeAttentionArgs a) {
   constexpr int kPer = D / 32;  // consecutive columns per lane: 4 (D 128) or 2 (D 64)
@@ -369,13 +373,31 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeAttention
   const float* part_o = a.workspace + orow * D + lane * kPer;
   const float* part_lse = a.workspace + static_cast<long long>(a.num_splits) * rows_total * D + orow;
 
+  float x[32][kPer];  // the partials of one group of 32 splits (zeros past `active`)
+  auto load_group = [&](int j) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const float* ps = part_o + static_cast<long long>(32 * j + i) * rows_total * D;
+      const bool live = 32 * j + i < active;
+      if constexpr (kPer == 4) {
+        const float4 v = live ? *reinterpret_cast<const float4*>(ps) : make_float4(0.f, 0.f, 0.f, 0.f);
+        x[i][0] = v.x, x[i][1] = v.y, x[i][2] = v.z, x[i][3] = v.w;
+      } else {
+        const float2 v = live ? *reinterpret_cast<const float2*>(ps) : make_float2(0.f, 0.f);
+        x[i][0] = v.x, x[i][1] = v.y;
+      }
+    }
+  };
+
   float lse[kLanesSplits], mmax = -INFINITY;
 #pragma unroll
   for (int j = 0; j < kLanesSplits; ++j) {
     const int s = lane + 32 * j;
     lse[j] = s < active ? part_lse[s * rows_total] : -INFINITY;
-    mmax = fmaxf(mmax, lse[j]);
   }
+  load_group(0);
+#pragma unroll
+  for (int j = 0; j < kLanesSplits; ++j) mmax = fmaxf(mmax, lse[j]);
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) mmax = fmaxf(mmax, __shfl_xor_sync(kFull, mmax, off));
   const float base = mmax == -INFINITY ? 0.f : mmax;
@@ -394,21 +416,14 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeAttention
 #pragma unroll
   for (int j = 0; j < kLanesSplits; ++j) {
     if (32 * j >= active) break;
-    const int n = min(32, active - 32 * j);
-#pragma unroll 4
-    for (int i = 0; i < n; ++i) {
-      const float w = __shfl_sync(kFull, lse[j], i);
-      const float* ps = part_o + static_cast<long long>(32 * j + i) * rows_total * D;
-      float x[kPer];
-      if constexpr (kPer == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(ps);
-        x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
-      } else {
-        const float2 v = *reinterpret_cast<const float2*>(ps);
-        x[0] = v.x, x[1] = v.y;
-      }
+    if (j > 0) load_group(j);
 #pragma unroll
-      for (int c = 0; c < kPer; ++c) o[c] += w * x[c];
+    for (int i = 0; i < 32; ++i) {
+      const float w = __shfl_sync(kFull, lse[j], i);
+      if (32 * j + i < active) {  // only live splits add, in split order
+#pragma unroll
+        for (int c = 0; c < kPer; ++c) o[c] += w * x[i][c];
+      }
     }
   }
   const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
