@@ -71,10 +71,14 @@ def run_kernel(q, k, v, last, scale, splits):
     if splits is None:
         splits = default_splits(b, k.shape[1], (hq // k.shape[1]) * t, k.shape[2],
                                 torch.cuda.get_device_properties(0).multi_processor_count)
-    out = torch.full((b, t, hq * d), float("nan"), dtype=torch.bfloat16, device="cuda")
-    ws = torch.full((splits, b * t * hq, d + 1), float("nan"), dtype=torch.float32, device="cuda")
-    _ext.ops().decode_attention(q, k, v, last.contiguous(), k.shape[2], d ** -0.5, out, ws)
-    return out
+    outs = []
+    for writes_at_last in (False, True):    # with no writer before it, loading keys early changes no bit
+        out = torch.full((b, t, hq * d), float("nan"), dtype=torch.bfloat16, device="cuda")
+        ws = torch.full((splits, b * t * hq, d + 1), float("nan"), dtype=torch.float32, device="cuda")
+        _ext.ops().decode_attention(q, k, v, last.contiguous(), k.shape[2], d ** -0.5, out, ws, writes_at_last)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1]), "writes_at_last changed the output"
+    return outs[0]
 
 
 def causal_last(start, t):
@@ -147,6 +151,44 @@ def test_strided_q_and_deterministic(gen):
     assert torch.equal(a, decode_attention(q, k, v, last, d ** -0.5))
     qt = q.transpose(1, 2).contiguous().transpose(1, 2)           # strides (T*Hq*D, D, Hq*D, 1)
     assert torch.equal(decode_attention(qt, k, v, last, d ** -0.5), a)
+
+
+@pytest.mark.parametrize("t", [1, 16])
+def test_keys_written_just_before_are_seen(gen, t):
+    """The target's chain in one CUDA graph with PDL: qk_norm_rope_cache writes this step's keys at
+    `positions` (poisoned with NaN before each replay), then the attention with writes_at_last, which
+    loads the older keys before its PDL wait. Replayed over new positions and projections, each
+    output equals the attention run again on its own afterwards, bit for bit: no fresh key was
+    read before the rope kernel wrote it."""
+    from specpilot.kernels.decode_attention import decode_attention
+    from specpilot.models.fused_ops import qk_norm_rope_cache
+
+    hq, hkv, d, slots = 32, 8, 128, 1024
+    bf = lambda *shape: torch.randn(*shape, generator=gen, device="cuda").to(torch.bfloat16)
+    kc, vc = bf(1, hkv, slots, d), bf(1, hkv, slots, d)
+    qkv, qw, kw, cos, sin = bf(1, t, hq + 2 * hkv, d), bf(d), bf(d), bf(slots, d), bf(slots, d)
+    positions = torch.arange(100, 100 + t, device="cuda")
+
+    def step():
+        q, k, v = qkv.split((hq, hkv, hkv), dim=2)
+        qr = qk_norm_rope_cache(q, k, v, qw, kw, cos[positions].contiguous(), sin[positions].contiguous(),
+                                positions, 1e-6, kc, vc)
+        return qr, decode_attention(qr, kc, vc, positions, d ** -0.5, writes_at_last=True)
+
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        q_out, out = step()
+    for start in (5, 300, slots - t, 37):
+        positions.copy_(torch.arange(start, start + t, device="cuda"))
+        qkv.copy_(bf(1, t, hq + 2 * hkv, d))
+        kc[:, :, start:start + t] = float("nan")
+        vc[:, :, start:start + t] = float("nan")
+        graph.replay()
+        torch.cuda.synchronize()
+        assert not torch.isnan(out).any(), f"start {start}: a poisoned (not yet written) key was read"
+        assert torch.equal(out, decode_attention(q_out, kc, vc, positions, d ** -0.5)), f"start {start}"
 
 
 @pytest.mark.parametrize("pdl", [False, True])

@@ -4,6 +4,8 @@
 // Key slot j is visible to query row t iff j < span and j <= last[t]; semantics and exactness in
 // csrc/include/specpilot/decode_attention.h. Out-parameters and torch's current stream, so CUDA-graph
 // capture allocates nothing here; the number of key splits is the workspace's first dimension.
+// writes_at_last: the kernels before this call wrote no key slot below min(last) while it could be
+// running (a causal step writes exactly the slots `last` names), so those keys load before the PDL wait.
 //   decode_attention_pdl(enable) -> previous: launch the attention path (qk_norm_rope_cache, split,
 //   combine) with programmatic dependent launch (1, default) or plainly (0); -1 only reads it. A
 //   benchmark knob, process-global (attention_pdl.h).
@@ -47,7 +49,7 @@ void check_rows(const char* name, const at::Tensor& t, const at::Device& device)
 
 void decode_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& last, int64_t span, double scale, at::Tensor& out,
-                           at::Tensor& workspace) {
+                           at::Tensor& workspace, bool writes_at_last) {
   SP_CHECK(q.is_cuda(), "decode_attention: q must be a CUDA tensor, got ", q.device());
   const at::Device dev = q.device();
   check_rows("q", q, dev);
@@ -104,6 +106,7 @@ void decode_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const
   }
   a.scale = (float)scale;
   a.pdl = attention_path_pdl().load();
+  a.writes_at_last = writes_at_last;
   if (B == 0 || Hq == 0) return;
   const c10::cuda::CUDAGuard guard(dev);
   const int err = cuda_decode_attention(a, c10::cuda::getCurrentCUDAStream(dev.index()).stream());
@@ -117,7 +120,7 @@ void decode_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const
 
 TORCH_LIBRARY_FRAGMENT(specpilot, m) {
   m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor last, int span, float scale, "
-        "Tensor(a!) out, Tensor(b!) workspace) -> ()");
+        "Tensor(a!) out, Tensor(b!) workspace, bool writes_at_last=False) -> ()");
   m.def("decode_attention_pdl(int enable) -> int", &specpilot::attention::decode_attention_pdl);
 }
 

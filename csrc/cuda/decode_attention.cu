@@ -86,6 +86,17 @@ __device__ __forceinline__ int visible_end(const int64_t* last, int tokens, int 
   return x + 1;
 }
 
+// min_t last[t], clamped to [0, span]: with writes_at_last, every key below it is older than the
+// kernel this one follows.
+__device__ __forceinline__ int settled_end(const int64_t* last, int tokens, int span, int lane) {
+  long long v = lane < tokens ? static_cast<long long>(last[lane]) : static_cast<long long>(span);
+  v = v < 0ll ? 0ll : (v > span ? span : v);
+  int x = static_cast<int>(v);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) x = min(x, __shfl_xor_sync(kFull, x, off));
+  return x;
+}
+
 // SK: keys per warp step (one online-softmax update): 16 when 4 warps share an m-tile (T = 1),
 // 32 otherwise, for four independent Q.K^T mma chains instead of two.
 template <int D, int SK>
@@ -112,10 +123,37 @@ __global__ void __launch_bounds__(kThreads) split_kernel(const DecodeAttentionAr
 
   // `last` comes from a kernel that never triggers early (a torch op ahead of the layers), so every
   // later kernel, this one included, started after it ended: it is read before the PDL wait. q and
-  // the cache are the previous kernel's until the wait (docs/CONTRACTS.md).
+  // the cache are the previous kernel's until the wait (docs/CONTRACTS.md), except, with
+  // writes_at_last, the keys below `settled`: their loads go out before the wait, so that the
+  // DRAM latency of this CTA's first tile overlaps the kernel before (the rope / cache write).
   const int kv_end = visible_end(a.last, T, a.span, lane);
   const SplitGeometry geo = split_geometry(kv_end, a.num_splits);
   const bool direct = a.num_splits == 1;
+  const int settled = a.writes_at_last ? settled_end(a.last, T, a.span, lane) : 0;
+
+  const int kbeg = split * geo.keys_per_split;
+  const int kend = min(kbeg + geo.keys_per_split, kv_end);
+  const int ntiles = kend > kbeg ? (kend - kbeg + kKeyTile - 1) / kKeyTile : 0;
+
+  const uint16_t* kb = a.k + b * a.k_stride[0] + kvh * a.k_stride[1];
+  const uint16_t* vb = a.v + b * a.v_stride[0] + kvh * a.v_stride[1];
+  // The rows of one tile whose key is in [lo, hi) (keys past kend are zero-filled, never read).
+  auto load_tile = [&](int tile, int stage, int lo, int hi) {
+    const int base = kbeg + tile * kKeyTile;
+    uint16_t* sk = skv + 2 * stage * S::kTile;
+    uint16_t* sv = sk + S::kTile;
+    for (int i = tid; i < kKeyTile * kChunks; i += kThreads) {
+      const int r = i / kChunks, c = i % kChunks, key = base + r;
+      if (key < lo || key >= hi) continue;
+      const bool valid = key < kend;
+      cp_async16(sk + r * S::kPitch + c * 8, valid ? kb + key * a.k_stride[2] + c * 8 : a.k, valid);
+      cp_async16(sv + r * S::kPitch + c * 8, valid ? vb + key * a.v_stride[2] + c * 8 : a.v, valid);
+    }
+  };
+  constexpr int kAllKeys = 0x7fffffff;
+
+  if (ntiles > 0) load_tile(0, 0, 0, settled);  // cp.async group 1 of the first tile: settled keys
+  cp_async_commit();
   pdl_wait();  // before any exit too: a grid must not finish before the kernel it follows
   if (!direct && split >= geo.active_splits) return;  // no keys here; the combine skips this split
 
@@ -127,25 +165,8 @@ __global__ void __launch_bounds__(kThreads) split_kernel(const DecodeAttentionAr
     const uint16_t* src = valid ? qb + (kvh * g + rg / T) * a.q_stride[1] + (rg % T) * a.q_stride[2] + c * 8 : a.q;
     cp_async16(sq + r * S::kPitch + c * 8, src, valid);
   }
+  if (ntiles > 0) load_tile(0, 0, settled, kAllKeys);  // group 2: Q and the rest of the first tile
   cp_async_commit();
-
-  const int kbeg = split * geo.keys_per_split;
-  const int kend = min(kbeg + geo.keys_per_split, kv_end);
-  const int ntiles = kend > kbeg ? (kend - kbeg + kKeyTile - 1) / kKeyTile : 0;
-
-  const uint16_t* kb = a.k + b * a.k_stride[0] + kvh * a.k_stride[1];
-  const uint16_t* vb = a.v + b * a.v_stride[0] + kvh * a.v_stride[1];
-  auto load_tile = [&](int tile, int stage) {
-    const int base = kbeg + tile * kKeyTile;
-    uint16_t* sk = skv + 2 * stage * S::kTile;
-    uint16_t* sv = sk + S::kTile;
-    for (int i = tid; i < kKeyTile * kChunks; i += kThreads) {
-      const int r = i / kChunks, c = i % kChunks, key = base + r;
-      const bool valid = key < kend;
-      cp_async16(sk + r * S::kPitch + c * 8, valid ? kb + key * a.k_stride[2] + c * 8 : a.k, valid);
-      cp_async16(sv + r * S::kPitch + c * 8, valid ? vb + key * a.v_stride[2] + c * 8 : a.v, valid);
-    }
-  };
 
   // Warp roles: m-tile `mi`, and which 16-key slices of each tile (wk, wk + nwk, ...).
   const int nwk = mtiles == 1 ? 4 : (mtiles == 2 ? 2 : 1);
@@ -176,10 +197,8 @@ __global__ void __launch_bounds__(kThreads) split_kernel(const DecodeAttentionAr
   for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
   uint32_t qa[D / 16][4];
 
-  if (ntiles > 0) load_tile(0, 0);
-  cp_async_commit();
   for (int tile = 0; tile < ntiles; ++tile) {
-    if (tile + 1 < ntiles) load_tile(tile + 1, (tile + 1) & 1);
+    if (tile + 1 < ntiles) load_tile(tile + 1, (tile + 1) & 1, 0, kAllKeys);
     cp_async_commit();
     cp_async_wait<1>();  // all but the newest group: Q and this tile have landed
     __syncthreads();

@@ -43,6 +43,9 @@ struct DecodeAttentionArgs {
   int64_t q_stride[3], k_stride[3], v_stride[3];  // in elements; strides multiple of 8, d stride 1
   float scale;
   bool pdl;                 // launch the combine kernel with programmatic dependent launch (sm_90)
+  bool writes_at_last;      // the kernels before wrote no key slot below min(last) since this call's
+                            // predecessor started (a causal step writes exactly the slots `last` names):
+                            // keys below min(last) are loaded before the PDL wait
 };
 
 struct SplitGeometry {

@@ -55,8 +55,12 @@ def default_splits(batch: int, kv_heads: int, rows_per_kv_head: int, span: int, 
     return max(1, min(want, span // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
 
 
-def decode_attention(q, k, v, last, scale: float, splits: int | None = None) -> torch.Tensor:
-    """q [B, Hq, T, D], k/v [B, Hkv, span, D] (d contiguous), last int64 [T] -> [B, T, Hq * D]."""
+def decode_attention(q, k, v, last, scale: float, splits: int | None = None,
+                     writes_at_last: bool = False) -> torch.Tensor:
+    """q [B, Hq, T, D], k/v [B, Hkv, span, D] (d contiguous), last int64 [T] -> [B, T, Hq * D].
+    writes_at_last: the cache slots this step wrote are exactly `last` (a causal target step), so
+    every key below min(last) is older than the kernels before this one and is loaded before the
+    PDL wait. Wrong where that is false (the drafter writes context slots below its rows' last)."""
     b, hq, t, d = q.shape
     hkv, span = k.shape[1], k.shape[2]
     if q.stride(-1) != 1 or any(s % 8 for s in q.stride()[:3]):
@@ -66,7 +70,7 @@ def decode_attention(q, k, v, last, scale: float, splits: int | None = None) -> 
     last = last.to(dtype=torch.int64).contiguous()
     out = torch.empty((b, t, hq * d), dtype=q.dtype, device=q.device)
     workspace = torch.empty((splits, b * t * hq, d + 1), dtype=torch.float32, device=q.device)
-    _ext.ops().decode_attention(q, k, v, last, span, float(scale), out, workspace)
+    _ext.ops().decode_attention(q, k, v, last, span, float(scale), out, workspace, bool(writes_at_last))
     return out
 
 

@@ -33,6 +33,7 @@ _current = "auto"
 class AttentionMask(NamedTuple):
     additive: torch.Tensor            # [1, 1, g*T, S] 0 / -inf, rows j*T + t
     last: Optional[torch.Tensor]      # int64 [T]: key slot j visible to row t iff j <= last[t]; None: unknown
+    writes_at_last: bool = False      # the forward writes exactly the cache slots `last` names (causal)
 
 
 def set_attention_backend(name: str) -> str:

@@ -68,15 +68,17 @@ class SwiGLU(nn.Module):
         return skinny_linear.linear(self.down, silu_mul(skinny_linear.linear(self.gate_up, x)))
 
 
-def attention_mask(visible: torch.Tensor, groups: int, dtype, last: torch.Tensor | None = None) -> AttentionMask:
+def attention_mask(visible: torch.Tensor, groups: int, dtype, last: torch.Tensor | None = None,
+                   writes_at_last: bool = False) -> AttentionMask:
     """visible bool [T, S] -> AttentionMask: the additive mask [1, 1, g*T, S] (0 / -inf) for `attend`'s
     folded GQA rows, and `last` (int64 [T], or one value for every row), the same visibility as
-    "slot j visible to row t iff j <= last[t]" for the decode kernel. Built once per forward
-    instead of once per layer."""
+    "slot j visible to row t iff j <= last[t]" for the decode kernel. writes_at_last: the forward
+    writes exactly the cache slots `last` names (the target's causal steps; the decode kernel then
+    loads older keys early). Built once per forward instead of once per layer."""
     mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, float("-inf"))
     if last is not None:
         last = last.reshape(-1).expand(visible.shape[0]).to(torch.int64).contiguous()
-    return AttentionMask(mask.repeat(groups, 1)[None, None], last)
+    return AttentionMask(mask.repeat(groups, 1)[None, None], last, writes_at_last and last is not None)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, scale: float) -> torch.Tensor:
@@ -88,7 +90,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMas
     """
     if use_decode_kernel(q, k, mask):
         from specpilot.kernels.decode_attention import decode_attention
-        return decode_attention(q, k, v, mask.last, scale)
+        return decode_attention(q, k, v, mask.last, scale, writes_at_last=mask.writes_at_last)
     b, hq, t, d = q.shape
     hkv = k.shape[1]
     q = q.reshape(b, hkv, (hq // hkv) * t, d)                # rows j*T + t

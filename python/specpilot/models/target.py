@@ -102,7 +102,7 @@ class TargetLM(RopeTables, nn.Module):
         slots = torch.arange(kv_len, device=ids.device)
         c = self.config
         mask = attention_mask(slots[None, :] <= positions[:, None], c.num_heads // c.num_kv_heads, x.dtype,
-                              last=positions)                      # causal: row t sees slots <= positions[t]
+                              last=positions, writes_at_last=True)  # causal: row t sees slots <= positions[t]
         feats = {}
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layer_fns()):
