@@ -13,7 +13,7 @@ Runs on the H200 (`python -m pytest -q tests/test_decode_attention_gpu.py`); ski
 
 import pytest
 import torch
-from conftest import refused_in_subprocess, requires_gpu
+from conftest import refused_in_subprocess, requires_gpu, switched
 
 from specpilot import _ext
 
@@ -191,6 +191,60 @@ def test_keys_written_just_before_are_seen(gen, t):
         assert torch.equal(out, decode_attention(q_out, kc, vc, positions, d ** -0.5)), f"start {start}"
 
 
+@pytest.mark.parametrize("hq,hkv,d,norm", [(32, 8, 128, True), (8, 2, 64, True), (32, 8, 128, False)])
+def test_rope_prologue_equals_rope_kernel_then_attention(gen, hq, hkv, d, norm):
+    """decode_attention_rope (the one-token step's rope / cache write inside the attention kernel)
+    against qk_norm_rope_cache then decode_attention: the same output and cache bits, batch 1 and 2,
+    the new key at the end of the span, at slot 0, at the last slot, and past the span (written,
+    not seen); with per-head norms (Qwen3) and without (LLaMA)."""
+    from specpilot.kernels.decode_attention import decode_attention, decode_attention_rope
+    from specpilot.models.fused_ops import qk_norm_rope_cache
+
+    slots = 1024
+    bf = lambda *shape: torch.randn(*shape, generator=gen, device="cuda").to(torch.bfloat16)
+    cos_table, sin_table = bf(slots, d), bf(slots, d)
+    for b, pos, kv_len in ((1, 600, 601), (2, 37, 38), (1, 0, 1), (1, slots - 1, slots), (1, 1000, 700)):
+        kc, vc = bf(b, hkv, slots, d), bf(b, hkv, slots, d)
+        kc2, vc2 = kc.clone(), vc.clone()
+        qkv = bf(b, 1, (hq + 2 * hkv) * d)
+        q_weight, k_weight = (bf(d), bf(d)) if norm else (None, None)
+        positions = torch.tensor([pos], device="cuda")
+        cos, sin = cos_table[positions], sin_table[positions]
+        q, k, v = qkv.view(b, 1, hq + 2 * hkv, d).split((hq, hkv, hkv), dim=2)
+        q = qk_norm_rope_cache(q, k, v, q_weight, k_weight, cos, sin, positions, 1e-6, kc, vc)
+        ref = decode_attention(q, kc[:, :, :kv_len], vc[:, :, :kv_len], positions, d ** -0.5)
+        out = decode_attention_rope(qkv, q_weight, k_weight, cos, sin, positions, 1e-6, kc2, vc2, kv_len,
+                                    d ** -0.5, hq)
+        assert torch.equal(out, ref), f"b={b} pos={pos} kv_len={kv_len}: output differs"
+        assert torch.equal(kc2, kc) and torch.equal(vc2, vc), f"b={b} pos={pos}: cache differs"
+
+
+def test_engine_rope_in_attention_is_bit_identical(fresh_seed, monkeypatch):
+    """The engine's one-token steps with the rope / cache write inside the attention kernel (the
+    default) and as its own kernel: identical logits over 32 teacher-forced graphed AR steps, then a
+    verify and a draft step."""
+    from specpilot.engine import Engine
+    from specpilot.kernels.decode_attention import set_fused_rope
+    from specpilot.models import target as target_mod
+    from specpilot.models.attention_backend import set_attention_backend
+
+    target, drafter = tiny_bf16_pair(fresh_seed)
+    g = torch.Generator().manual_seed(fresh_seed)
+    prompt = torch.randint(0, 318, (300,), generator=g).tolist()
+    forced = torch.randint(0, 318, (32,), generator=g).tolist()
+    calls = []
+    real = target_mod.decode_attention_rope
+    monkeypatch.setattr(target_mod, "decode_attention_rope", lambda *a, **k: calls.append(1) or real(*a, **k))
+    results = {}
+    with switched(set_attention_backend, "specpilot"):
+        for fused in (False, True):
+            with switched(set_fused_rope, fused):
+                results[fused] = forced_logits(Engine(target, drafter, max_seq_len=400), prompt, forced, 8)
+            assert bool(calls) == fused, f"fused rope {fused}: decode_attention_rope called {len(calls)} times"
+    for name, a, b in zip(("ar", "verify", "draft"), results[False], results[True]):
+        assert torch.equal(a, b), f"{name}: logits differ with the rope inside the attention kernel"
+
+
 @pytest.mark.parametrize("pdl", [False, True])
 def test_graph_replay_follows_last(gen, pdl):
     """One captured call (fixed span 1024 and grid) replayed with new `last` values: contexts from 1
@@ -231,6 +285,10 @@ def test_rejects_bad_arguments():
         ("op(q, k, k, last, 257, 0.1, out, ws)", "span"),
         ("op(q, k, k, last.int(), 256, 0.1, out, ws)", "last"),
         ("op(q, k, k, last, 256, 0.1, out, ws[:, :4])", "workspace"),
+        ("ops.decode_attention_rope(bf(1, 1, 11 * 128), None, None, bf(128), bf(128), last, 1e-6, k, k.clone(), "
+         "256, 0.1, out, ws)", "qkv has"),
+        ("ops.decode_attention_rope(bf(1, 1, 12 * 128), bf(128), bf(128), bf(64), bf(128), last, 1e-6, k, "
+         "k.clone(), 256, 0.1, out, ws)", "cos must be"),
         ("op(bf(1, 8, 33, 128), k, k, torch.zeros(33, dtype=torch.long, device='cuda'), 256, 0.1, out, ws)",
          "T must be"),
     ])

@@ -6,6 +6,10 @@
 // capture allocates nothing here; the number of key splits is the workspace's first dimension.
 // writes_at_last: the kernels before this call wrote no key slot below min(last) while it could be
 // running (a causal step writes exactly the slots `last` names), so those keys load before the PDL wait.
+//   decode_attention_rope(qkv [B,1,(Hq+2Hkv)*D], q_weight [D]?, k_weight [D]?, cos [D], sin [D],
+//                         positions [1] int64, eps, k_cache!, v_cache!, span, scale, out!, workspace!)
+// the one-token step's qk_norm_rope_cache + decode_attention in one kernel, bit for bit the same
+// (RopePrologue in csrc/include/specpilot/decode_attention.h).
 //   decode_attention_pdl(enable) -> previous: launch the attention path (qk_norm_rope_cache, split,
 //   combine) with programmatic dependent launch (1, default) or plainly (0); -1 only reads it. A
 //   benchmark knob, process-global (attention_pdl.h).
@@ -47,9 +51,10 @@ void check_rows(const char* name, const at::Tensor& t, const at::Device& device)
            " must start 16-byte aligned, got ", t.data_ptr());
 }
 
-void decode_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                           const at::Tensor& last, int64_t span, double scale, at::Tensor& out,
-                           at::Tensor& workspace, bool writes_at_last) {
+// Every check of the op's arguments, then the kernel arguments they give.
+DecodeAttentionArgs checked_args(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                 const at::Tensor& last, int64_t span, double scale, at::Tensor& out,
+                                 at::Tensor& workspace, bool writes_at_last) {
   SP_CHECK(q.is_cuda(), "decode_attention: q must be a CUDA tensor, got ", q.device());
   const at::Device dev = q.device();
   check_rows("q", q, dev);
@@ -107,11 +112,70 @@ void decode_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const
   a.scale = (float)scale;
   a.pdl = attention_path_pdl().load();
   a.writes_at_last = writes_at_last;
-  if (B == 0 || Hq == 0) return;
+  return a;
+}
+
+void launch(const DecodeAttentionArgs& a, const at::Device& dev) {
+  if (a.batch == 0 || a.q_heads == 0) return;
   const c10::cuda::CUDAGuard guard(dev);
   const int err = cuda_decode_attention(a, c10::cuda::getCurrentCUDAStream(dev.index()).stream());
-  SP_CHECK(err == 0, "decode_attention: CUDA launch failed for B=", B, " Hq=", Hq, " Hkv=", Hkv, " T=", T,
-           " D=", D, " span=", span, " splits=", splits, ": ", cudaGetErrorString(static_cast<cudaError_t>(err)));
+  SP_CHECK(err == 0, "decode_attention: CUDA launch failed for B=", a.batch, " Hq=", a.q_heads, " Hkv=", a.kv_heads,
+           " T=", a.tokens, " D=", a.head_dim, " span=", a.span, " splits=", a.num_splits, ": ",
+           cudaGetErrorString(static_cast<cudaError_t>(err)));
+}
+
+void decode_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                           const at::Tensor& last, int64_t span, double scale, at::Tensor& out,
+                           at::Tensor& workspace, bool writes_at_last) {
+  launch(checked_args(q, k_cache, v_cache, last, span, scale, out, workspace, writes_at_last), q.device());
+}
+
+// A [D] bf16 vector on `dev` (the per-head norm weights, a RoPE table row).
+void check_row(const char* name, const at::Tensor& t, int64_t D, const at::Device& dev) {
+  SP_CHECK(t.scalar_type() == at::kBFloat16 && t.is_contiguous() && t.numel() == D && t.device() == dev,
+           "decode_attention_rope: ", name, " must be a contiguous bfloat16 tensor of ", D, " elements on ", dev,
+           ", got ", t.scalar_type(), " ", t.sizes(), " on ", t.device());
+}
+
+// The one-token step's qk_norm_rope_cache + decode_attention as one kernel (RopePrologue): q is the
+// [B, 1, Hq * D] slice of qkv; k / v of qkv are normed, rotated and written into the caches at
+// positions[0]; positions is also the attention's `last` (a causal step).
+void decode_attention_rope_cuda(const at::Tensor& qkv, const c10::optional<at::Tensor>& q_weight,
+                                const c10::optional<at::Tensor>& k_weight, const at::Tensor& cos, const at::Tensor& sin,
+                                const at::Tensor& positions, double eps, at::Tensor& k_cache, at::Tensor& v_cache,
+                                int64_t span, double scale, at::Tensor& out, at::Tensor& workspace) {
+  SP_CHECK(qkv.is_cuda() && qkv.scalar_type() == at::kBFloat16 && qkv.dim() == 3 && qkv.size(1) == 1 &&
+                  qkv.stride(2) == 1,
+           "decode_attention_rope: qkv must be a CUDA bfloat16 [B, 1, (Hq + 2 Hkv) * D] with contiguous rows, got ",
+           qkv.scalar_type(), " ", qkv.sizes(), " strides ", qkv.strides(), " on ", qkv.device());
+  SP_CHECK(k_cache.dim() == 4, "decode_attention_rope: k_cache must be [B, Hkv, S, D], got ", k_cache.sizes());
+  const int64_t B = qkv.size(0), Hkv = k_cache.size(1), D = k_cache.size(3);
+  SP_CHECK(out.dim() == 3 && D > 0 && out.size(2) % D == 0, "decode_attention_rope: out must be [B, 1, Hq * ", D,
+           "], got ", out.sizes());
+  const int64_t Hq = out.size(2) / D;
+  SP_CHECK(qkv.size(2) == (Hq + 2 * Hkv) * D, "decode_attention_rope: qkv has ", qkv.size(2), " columns, want (Hq + 2 Hkv) * D = ",
+           (Hq + 2 * Hkv) * D, " for Hq=", Hq, " Hkv=", Hkv, " D=", D);
+  // q as the attention reads it: [B, Hq, 1, D], a view of qkv's first Hq heads.
+  const at::Tensor q = qkv.view({B, 1, Hq + 2 * Hkv, D}).narrow(2, 0, Hq).transpose(1, 2);
+  DecodeAttentionArgs a = checked_args(q, k_cache, v_cache, positions, span, scale, out, workspace, true);
+  const at::Device dev = qkv.device();
+  if (q_weight.has_value() && q_weight->defined()) check_row("q_weight", *q_weight, D, dev);
+  if (k_weight.has_value() && k_weight->defined()) check_row("k_weight", *k_weight, D, dev);
+  SP_CHECK(q_weight.has_value() == k_weight.has_value(), "decode_attention_rope: q_weight and k_weight go together");
+  check_row("cos", cos, D, dev);
+  check_row("sin", sin, D, dev);
+  SP_CHECK(std::isfinite(eps), "decode_attention_rope: eps must be finite, got ", eps);
+  a.rope.qkv = reinterpret_cast<const uint16_t*>(qkv.data_ptr());
+  a.rope.qkv_batch_stride = qkv.stride(0);
+  a.rope.q_weight = q_weight.has_value() ? reinterpret_cast<const uint16_t*>(q_weight->data_ptr()) : nullptr;
+  a.rope.k_weight = k_weight.has_value() ? reinterpret_cast<const uint16_t*>(k_weight->data_ptr()) : nullptr;
+  a.rope.cos = reinterpret_cast<const uint16_t*>(cos.data_ptr());
+  a.rope.sin = reinterpret_cast<const uint16_t*>(sin.data_ptr());
+  a.rope.eps = (float)eps;
+  a.rope.k_cache = reinterpret_cast<uint16_t*>(k_cache.data_ptr());
+  a.rope.v_cache = reinterpret_cast<uint16_t*>(v_cache.data_ptr());
+  a.rope.slots = k_cache.size(2);
+  launch(a, dev);
 }
 
 }  // namespace
@@ -121,9 +185,13 @@ void decode_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const
 TORCH_LIBRARY_FRAGMENT(specpilot, m) {
   m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor last, int span, float scale, "
         "Tensor(a!) out, Tensor(b!) workspace, bool writes_at_last=False) -> ()");
+  m.def("decode_attention_rope(Tensor qkv, Tensor? q_weight, Tensor? k_weight, Tensor cos, Tensor sin, "
+        "Tensor positions, float eps, Tensor(a!) k_cache, Tensor(b!) v_cache, int span, float scale, "
+        "Tensor(c!) out, Tensor(d!) workspace) -> ()");
   m.def("decode_attention_pdl(int enable) -> int", &specpilot::attention::decode_attention_pdl);
 }
 
 TORCH_LIBRARY_IMPL(specpilot, CUDA, m) {
   m.impl("decode_attention", &specpilot::attention::decode_attention_cuda);
+  m.impl("decode_attention_rope", &specpilot::attention::decode_attention_rope_cuda);
 }

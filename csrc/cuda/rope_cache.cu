@@ -2,15 +2,12 @@
 // (batch, token, head) row. Replaces, per attention layer: rms_norm, the weight multiply, RoPE's
 // mul / neg / cat / mul / add, the q transpose and both index_copy_ into the cache.
 //
-// Exactness, per element (HF Qwen3/LLaMA order; x = the bf16 q/k row):
-//   norm:  n = bf16( bf16(x * rsqrt(mean(x^2) + eps)) * w )       (fp32 statistics)
-//   RoPE:  out = bf16( bf16(n * cos) + bf16(rotate_half(n) * sin) ),  rotate_half(n) = cat(-n[D/2:], n[:D/2])
-//   v:     copied bit for bit.
+// Exactness: the row arithmetic of rope_row.cuh (HF Qwen3/LLaMA order); v is copied bit for bit.
 // Without norm weights (LLaMA) q/k/v are bit-identical to torch's eager formula; with them they
 // differ only through the fp32 sum-of-squares order of the norm.
 #include <cuda_runtime.h>
 
-#include "fused_bf16.cuh"
+#include "rope_row.cuh"
 #include "specpilot/fused_ops.h"
 #include "split12_launch.h"  // launch_kernel (plain or PDL)
 
@@ -20,41 +17,7 @@ namespace {
 
 constexpr int kWarpsPerBlock = 4;
 
-// P consecutive bf16 (P = 1, 2 or 4) as one load / store.
-template <int P>
-struct Pack;
-template <>
-struct Pack<1> {
-  using T = uint16_t;
-};
-template <>
-struct Pack<2> {
-  using T = uint32_t;
-};
-template <>
-struct Pack<4> {
-  using T = uint2;
-};
-
-template <int P>
-__device__ __forceinline__ void load_bits(const uint16_t* p, uint16_t (&out)[P]) {
-  const typename Pack<P>::T v = *reinterpret_cast<const typename Pack<P>::T*>(p);
-  const uint16_t* b = reinterpret_cast<const uint16_t*>(&v);
-#pragma unroll
-  for (int i = 0; i < P; ++i) out[i] = b[i];
-}
-
-template <int P>
-__device__ __forceinline__ void store_bits(uint16_t* p, const uint16_t (&in)[P]) {
-  typename Pack<P>::T v;
-  uint16_t* b = reinterpret_cast<uint16_t*>(&v);
-#pragma unroll
-  for (int i = 0; i < P; ++i) b[i] = in[i];
-  *reinterpret_cast<typename Pack<P>::T*>(p) = v;
-}
-
-// Lane l holds elements [l*P, l*P + P) of the first half ("lo") and the same of the second ("hi"),
-// so rotate_half pairs stay in one lane.
+// One warp per row; lane layout and arithmetic: rope_row.cuh.
 template <int D>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     qk_norm_rope_cache_kernel(HeadRows q, HeadRows k, HeadRows v, const uint16_t* __restrict__ q_weight,
@@ -90,50 +53,17 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     dst = (is_k ? k_cache : v_cache) + (((int64_t)b * k.heads + head) * slots + pos) * D;
   }
 
-  uint16_t lo_bits[P], hi_bits[P];
-  load_bits<P>(x + lane * P, lo_bits);
-  load_bits<P>(x + kHalf + lane * P, hi_bits);
   if (!is_q && !is_k) {  // v: a plain copy
+    uint16_t lo_bits[P], hi_bits[P];
+    load_bits<P>(x + lane * P, lo_bits);
+    load_bits<P>(x + kHalf + lane * P, hi_bits);
     store_bits<P>(dst + lane * P, lo_bits);
     store_bits<P>(dst + kHalf + lane * P, hi_bits);
     return;
   }
-
-  float lo[P], hi[P];
-#pragma unroll
-  for (int i = 0; i < P; ++i) {
-    lo[i] = bf16_to_f32(lo_bits[i]);
-    hi[i] = bf16_to_f32(hi_bits[i]);
-  }
-  const uint16_t* w = is_q ? q_weight : k_weight;
-  if (w != nullptr) {  // warp-uniform
-    float sq = 0.0f;
-#pragma unroll
-    for (int i = 0; i < P; ++i) sq = fmaf(hi[i], hi[i], fmaf(lo[i], lo[i], sq));
-    const float rstd = rsqrtf(warp_sum(sq) * (1.0f / D) + eps);
-    uint16_t w_lo[P], w_hi[P];
-    load_bits<P>(w + lane * P, w_lo);
-    load_bits<P>(w + kHalf + lane * P, w_hi);
-#pragma unroll
-    for (int i = 0; i < P; ++i) {
-      lo[i] = round_bf16(round_bf16(lo[i] * rstd) * bf16_to_f32(w_lo[i]));
-      hi[i] = round_bf16(round_bf16(hi[i] * rstd) * bf16_to_f32(w_hi[i]));
-    }
-  }
-
-  uint16_t c_lo[P], c_hi[P], s_lo[P], s_hi[P];
-  load_bits<P>(cos + (int64_t)t * D + lane * P, c_lo);
-  load_bits<P>(cos + (int64_t)t * D + kHalf + lane * P, c_hi);
-  load_bits<P>(sin + (int64_t)t * D + lane * P, s_lo);
-  load_bits<P>(sin + (int64_t)t * D + kHalf + lane * P, s_hi);
   uint16_t out_lo[P], out_hi[P];
-#pragma unroll
-  for (int i = 0; i < P; ++i) {
-    const float a_lo = round_bf16(lo[i] * bf16_to_f32(c_lo[i])), r_lo = round_bf16(-hi[i] * bf16_to_f32(s_lo[i]));
-    const float a_hi = round_bf16(hi[i] * bf16_to_f32(c_hi[i])), r_hi = round_bf16(lo[i] * bf16_to_f32(s_hi[i]));
-    out_lo[i] = f32_to_bf16(a_lo + r_lo);
-    out_hi[i] = f32_to_bf16(a_hi + r_hi);
-  }
+  norm_rope_row<D>(x, is_q ? q_weight : k_weight, cos + (int64_t)t * D, sin + (int64_t)t * D, eps, lane, out_lo,
+                   out_hi);
   store_bits<P>(dst + lane * P, out_lo);
   store_bits<P>(dst + kHalf + lane * P, out_hi);
 }

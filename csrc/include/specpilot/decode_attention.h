@@ -31,6 +31,24 @@ constexpr int kMaxGroups = 8;     // g = Hq / Hkv
 constexpr int kMaxSplits = 128;
 constexpr int kSplitKeyAlign = 16;  // key ranges start on a 16-key slice (the mma's k)
 
+// The rope prologue of a one-token step (T = 1): q comes straight from the QKV projection's output,
+// normed and rotated in the split kernel with qk_norm_rope_cache's arithmetic (csrc/cuda/rope_row.cuh,
+// bit for bit), and this step's k (normed, rotated) and v are written into the cache at slot last[0]
+// by the one CTA per (batch, KV head) whose keys end there, before it loads them: one kernel fewer
+// per layer than qk_norm_rope_cache + attention.
+struct RopePrologue {
+  const uint16_t* qkv = nullptr;  // [B, 1, (Hq + 2 Hkv) * D]: q heads, then k heads, then v heads; nullptr: off
+  int64_t qkv_batch_stride = 0;   // elements
+  const uint16_t* q_weight = nullptr;  // [D] per-head RMSNorm weights, or nullptr (no q/k norm: LLaMA)
+  const uint16_t* k_weight = nullptr;
+  const uint16_t* cos = nullptr;  // [D]: the token's row of the RoPE tables
+  const uint16_t* sin = nullptr;
+  float eps = 0.f;
+  uint16_t* k_cache = nullptr;    // the cache `k` / `v` below view, writable; slot last[0] is written when
+  uint16_t* v_cache = nullptr;    // 0 <= last[0] < slots (as qk_norm_rope_cache: never out of bounds)
+  int64_t slots = 0;
+};
+
 struct DecodeAttentionArgs {
   const uint16_t* q;        // bf16 bits; element (b, h, t, d) at b*q_stride[0] + h*q_stride[1] + t*q_stride[2] + d
   const uint16_t* k;        // (b, kv, slot, d) at b*k_stride[0] + kv*k_stride[1] + slot*k_stride[2] + d
@@ -46,6 +64,7 @@ struct DecodeAttentionArgs {
   bool writes_at_last;      // the kernels before wrote no key slot below min(last) since this call's
                             // predecessor started (a causal step writes exactly the slots `last` names):
                             // keys below min(last) are loaded before the PDL wait
+  RopePrologue rope;        // T = 1 only; with rope.qkv set, `q` is not read
 };
 
 struct SplitGeometry {

@@ -22,6 +22,7 @@ MAX_GROUPS = 8           # kMaxGroups
 MAX_SPLITS = 128         # kMaxSplits
 ROWS_PER_CTA = 64        # query rows (g * T) one CTA handles
 MIN_KEYS_PER_SPLIT = 32  # fewer keys per CTA than this costs more in partials than it saves
+_fused_rope = True       # set_fused_rope
 
 
 @functools.lru_cache(maxsize=None)
@@ -72,6 +73,40 @@ def decode_attention(q, k, v, last, scale: float, splits: int | None = None,
     workspace = torch.empty((splits, b * t * hq, d + 1), dtype=torch.float32, device=q.device)
     _ext.ops().decode_attention(q, k, v, last, span, float(scale), out, workspace, bool(writes_at_last))
     return out
+
+
+def decode_attention_rope(qkv, q_weight, k_weight, cos, sin, positions, eps: float, k_cache, v_cache,
+                          kv_len: int, scale: float, num_q_heads: int) -> torch.Tensor:
+    """A one-token causal step's qk_norm_rope_cache + decode_attention as one kernel, bit for bit the
+    same: qkv [B, 1, (Hq + 2 Hkv) * D] (the QKV projection's output), q_weight / k_weight [D] or None,
+    cos / sin [1, D] at the token's position, positions int64 [1] (the slot written and the query's
+    position), k/v_cache [B, Hkv, S, D] (slot positions[0] written) -> [B, 1, Hq * D] over slots
+    [0, kv_len). The same key splits as decode_attention over the kv_len view, so the same sums."""
+    b, hkv, d = qkv.shape[0], k_cache.shape[1], k_cache.shape[3]
+    splits = default_splits(b, hkv, num_q_heads // hkv, kv_len, _sm_count(qkv.device))
+    out = torch.empty((b, 1, num_q_heads * d), dtype=qkv.dtype, device=qkv.device)
+    workspace = torch.empty((splits, b * num_q_heads, d + 1), dtype=torch.float32, device=qkv.device)
+    _ext.ops().decode_attention_rope(qkv, q_weight, k_weight, cos, sin, positions, float(eps), k_cache, v_cache,
+                                     kv_len, float(scale), out, workspace)
+    return out
+
+
+def set_fused_rope(enable: bool) -> bool:
+    """Run a one-token target step's rope / cache write inside the attention kernel (the default:
+    measured faster) or as its own kernel before it; returns the previous setting. Read when a step
+    is traced, so a CUDA graph keeps the setting it was captured with."""
+    global _fused_rope
+    previous, _fused_rope = _fused_rope, bool(enable)
+    return previous
+
+
+def fused_rope_enabled() -> bool:
+    return _fused_rope and _rope_op_available()
+
+
+@functools.lru_cache(maxsize=None)
+def _rope_op_available() -> bool:
+    return _ext.has_cuda_op("decode_attention_rope")
 
 
 def set_pdl(enable: bool) -> bool:

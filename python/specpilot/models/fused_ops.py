@@ -113,20 +113,25 @@ def _head_rows_ok(t: torch.Tensor) -> bool:
             and t.stride(0) % (d // 64) == 0 and t.stride(1) % (d // 64) == 0 and _aligned(t, 8))
 
 
+def rope_kernel_takes(q, k, v, q_weight, k_weight, cos, sin, positions, k_cache, v_cache) -> bool:
+    """Whether qk_norm_rope_cache runs these arguments through the CUDA kernel (else torch ops)."""
+    return (_kernels_for(q, k, v, q_weight, k_weight, cos, sin, k_cache, v_cache) is not None
+            and k.shape[-1] in ROPE_HEAD_DIMS and positions.is_cuda and positions.dtype == torch.long
+            and all(_head_rows_ok(t) for t in (q, k, v) if t is not None)
+            and all(t.is_contiguous() for t in (q_weight, k_weight, cos, sin, positions, k_cache, v_cache)
+                    if t is not None))
+
+
 def qk_norm_rope_cache(q, k, v, q_weight, k_weight, cos, sin, positions, eps: float, k_cache, v_cache):
     """Attention's elementwise prologue. q [B, T, Hq, D] (or None: context K/V only), k and v
     [B, T, Hkv, D] (views of the projections' outputs are fine); q_weight / k_weight [D] the per-head
     RMSNorm weights (None: no q/k norm, as LLaMA); cos/sin [T, D] at the tokens' positions;
     positions [T] int64, the cache slots. Writes rope(norm(k)) and v into k_cache / v_cache
     [B, Hkv, S, D] at `positions`; returns rope(norm(q)) [B, Hq, T, D] (None without q)."""
-    ops = _kernels_for(q, k, v, q_weight, k_weight, cos, sin, k_cache, v_cache)
     d = k.shape[-1]
-    if (ops is not None and d in ROPE_HEAD_DIMS and positions.is_cuda and positions.dtype == torch.long
-            and all(_head_rows_ok(t) for t in (q, k, v) if t is not None)
-            and all(t.is_contiguous() for t in (q_weight, k_weight, cos, sin, positions, k_cache, v_cache)
-                    if t is not None)):
+    if rope_kernel_takes(q, k, v, q_weight, k_weight, cos, sin, positions, k_cache, v_cache):
         q_out = None if q is None else q.new_empty(q.shape[0], q.shape[2], q.shape[1], d)
-        ops.qk_norm_rope_cache(q, k, v, q_weight, k_weight, cos, sin, positions, eps, k_cache, v_cache, q_out)
+        _cuda_ops().qk_norm_rope_cache(q, k, v, q_weight, k_weight, cos, sin, positions, eps, k_cache, v_cache, q_out)
         return q_out
     if q is not None:
         if q_weight is not None:

@@ -19,7 +19,10 @@ from torch import nn
 
 from .config import TargetConfig
 from . import gemv_fusion, skinny_linear
-from .fused_ops import add_rms_norm, qk_norm_rope_cache
+from specpilot.kernels.decode_attention import decode_attention_rope, fused_rope_enabled
+
+from .attention_backend import AttentionMask, use_decode_kernel
+from .fused_ops import add_rms_norm, qk_norm_rope_cache, rope_kernel_takes
 from .layers import PreNormBlock, RMSNorm, RopeTables, attend, attention_mask
 
 
@@ -46,10 +49,23 @@ class Attention(nn.Module):
         qkv = qkv.view(b, t, self.nq + 2 * self.nkv, self.d)
         q, k, v = qkv.split((self.nq, self.nkv, self.nkv), dim=2)        # views, no copy
         qk_norm = self.q_norm is not None                                # Qwen3: per-head RMSNorm of q and k
-        q = qk_norm_rope_cache(q, k, v, self.q_norm.weight if qk_norm else None,
-                               self.k_norm.weight if qk_norm else None, cos, sin, positions, self.eps,
+        q_weight, k_weight = (self.q_norm.weight, self.k_norm.weight) if qk_norm else (None, None)
+        if t == 1 and self._rope_in_attention(qkv, q, k, v, q_weight, k_weight, cos, sin, positions, k_cache,
+                                              v_cache, kv_len, mask):
+            return decode_attention_rope(qkv.view(b, 1, -1), q_weight, k_weight, cos, sin, positions, self.eps,
+                                         k_cache, v_cache, kv_len, self.scale, self.nq)
+        q = qk_norm_rope_cache(q, k, v, q_weight, k_weight, cos, sin, positions, self.eps,
                                k_cache, v_cache)                         # q [B, Hq, T, D]; k/v -> cache
         return attend(q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], mask, self.scale)
+
+    @staticmethod
+    def _rope_in_attention(qkv, q, k, v, q_weight, k_weight, cos, sin, positions, k_cache, v_cache, kv_len, mask):
+        """Whether a one-token step runs its rope / cache write inside the attention kernel: exactly when
+        both the rope kernel and our attention kernel would take the call, on a causal step."""
+        return (qkv.is_cuda and isinstance(mask, AttentionMask) and mask.writes_at_last and fused_rope_enabled()
+                and qkv.is_contiguous()
+                and rope_kernel_takes(q, k, v, q_weight, k_weight, cos, sin, positions, k_cache, v_cache)
+                and use_decode_kernel(q.transpose(1, 2), k_cache[:, :, :kv_len], mask))
 
 
 class TargetBlock(PreNormBlock):
