@@ -54,10 +54,10 @@ def wall_ms(fn, iters: int) -> float:
 
 
 @torch.inference_mode()
-def time_steps(engine, block: int, iters: int = 50) -> dict:
-    """ms per graphed AR step, verify(block) step and draft step at CONTEXT tokens of context."""
+def time_steps(engine, block: int, iters: int = 50, context: int = CONTEXT) -> dict:
+    """ms per graphed AR step, verify(block) step and draft step at `context` tokens of context."""
     runner, dev = engine.runner, engine.device
-    prompt = torch.randint(0, engine.target.config.vocab_size - 2, (1, CONTEXT), device=dev)
+    prompt = torch.randint(0, engine.target.config.vocab_size - 2, (1, context), device=dev)
     runner.prefill(prompt, with_features=True)
     one = prompt[:, -1:]
     blk = prompt[:, -block:].clone()
@@ -76,24 +76,24 @@ def time_steps(engine, block: int, iters: int = 50) -> dict:
         torch.cuda.synchronize()
         return start.elapsed_time(end) / iters
 
-    out = {"ar_ms": measure(lambda: runner.target_step(one, CONTEXT, with_features=False)),
-           "verify_ms": measure(lambda: runner.target_step(blk, CONTEXT, with_features=True))}
+    out = {"ar_ms": measure(lambda: runner.target_step(one, context, with_features=False)),
+           "verify_ms": measure(lambda: runner.target_step(blk, context, with_features=True))}
     if engine.drafter is not None:
-        out["draft_ms"] = measure(lambda: runner.draft_step(feats[:, :4], CONTEXT - 4, blk, CONTEXT, block))
+        out["draft_ms"] = measure(lambda: runner.draft_step(feats[:, :4], context - 4, blk, context, block))
         hidden = torch.zeros(1, block - 1, engine.target.config.hidden_size, device=dev, dtype=engine.target.dtype)
         with runner.kernel_ctx(block - 1):  # split12 LM heads: the kernel the draft step uses for these rows
             out["lm_head15_ms"] = measure(lambda: engine.target.lm_head(hidden))  # eager, one GEMM
     fused = runner.fused
     fused.capture_all(block if engine.drafter is not None else None)
-    pos = [CONTEXT]                                            # the graph advances one position per call
+    pos = [context]                                            # the graph advances one position per call
 
     def ar_once():
         fused.ar_step(pos[0])
         pos[0] += 1
-    fused.ar_begin(int(prompt[0, -1]), CONTEXT)
+    fused.ar_begin(int(prompt[0, -1]), context)
     out["fused_ar_ms"] = wall_ms(ar_once, iters)
     if engine.drafter is not None:
-        out["fused_spec_ms"] = wall_ms(lambda: fused.spec_step(block, CONTEXT, CONTEXT - 4, 4, block, 1), iters)
+        out["fused_spec_ms"] = wall_ms(lambda: fused.spec_step(block, context, context - 4, 4, block, 1), iters)
     return out
 
 

@@ -210,3 +210,18 @@ def test_random_checkpoint_writes_a_loadable_sharded_pair(tmp_path, rng, capsys)
     target, drafter, tok = load_pair(tmp_path / "r/target", tmp_path / "r/drafter", "cpu", "bf16")
     assert target.dtype == torch.bfloat16 and target.config.hidden_size == 64
     assert drafter.config.num_layers == 2 and tok.vocab_size >= 258
+
+
+def test_knob_ab_names_every_knob_it_can_set_and_refuses_others(capsys):
+    """bench/knob_ab: the --knob choices are exactly the setters it knows (each returns the previous
+    value, so the A/B can restore it), and an unknown knob is refused with the choices named."""
+    from specpilot.bench import knob_ab
+
+    assert set(knob_ab._knobs()) == set(knob_ab.KNOBS)
+    with pytest.raises(SystemExit):
+        knob_ab.main(["--knob", "no_such_knob"])
+    assert "choose from 'fused_rope', 'attention_pdl', 'gemv_pdl'" in capsys.readouterr().err
+    from specpilot.kernels.decode_attention import set_fused_rope
+
+    previous = set_fused_rope(False)
+    assert set_fused_rope(previous) is False

@@ -1,0 +1,99 @@
+"""A/B of one engine knob in one process (H200): step times with the knob off and on, alternated
+(off, on, off, on, ...) on one random-weight target, so that drift on a shared machine hits both
+sides alike. Everything else is engine_ab's config 8 (fused elementwise kernels, our attention,
+fused one-token GEMVs, skinny GEMM for verify and draft), bf16, or split12 weights with --split12
+(the T = 1 linears then on split12_linear, as engine_ab's split12 + skinny row).
+
+    python -m specpilot.bench.knob_ab --knob fused_rope [--preset qwen3-8b] [--context 512] [--reps 2]
+
+Knobs (KNOBS): fused_rope (a one-token step's rope / cache write inside the attention kernel),
+attention_pdl (programmatic dependent launch through the attention path), gemv_pdl (the same for
+the one-token GEMVs). Prints a markdown table last; --out writes every number as JSON.
+"""
+import argparse
+import gc
+import json
+
+
+def _knobs() -> dict:
+    """name -> setter (takes the value, returns the previous one); imported lazily (CUDA builds)."""
+    from specpilot.kernels import decode_attention
+    from specpilot.models import gemv_fusion
+
+    return {"fused_rope": decode_attention.set_fused_rope,
+            "attention_pdl": decode_attention.set_pdl,
+            "gemv_pdl": gemv_fusion.set_pdl}
+
+
+KNOBS = ("fused_rope", "attention_pdl", "gemv_pdl")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m specpilot.bench.knob_ab", description=__doc__.split("\n")[0])
+    p.add_argument("--knob", required=True, choices=KNOBS)
+    p.add_argument("--preset", default="qwen3-8b")
+    p.add_argument("--context", type=int, default=512, help="tokens in the cache when the steps are timed")
+    p.add_argument("--reps", type=int, default=2, help="off / on pairs")
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--split12", action="store_true", help="split12 weights (converted at load)")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+
+    import torch
+
+    from specpilot.engine import Engine
+    from specpilot.models import fused_ops, gemv_fusion, skinny_linear
+    from specpilot.models.attention_backend import set_attention_backend
+    from specpilot.models.random_ckpt import TARGET_PRESETS, drafter_config_for, random_drafter, random_target
+
+    from .gpu_engine import HBM_BYTES_PER_S, time_steps, weight_bytes
+
+    if args.preset not in TARGET_PRESETS:
+        raise SystemExit(f"knob_ab: unknown preset {args.preset!r}; choose from {sorted(TARGET_PRESETS)}")
+    if not torch.cuda.is_available():
+        raise SystemExit("knob_ab: needs a CUDA GPU")
+    setter = _knobs()[args.knob]
+    cfg = TARGET_PRESETS[args.preset]
+    target = random_target(cfg, "cuda", torch.bfloat16, seed=0)
+    drafter = random_drafter(drafter_config_for(cfg, num_layers=5, block_size=16), target, seed=1)
+    if args.split12:
+        from .gpu_engine_split12 import shared_plane_split12
+
+        print("split12 bits/weight", shared_plane_split12(target), flush=True)
+    floor = weight_bytes(target) / HBM_BYTES_PER_S * 1e3
+    fused_ops.set_fused_kernels(True)
+    set_attention_backend("specpilot")
+    gemv_fusion.set_fused_gemv(not args.split12)
+    skinny_linear.set_skinny_gemm(True)
+    max_seq_len = max(1024, 1 << (args.context + 64).bit_length())
+    rows = []
+    previous = setter(True)
+    try:
+        for _ in range(args.reps):
+            for value in (False, True):
+                setter(value)
+                engine = Engine(target, drafter, max_seq_len=max_seq_len)
+                steps = time_steps(engine, 16, args.iters, context=args.context)
+                rows.append({"knob": args.knob, "on": value, **steps})
+                print(args.knob, value, json.dumps({k: round(v, 4) for k, v in steps.items()}), flush=True)
+                del engine
+                gc.collect()
+                torch.cuda.empty_cache()
+    finally:
+        setter(previous)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"preset": args.preset, "context": args.context, "split12": args.split12,
+                       "floor_ms": floor, "rows": rows}, f, indent=1)
+    print(f"\n{args.preset}, random weights, {'split12' if args.split12 else 'bf16'}, {args.context} tokens of "
+          f"context, CUDA graphs, off / on alternated in one process; weight floor {floor:.3f} ms")
+    print(f"| {args.knob} | AR ms | verify16 ms | draft ms | AR/floor |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {'on' if r['on'] else 'off'} | {r['ar_ms']:.3f} | {r['verify_ms']:.3f} | {r['draft_ms']:.3f} | "
+              f"{r['ar_ms'] / floor:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
