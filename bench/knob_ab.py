@@ -12,25 +12,25 @@ the one-token GEMVs). Prints a markdown table last; --out writes every number as
 """
 import argparse
 import gc
+import importlib
 import json
 
 
-def _knobs() -> dict:
-    """name -> setter (takes the value, returns the previous one); imported lazily (CUDA builds)."""
-    from specpilot.kernels import decode_attention
-    from specpilot.models import gemv_fusion
-
-    return {"fused_rope": decode_attention.set_fused_rope,
-            "attention_pdl": decode_attention.set_pdl,
-            "gemv_pdl": gemv_fusion.set_pdl}
+# name -> (module, setter): each setter takes the value and returns the previous one. Imported only
+# when used (the setters of CUDA-only ops need a CUDA build to run).
+KNOBS = {"fused_rope": ("specpilot.kernels.decode_attention", "set_fused_rope"),
+         "attention_pdl": ("specpilot.kernels.decode_attention", "set_pdl"),
+         "gemv_pdl": ("specpilot.models.gemv_fusion", "set_pdl")}
 
 
-KNOBS = ("fused_rope", "attention_pdl", "gemv_pdl")
+def knob_setter(name: str):
+    module, setter = KNOBS[name]
+    return getattr(importlib.import_module(module), setter)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m specpilot.bench.knob_ab", description=__doc__.split("\n")[0])
-    p.add_argument("--knob", required=True, choices=KNOBS)
+    p.add_argument("--knob", required=True, choices=sorted(KNOBS))
     p.add_argument("--preset", default="qwen3-8b")
     p.add_argument("--context", type=int, default=512, help="tokens in the cache when the steps are timed")
     p.add_argument("--reps", type=int, default=2, help="off / on pairs")
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"knob_ab: unknown preset {args.preset!r}; choose from {sorted(TARGET_PRESETS)}")
     if not torch.cuda.is_available():
         raise SystemExit("knob_ab: needs a CUDA GPU")
-    setter = _knobs()[args.knob]
+    setter = knob_setter(args.knob)
     cfg = TARGET_PRESETS[args.preset]
     target = random_target(cfg, "cuda", torch.bfloat16, seed=0)
     drafter = random_drafter(drafter_config_for(cfg, num_layers=5, block_size=16), target, seed=1)
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     skinny_linear.set_skinny_gemm(True)
     max_seq_len = max(1024, 1 << (args.context + 64).bit_length())
     rows = []
-    previous = setter(True)
+    previous = setter(False)
     try:
         for _ in range(args.reps):
             for value in (False, True):

@@ -153,8 +153,8 @@ void decode_attention_rope_cuda(const at::Tensor& qkv, const c10::optional<at::T
   SP_CHECK(out.dim() == 3 && D > 0 && out.size(2) % D == 0, "decode_attention_rope: out must be [B, 1, Hq * ", D,
            "], got ", out.sizes());
   const int64_t Hq = out.size(2) / D;
-  SP_CHECK(qkv.size(2) == (Hq + 2 * Hkv) * D, "decode_attention_rope: qkv has ", qkv.size(2), " columns, want (Hq + 2 Hkv) * D = ",
-           (Hq + 2 * Hkv) * D, " for Hq=", Hq, " Hkv=", Hkv, " D=", D);
+  SP_CHECK(qkv.size(2) == (Hq + 2 * Hkv) * D, "decode_attention_rope: qkv has ", qkv.size(2),
+           " columns, want (Hq + 2 Hkv) * D = ", (Hq + 2 * Hkv) * D, " for Hq=", Hq, " Hkv=", Hkv, " D=", D);
   // q as the attention reads it: [B, Hq, 1, D], a view of qkv's first Hq heads.
   const at::Tensor q = qkv.view({B, 1, Hq + 2 * Hkv, D}).narrow(2, 0, Hq).transpose(1, 2);
   DecodeAttentionArgs a = checked_args(q, k_cache, v_cache, positions, span, scale, out, workspace, true);

@@ -16,7 +16,7 @@
 
 #include <cmath>
 
-#include "rope_row.cuh"
+#include "attention_rope_prologue.cuh"
 #include "sm90_device.cuh"
 #include "specpilot/decode_attention.h"
 #include "split12_launch.h"  // launch_kernel (plain or PDL)
@@ -98,47 +98,6 @@ __device__ __forceinline__ int settled_end(const int64_t* last, int tokens, int 
   return x;
 }
 
-// The rope prologue (RopePrologue, T = 1): the g query rows of this KV head, normed and rotated from
-// the QKV projection's output, into the Q tile's rows 0..g-1 (rows g..15 zero); and, in the CTA
-// whose keys end at slot last[0] (`writer`), this step's k and v written into the cache there, made
-// visible to the CTA's own cp.async loads of that slot (fence + barrier) before they are issued.
-template <int D>
-__device__ __forceinline__ void rope_prologue(const DecodeAttentionArgs& a, uint16_t* sq, int b, int kvh, int g,
-                                              int warp, int lane, bool writer) {
-  using fused::load_bits;
-  using fused::norm_rope_row;
-  using fused::store_bits;
-  constexpr int P = D / 64, kHalf = D / 2;
-  const RopePrologue& rp = a.rope;
-  const uint16_t* x = rp.qkv + b * rp.qkv_batch_stride;
-  for (int r = warp; r < 16; r += kWarps) {
-    uint16_t lo[P] = {}, hi[P] = {};
-    if (r < g) norm_rope_row<D>(x + static_cast<long long>(kvh * g + r) * D, rp.q_weight, rp.cos, rp.sin, rp.eps,
-                                lane, lo, hi);
-    store_bits<P>(sq + r * Smem<D>::kPitch + lane * P, lo);
-    store_bits<P>(sq + r * Smem<D>::kPitch + kHalf + lane * P, hi);
-  }
-  if (!writer) return;  // CTA-uniform
-  const long long pos = a.last[0];
-  if (pos >= 0 && pos < rp.slots && warp < 2) {
-    const long long at = warp == 0 ? b * a.k_stride[0] + kvh * a.k_stride[1] + pos * a.k_stride[2]
-                                   : b * a.v_stride[0] + kvh * a.v_stride[1] + pos * a.v_stride[2];
-    const uint16_t* src = x + static_cast<long long>(a.q_heads + warp * a.kv_heads + kvh) * D;
-    uint16_t lo[P], hi[P];
-    if (warp == 0) {  // k: normed and rotated
-      norm_rope_row<D>(src, rp.k_weight, rp.cos, rp.sin, rp.eps, lane, lo, hi);
-    } else {          // v: copied
-      load_bits<P>(src + lane * P, lo);
-      load_bits<P>(src + kHalf + lane * P, hi);
-    }
-    uint16_t* dst = (warp == 0 ? rp.k_cache : rp.v_cache) + at;
-    store_bits<P>(dst + lane * P, lo);
-    store_bits<P>(dst + kHalf + lane * P, hi);
-  }
-  __threadfence();
-  __syncthreads();
-}
-
 // SK: keys per warp step (one online-softmax update): 16 when 4 warps share an m-tile (T = 1),
 // 32 otherwise, for four independent Q.K^T mma chains instead of two.
 template <int D, int SK>
@@ -199,9 +158,13 @@ __global__ void __launch_bounds__(kThreads) split_kernel(const DecodeAttentionAr
   pdl_wait();  // before any exit too: a grid must not finish before the kernel it follows
   if (!direct && split >= geo.active_splits) return;  // no keys here; the combine skips this split
 
-  if (a.rope.qkv != nullptr) {
-    rope_prologue<D>(a, sq, b, kvh, g, warp, lane, split == geo.active_splits - 1);
-  } else {  // Q rows -> shared. Row r = j * T + t of this KV head.
+  // The rope prologue is T = 1 only (the op refuses other T), so only the one-m-tile kernel (SK = 16)
+  // compiles it: in the multi-row kernel it cost register spills.
+  const bool rope = SK == 16 && a.rope.qkv != nullptr;
+  if constexpr (SK == 16) {
+    if (rope) rope_prologue<D, S::kPitch, kWarps>(a, sq, b, kvh, g, warp, lane, split == geo.active_splits - 1);
+  }
+  if (!rope) {  // Q rows -> shared. Row r = j * T + t of this KV head.
     const uint16_t* qb = a.q + b * a.q_stride[0];
     for (int i = tid; i < mtiles * 16 * kChunks; i += kThreads) {
       const int r = i / kChunks, c = i % kChunks, rg = row0 + r;

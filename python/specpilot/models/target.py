@@ -17,11 +17,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .config import TargetConfig
-from . import gemv_fusion, skinny_linear
 from specpilot.kernels.decode_attention import decode_attention_rope, fused_rope_enabled
 
+from . import gemv_fusion, skinny_linear
 from .attention_backend import AttentionMask, use_decode_kernel
+from .config import TargetConfig
 from .fused_ops import add_rms_norm, qk_norm_rope_cache, rope_kernel_takes
 from .layers import PreNormBlock, RMSNorm, RopeTables, attend, attention_mask
 
