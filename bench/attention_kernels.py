@@ -56,8 +56,7 @@ def bench_case(shape: str, t: int, span: int, context: int, splits_list, g) -> d
     vs = [torch.randn(1, hkv, span, d, generator=g, device="cuda").to(torch.bfloat16) for _ in range(copies)]
     q = torch.randn(1, hq, t, d, generator=g, device="cuda").to(torch.bfloat16)
     positions = torch.arange(context - t, context, device="cuda")          # the block's last row at context-1
-    slots = torch.arange(span, device="cuda")
-    mask = attention_mask(slots[None, :] <= positions[:, None], hq // hkv, torch.bfloat16, last=positions)
+    mask = attention_mask(positions, span, hq // hkv, torch.bfloat16)
 
     row = {"shape": shape, "Hq": hq, "Hkv": hkv, "D": d, "T": t, "span": span, "context": context,
            "copies": copies, "kv_bytes_visible": 2 * hkv * context * d * 2, "us": {}}

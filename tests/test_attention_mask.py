@@ -37,15 +37,30 @@ def test_additive_mask_and_last_agree_over_random_steps():
         positions = torch.where(pad, torch.full_like(positions, span + 7), positions)
         slots = torch.arange(span)
         # target: causal, last = positions
-        m = attention_mask(slots[None, :] <= positions[:, None], groups, torch.float32, last=positions)
+        m = attention_mask(positions, span, groups, torch.float32)
+        assert torch.equal(m.additive[0, 0] == 0, (slots[None, :] <= positions[:, None]).repeat(groups, 1))
         assert torch.equal(m.additive[0, 0] == 0, kernel_visibility(m.last, span, groups))
         assert torch.isneginf(m.additive[0, 0][m.additive[0, 0] != 0]).all()
-        # drafter: one last slot for every row (0-d or [1]), non-causal
-        for last in (positions[-1], torch.tensor([int(torch.randint(-1, span + 3, (1,), generator=g))])):
-            visible = (slots <= last).expand(t, span)
-            m = attention_mask(visible, groups, torch.bfloat16, last=last)
+        # drafter: one last slot for every row, non-causal
+        for last in (positions[-1:], torch.tensor([int(torch.randint(-1, span + 3, (1,), generator=g))])):
+            m = attention_mask(last.expand(t), span, groups, torch.bfloat16)
             assert m.last.shape == (t,) and m.last.dtype == torch.int64 and m.last.is_contiguous()
+            assert torch.equal(m.additive[0, 0] == 0, (slots <= last).expand(t, span).repeat(groups, 1))
             assert torch.equal(m.additive[0, 0] == 0, kernel_visibility(m.last, span, groups))
+
+
+def test_additive_mask_is_built_only_when_used(monkeypatch):
+    """A step our kernel runs end to end never needs the additive mask: attention_mask launches
+    nothing for it until `.additive` is read, then builds it once; built() builds it at once."""
+    calls = []
+    real_zeros = torch.zeros
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: calls.append(a) or real_zeros(*a, **k))
+    m = attention_mask(torch.tensor([5, 6]), 8, 2, torch.float32)
+    assert calls == [] and torch.equal(m.last, torch.tensor([5, 6]))
+    first = m.additive
+    assert len(calls) == 1 and m.additive is first and first.shape == (1, 1, 4, 8)
+    m2 = attention_mask(torch.tensor([5, 6]), 8, 2, torch.float32).built()
+    assert len(calls) == 2 and torch.equal(m2.additive, first)
 
 
 def test_attend_with_attention_mask_is_unchanged_on_cpu(restore_backend):
@@ -56,7 +71,7 @@ def test_attend_with_attention_mask_is_unchanged_on_cpu(restore_backend):
         q = torch.randn(1, 4, 3, 64, generator=g).to(dtype)
         k, v = (torch.randn(1, 2, 40, 64, generator=g).to(dtype) for _ in range(2))
         positions = torch.tensor([30, 31, 32])
-        mask = attention_mask(torch.arange(40)[None, :] <= positions[:, None], 2, dtype, last=positions)
+        mask = attention_mask(positions, 40, 2, dtype)
         folded = q.reshape(1, 2, 6, 64)
         ref = torch.nn.functional.scaled_dot_product_attention(folded, k, v, attn_mask=mask.additive, scale=0.125)
         ref = ref.reshape(1, 4, 3, 64).transpose(1, 2).reshape(1, 3, 256)

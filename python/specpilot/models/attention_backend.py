@@ -14,14 +14,14 @@ floating-point summation order / intermediate precision (the kernel also rounds 
 P.V, as flash attention does; bf16 engines are token-forced against stock; fp32 results agree to
 fp32 rounding). CPU and fp32 calls never reach the kernel.
 
-AttentionMask(additive, last): one visibility in two forms, built once per forward
-(layers.attention_mask): the additive 0 / -inf mask [1, 1, g*T, S] for SDPA and `last` int64 [T]
-(key slot j visible to query row t iff j <= last[t]) for the kernel.
+AttentionMask(additive, last): one visibility in two forms, made once per forward
+(layers.attention_mask): `last` int64 [T] (key slot j visible to query row t iff j <= last[t]) for
+the kernel, and the additive 0 / -inf mask [1, 1, g*T, S] for SDPA, built on its first use.
 """
 from __future__ import annotations
 
 import contextlib
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -30,10 +30,31 @@ BACKENDS = ("auto", "efficient", "math", "cudnn", "matmul", "specpilot")
 _current = "auto"
 
 
-class AttentionMask(NamedTuple):
-    additive: torch.Tensor            # [1, 1, g*T, S] 0 / -inf, rows j*T + t
-    last: Optional[torch.Tensor]      # int64 [T]: key slot j visible to row t iff j <= last[t]; None: unknown
-    writes_at_last: bool = False      # the forward writes exactly the cache slots `last` names (causal)
+class AttentionMask:
+    """additive: [1, 1, g*T, S] 0 / -inf, rows j*T + t, or a function of no arguments that builds it:
+    then it is built on first use (an SDPA call), so a step that our kernel runs end to end launches
+    none of its kernels (five per step: PERF_NOTES, twelfth session). last: int64 [T], key slot j
+    visible to row t iff j <= last[t] (None: unknown). writes_at_last: the forward writes exactly the
+    cache slots `last` names (causal)."""
+
+    __slots__ = ("_additive", "last", "writes_at_last")
+
+    def __init__(self, additive, last: Optional[torch.Tensor], writes_at_last: bool = False):
+        self._additive = additive
+        self.last = last
+        self.writes_at_last = writes_at_last
+
+    @property
+    def additive(self) -> torch.Tensor:
+        if callable(self._additive):
+            self._additive = self._additive()
+        return self._additive
+
+    def built(self) -> "AttentionMask":
+        """This mask with its additive form built now: before layers that torch.compile traces (they
+        run SDPA), so that no trace holds the builder."""
+        _ = self.additive
+        return self
 
 
 def set_attention_backend(name: str) -> str:

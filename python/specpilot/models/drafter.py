@@ -99,11 +99,12 @@ class DFlashDrafter(RopeTables, nn.Module):
         if scale != 1.0:
             x = x * scale
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
-        slots = torch.arange(kv_len, device=block_ids.device)
         c = self.config
-        last = positions[-1] if last_visible is None else last_visible
-        visible = (slots <= last).expand(positions.shape[0], kv_len)                # [T, kv_len]
-        mask = attention_mask(visible, c.num_heads // c.num_kv_heads, x.dtype, last=last)   # non-causal
+        last = positions[-1:] if last_visible is None else last_visible.reshape(1)
+        mask = attention_mask(last.expand(positions.shape[0]), kv_len, c.num_heads // c.num_kv_heads,
+                              x.dtype)                                      # non-causal: one last slot
+        if self.use_compiled and self.compiled_layers:
+            mask = mask.built()
         for i, layer in enumerate(self.layer_fns()):
             _, x, delta = layer(x, delta, cos, sin, positions, cache.k[i], cache.v[i], kv_len, mask)
         _, x = add_rms_norm(x, delta, self.norm.weight, self.norm.eps)   # the last layer's add + final norm

@@ -68,17 +68,20 @@ class SwiGLU(nn.Module):
         return skinny_linear.linear(self.down, silu_mul(skinny_linear.linear(self.gate_up, x)))
 
 
-def attention_mask(visible: torch.Tensor, groups: int, dtype, last: torch.Tensor | None = None,
-                   writes_at_last: bool = False) -> AttentionMask:
-    """visible bool [T, S] -> AttentionMask: the additive mask [1, 1, g*T, S] (0 / -inf) for `attend`'s
-    folded GQA rows, and `last` (int64 [T], or one value for every row), the same visibility as
-    "slot j visible to row t iff j <= last[t]" for the decode kernel. writes_at_last: the forward
-    writes exactly the cache slots `last` names (the target's causal steps; the decode kernel then
-    loads older keys early). Built once per forward instead of once per layer."""
-    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, float("-inf"))
-    if last is not None:
-        last = last.reshape(-1).expand(visible.shape[0]).to(torch.int64).contiguous()
-    return AttentionMask(mask.repeat(groups, 1)[None, None], last, writes_at_last and last is not None)
+def attention_mask(last: torch.Tensor, kv_len: int, groups: int, dtype, writes_at_last: bool = False) -> AttentionMask:
+    """The visibility "key slot j visible to row t iff j <= last[t]" (last: int64 [T], one per row) over
+    kv_len slots, in both forms: `last` for the decode kernel, and the additive mask [1, 1, g*T, S]
+    (0 / -inf) for SDPA over `attend`'s folded GQA rows, built on first use only. writes_at_last: the
+    forward writes exactly the cache slots `last` names (the target's causal steps; the decode kernel
+    then loads older keys early). Built once per forward instead of once per layer."""
+    last = last.reshape(-1).to(torch.int64).contiguous()
+
+    def additive():
+        visible = torch.arange(kv_len, device=last.device)[None, :] <= last[:, None]            # [T, S]
+        mask = torch.zeros(visible.shape, dtype=dtype, device=last.device).masked_fill_(~visible, float("-inf"))
+        return mask.repeat(groups, 1)[None, None]
+
+    return AttentionMask(additive, last, writes_at_last)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, scale: float) -> torch.Tensor:

@@ -115,10 +115,11 @@ class TargetLM(RopeTables, nn.Module):
         """
         x, delta = self.embed(ids), None                       # [B, T, H]; a layer's output is x + delta
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
-        slots = torch.arange(kv_len, device=ids.device)
         c = self.config
-        mask = attention_mask(slots[None, :] <= positions[:, None], c.num_heads // c.num_kv_heads, x.dtype,
-                              last=positions, writes_at_last=True)  # causal: row t sees slots <= positions[t]
+        mask = attention_mask(positions, kv_len, c.num_heads // c.num_kv_heads, x.dtype,
+                              writes_at_last=True)  # causal: row t sees slots <= positions[t]
+        if self.use_compiled and self.compiled_layers:
+            mask = mask.built()
         feats = {}
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layer_fns()):
