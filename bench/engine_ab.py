@@ -50,9 +50,9 @@ def main(argv=None) -> int:
     from specpilot.formats.split12 import ops as split12_ops
     from specpilot.models import fused_ops, gemv_fusion, skinny_linear
     from specpilot.models.attention_backend import set_attention_backend
-    from specpilot.models.random_ckpt import TARGET_PRESETS, drafter_config_for, random_drafter, random_target
+    from specpilot.models.random_ckpt import TARGET_PRESETS
 
-    from .gpu_engine import HBM_BYTES_PER_S, time_steps, weight_bytes
+    from .gpu_engine import HBM_BYTES_PER_S, scale_pair, time_steps, weight_bytes
 
     p = argparse.ArgumentParser(prog="python -m specpilot.bench.engine_ab", description=__doc__.split("\n")[0])
     p.add_argument("--preset", default="qwen3-8b", choices=sorted(TARGET_PRESETS))
@@ -64,9 +64,7 @@ def main(argv=None) -> int:
     kinds = [c[6].partition(":")[0] for c in chosen]
     if "split12" in kinds and "bf16" in kinds[kinds.index("split12"):]:
         raise SystemExit("engine_ab: the split12 configurations swap the target's weights for good; run them last")
-    cfg = TARGET_PRESETS[args.preset]
-    target = random_target(cfg, "cuda", torch.bfloat16, seed=0)
-    drafter = random_drafter(drafter_config_for(cfg, num_layers=5, block_size=16), target, seed=1)
+    target, drafter = scale_pair(args.preset)
     floor = weight_bytes(target) / HBM_BYTES_PER_S * 1e3
     rows, failed, split12_done = [], [], False
     for name, fused, attention, blas, gemv, skinny, weights in chosen:

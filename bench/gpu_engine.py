@@ -157,16 +157,37 @@ def _weighted(results) -> float:
     return toks / secs if secs > 0 else 0.0
 
 
-def scale_engine(compile_layers: bool, preset: str = "qwen3-8b"):
-    """A random-weight target of `preset` with a 5-layer drafter (dflash's layer spacing: Qwen3-8B
-    gets [1, 9, 17, 25, 33], as the public Qwen3-8B drafter)."""
-    from specpilot.engine import Engine
+def scale_pair(preset: str = "qwen3-8b"):
+    """(target, drafter): a random-weight bf16 target of `preset` on the GPU with a 5-layer drafter
+    (dflash's layer spacing: Qwen3-8B gets [1, 9, 17, 25, 33], as the public Qwen3-8B drafter)."""
     from specpilot.models.random_ckpt import TARGET_PRESETS, drafter_config_for, random_drafter, random_target
 
+    if preset not in TARGET_PRESETS:
+        raise SystemExit(f"unknown preset {preset!r}; choose from {sorted(TARGET_PRESETS)}")
     cfg = TARGET_PRESETS[preset]
     target = random_target(cfg, "cuda", torch.bfloat16, seed=0)
-    dcfg = drafter_config_for(cfg, num_layers=5, block_size=16)
-    return Engine(target, random_drafter(dcfg, target, seed=1), max_seq_len=1024, compile_layers=compile_layers)
+    return target, random_drafter(drafter_config_for(cfg, num_layers=5, block_size=16), target, seed=1)
+
+
+def use_best_kernels(split12: bool = False) -> None:
+    """The engine's fastest measured kernels (engine_ab's config 8; with split12 weights its split12 +
+    skinny row): fused elementwise kernels, our attention kernel for every decode / verify call, the
+    fused one-token GEMVs (bf16 weights only), the skinny GEMM for the verify and draft linears."""
+    from specpilot.models import fused_ops, gemv_fusion, skinny_linear
+    from specpilot.models.attention_backend import set_attention_backend
+
+    fused_ops.set_fused_kernels(True)
+    set_attention_backend("specpilot")
+    gemv_fusion.set_fused_gemv(not split12)
+    skinny_linear.set_skinny_gemm(True)
+
+
+def scale_engine(compile_layers: bool, preset: str = "qwen3-8b"):
+    """An Engine over scale_pair(preset)."""
+    from specpilot.engine import Engine
+
+    target, drafter = scale_pair(preset)
+    return Engine(target, drafter, max_seq_len=1024, compile_layers=compile_layers)
 
 
 def settings_zoo():

@@ -42,29 +42,19 @@ def main(argv=None) -> int:
     import torch
 
     from specpilot.engine import Engine
-    from specpilot.models import fused_ops, gemv_fusion, skinny_linear
-    from specpilot.models.attention_backend import set_attention_backend
-    from specpilot.models.random_ckpt import TARGET_PRESETS, drafter_config_for, random_drafter, random_target
 
-    from .gpu_engine import HBM_BYTES_PER_S, time_steps, weight_bytes
+    from .gpu_engine import HBM_BYTES_PER_S, scale_pair, time_steps, use_best_kernels, weight_bytes
 
-    if args.preset not in TARGET_PRESETS:
-        raise SystemExit(f"knob_ab: unknown preset {args.preset!r}; choose from {sorted(TARGET_PRESETS)}")
     if not torch.cuda.is_available():
         raise SystemExit("knob_ab: needs a CUDA GPU")
     setter = knob_setter(args.knob)
-    cfg = TARGET_PRESETS[args.preset]
-    target = random_target(cfg, "cuda", torch.bfloat16, seed=0)
-    drafter = random_drafter(drafter_config_for(cfg, num_layers=5, block_size=16), target, seed=1)
+    target, drafter = scale_pair(args.preset)
     if args.split12:
         from .gpu_engine_split12 import shared_plane_split12
 
         print("split12 bits/weight", shared_plane_split12(target), flush=True)
     floor = weight_bytes(target) / HBM_BYTES_PER_S * 1e3
-    fused_ops.set_fused_kernels(True)
-    set_attention_backend("specpilot")
-    gemv_fusion.set_fused_gemv(not args.split12)
-    skinny_linear.set_skinny_gemm(True)
+    use_best_kernels(args.split12)
     max_seq_len = max(1024, 1 << (args.context + 64).bit_length())
     rows = []
     previous = setter(False)

@@ -22,7 +22,7 @@ import json
 
 import torch
 
-from specpilot.models import drafter as drafter_mod, fused_ops, layers, target as target_mod
+from specpilot.models import drafter as drafter_mod, layers, target as target_mod
 
 
 def _rows(x) -> int:
@@ -96,19 +96,11 @@ def main():
     p.add_argument("--drop", default="silu_mul,rope,norm,attention,all")
     args = p.parse_args()
 
-    from specpilot.bench.gpu_engine import time_steps
+    from specpilot.bench.gpu_engine import scale_pair, time_steps, use_best_kernels
     from specpilot.engine import Engine
-    from specpilot.models import gemv_fusion, skinny_linear
-    from specpilot.models.attention_backend import set_attention_backend
-    from specpilot.models.random_ckpt import TARGET_PRESETS, drafter_config_for, random_drafter, random_target
 
-    cfg = TARGET_PRESETS["qwen3-8b"]
-    target = random_target(cfg, "cuda", torch.bfloat16, seed=0)
-    drafter = random_drafter(drafter_config_for(cfg, num_layers=5, block_size=16), target, seed=1)
-    fused_ops.set_fused_kernels(True)
-    set_attention_backend("specpilot")
-    gemv_fusion.set_fused_gemv(True)
-    skinny_linear.set_skinny_gemm(True)
+    target, drafter = scale_pair("qwen3-8b")
+    use_best_kernels()
     rows = []
     for _ in range(args.reps):
         for name in ["none"] + args.drop.split(","):
