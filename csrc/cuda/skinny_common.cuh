@@ -72,7 +72,9 @@ __device__ void gate_pair(const Plan& a, int block, int* is_last) {
 
 // The segment of `block` just finished by this CTA: straight to y if the CTA covered the whole
 // block, else through the partials (the last segment to arrive sums all of them in K order); then,
-// for a SwiGLU gate_up, the gate of the block's pair once both halves are in y.
+// for a SwiGLU gate_up (kGated: a.gated set), the gate of the block's pair once both halves are in y.
+// kGated is a template parameter so that the plain kernel carries no trace of the epilogue.
+template <bool kGated>
 __device__ void flush(const Plan& a, int block, float (&acc)[8], int* is_last) {
   const int ctas = gridDim.x;
   const int first = owner((int64_t)block * a.k_steps, a.steps, ctas);
@@ -84,7 +86,7 @@ __device__ void flush(const Plan& a, int block, float (&acc)[8], int* is_last) {
       const int row = row0 + acc_row(i), token = acc_token(i);
       if (row < a.n && token < a.m) a.y[(int64_t)token * a.n + row] = fused::f32_to_bf16(acc[i]);
     }
-    if (a.gated != nullptr) gate_pair(a, block, is_last);
+    if (kGated) gate_pair(a, block, is_last);
     return;
   }
   constexpr int kSlot = kRowsPerCta * kMaxM;
@@ -105,7 +107,7 @@ __device__ void flush(const Plan& a, int block, float (&acc)[8], int* is_last) {
     if (row < a.n && token < a.m) a.y[(int64_t)token * a.n + row] = fused::f32_to_bf16(sum);
   }
   if (threadIdx.x == 0) a.counters[block] = 0;  // ready for the next launch
-  if (a.gated != nullptr) gate_pair(a, block, is_last);
+  if (kGated) gate_pair(a, block, is_last);
 }
 
 // The MMA warpgroup's work on one stage: kBoxes x 4 wgmmas of the weight tiles at `w_tiles` and
@@ -153,7 +155,7 @@ __device__ __forceinline__ void producer_role(int count, LoadWeights load_weight
 // The MMA warpgroup's loop over this CTA's steps first .. first + count - 1: wait for step i's
 // bf16 tiles (`ready`; weights at the stage's start, x `x_offset` further), run the wgmmas, release
 // the stage (`empty`), flush every segment that ends.
-template <int stages, class Ready, class Empty>
+template <int stages, bool kGated = false, class Ready, class Empty>
 __device__ __forceinline__ void mma_role(const Plan& a, int64_t first, int count, uint32_t base, int stage_bytes,
                                          int x_offset, Ready ready, Empty empty, int* is_last) {
   sm90::pdl_wait();  // y, the partials and the counters belong to the previous kernel until now
@@ -166,7 +168,7 @@ __device__ __forceinline__ void mma_role(const Plan& a, int64_t first, int count
     mma_stage(acc, tiles, tiles + x_offset);
     sm90::mbar_arrive(empty(stage));
     if (s % a.k_steps == a.k_steps - 1 || i == count - 1) {  // the end of a segment
-      flush(a, (int)(s / a.k_steps), acc, is_last);
+      flush<kGated>(a, (int)(s / a.k_steps), acc, is_last);
 #pragma unroll
       for (int j = 0; j < 8; ++j) acc[j] = 0.0f;
     }

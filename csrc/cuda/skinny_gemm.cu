@@ -31,6 +31,8 @@ constexpr int kThreads = kConsumers + 32;  // + the producer warp
 constexpr int kStageBytes = kBoxes * (kWTileBytes + kXTileBytes);  // multiple of 1024: tiles stay aligned
 constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;  // + mbarriers, alignment slack
 
+// kGated: a.gated is set (the SwiGLU gate epilogue, skinny_common.cuh gate_pair).
+template <bool kGated>
 __global__ void __launch_bounds__(kThreads) skinny_kernel(const __grid_constant__ CUtensorMap w_map,
                                                           const __grid_constant__ CUtensorMap x_map, const Plan a) {
   extern __shared__ uint8_t smem_raw[];
@@ -72,13 +74,14 @@ __global__ void __launch_bounds__(kThreads) skinny_kernel(const __grid_constant_
     producer_role<kStages>(count, load_w, load_x, empty);
     return;
   }
-  mma_role<kStages>(a, first, count, base, kStageBytes, kBoxes * kWTileBytes, full, empty, &is_last);
+  mma_role<kStages, kGated>(a, first, count, base, kStageBytes, kBoxes * kWTileBytes, full, empty, &is_last);
 }
 
 // The kernel's dynamic shared memory is above the 48 KB default: raise its limit once.
+template <bool kGated>
 int allow_smem() {
-  static const int err = (int)cudaFuncSetAttribute(skinny_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   kSmemBytes);
+  static const int err = (int)cudaFuncSetAttribute(skinny_kernel<kGated>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   return err;
 }
 
@@ -119,10 +122,11 @@ int cuda_skinny_gemm(const SkinnyArgs& a, void* stream) {
   if (!tile_map(&w_map, a.w, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a.n, a.k, kBlockK, kRowsPerCta) ||
       !tile_map(&x_map, a.x, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a.m, a.k, kBlockK, kMaxM))
     return (int)cudaErrorInvalidValue;
-  if (const int err = allow_smem()) return err;
+  const bool gated = a.gated != nullptr;
+  if (const int err = gated ? allow_smem<true>() : allow_smem<false>()) return err;
   Plan plan{a.y, a.partials, a.counters, a.n, a.m, (a.k + kStepK - 1) / kStepK, steps, a.gated};
-  return split12::launch_kernel(skinny_kernel, dim3(ctas), kThreads, kSmemBytes, static_cast<cudaStream_t>(stream),
-                                a.pdl, w_map, x_map, plan);
+  return split12::launch_kernel(gated ? skinny_kernel<true> : skinny_kernel<false>, dim3(ctas), kThreads, kSmemBytes,
+                                static_cast<cudaStream_t>(stream), a.pdl, w_map, x_map, plan);
 }
 
 }  // namespace skinny
