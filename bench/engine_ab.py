@@ -19,7 +19,6 @@ so they run last.
 All in one process, so the ratios are side by side. Prints a markdown table last.
 """
 import argparse
-import gc
 import json
 
 import torch
@@ -46,13 +45,12 @@ CONFIGS = (("unfused + SDPA cudnn", False, "cudnn", "cublas", False, False, "bf1
 
 
 def main(argv=None) -> int:
-    from specpilot.engine import Engine
     from specpilot.formats.split12 import ops as split12_ops
     from specpilot.models import fused_ops, gemv_fusion, skinny_linear
     from specpilot.models.attention_backend import set_attention_backend
     from specpilot.models.random_ckpt import TARGET_PRESETS
 
-    from .gpu_engine import HBM_BYTES_PER_S, scale_pair, time_steps, weight_bytes
+    from .gpu_engine import HBM_BYTES_PER_S, fresh_engine_steps, scale_pair, weight_bytes
 
     p = argparse.ArgumentParser(prog="python -m specpilot.bench.engine_ab", description=__doc__.split("\n")[0])
     p.add_argument("--preset", default="qwen3-8b", choices=sorted(TARGET_PRESETS))
@@ -82,17 +80,13 @@ def main(argv=None) -> int:
         previous_blas = torch.backends.cuda.preferred_blas_library()    # (called with a name it returns the new one)
         torch.backends.cuda.preferred_blas_library(blas)
         try:
-            engine = Engine(target, drafter, max_seq_len=1024)
-            steps = time_steps(engine, 16, args.iters)
+            steps = fresh_engine_steps(target, drafter, args.iters)
         except RuntimeError as e:                 # recorded, and the table still prints
             print(f"{name}: FAILED {str(e)[:300]}", flush=True)
             failed.append(name)
             break                                 # a CUDA fault poisons the context for later configs
         rows.append({"config": name, **steps})
         print(name, json.dumps({k: round(v, 4) for k, v in steps.items()}), flush=True)
-        del engine
-        gc.collect()
-        torch.cuda.empty_cache()
         fused_ops.set_fused_kernels(previous[0])
         set_attention_backend(previous[1])
         torch.backends.cuda.preferred_blas_library(previous_blas)

@@ -97,6 +97,20 @@ def time_steps(engine, block: int, iters: int = 50, context: int = CONTEXT) -> d
     return out
 
 
+def fresh_engine_steps(target, drafter, iters: int, context: int = CONTEXT) -> dict:
+    """time_steps (block 16) on a new Engine over (target, drafter) with room for `context` plus a
+    block, freed afterwards: its graphs capture the kernel settings in force now."""
+    from specpilot.engine import Engine
+
+    engine = Engine(target, drafter, max_seq_len=max(1024, 1 << (context + 64).bit_length()))
+    try:
+        return time_steps(engine, 16, iters, context=context)
+    finally:
+        del engine
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
 def forcing_zoo(prompts: int, max_new_tokens: int, compile_layers: bool) -> dict:
     from specpilot import settings
     from specpilot.engine.cli_support import engine_for, load_pair

@@ -13,7 +13,6 @@ the one-token GEMVs), narrow_rows (verify / draft attention in CTAs of 16 query 
 markdown table last; --out writes every number as JSON.
 """
 import argparse
-import gc
 import importlib
 import json
 
@@ -45,9 +44,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from specpilot.engine import Engine
-
-    from .gpu_engine import HBM_BYTES_PER_S, scale_pair, time_steps, use_best_kernels, weight_bytes
+    from .gpu_engine import HBM_BYTES_PER_S, fresh_engine_steps, scale_pair, use_best_kernels, weight_bytes
 
     if not torch.cuda.is_available():
         raise SystemExit("knob_ab: needs a CUDA GPU")
@@ -59,20 +56,15 @@ def main(argv=None) -> int:
         print("split12 bits/weight", shared_plane_split12(target), flush=True)
     floor = weight_bytes(target) / HBM_BYTES_PER_S * 1e3
     use_best_kernels(args.split12)
-    max_seq_len = max(1024, 1 << (args.context + 64).bit_length())
     rows = []
     previous = setter(False)
     try:
         for _ in range(args.reps):
             for value in (False, True):
                 setter(value)
-                engine = Engine(target, drafter, max_seq_len=max_seq_len)
-                steps = time_steps(engine, 16, args.iters, context=args.context)
+                steps = fresh_engine_steps(target, drafter, args.iters, context=args.context)
                 rows.append({"knob": args.knob, "on": value, **steps})
                 print(args.knob, value, json.dumps({k: round(v, 4) for k, v in steps.items()}), flush=True)
-                del engine
-                gc.collect()
-                torch.cuda.empty_cache()
     finally:
         setter(previous)
     if args.out:

@@ -17,10 +17,8 @@ and one that adds work back, for the A/B of the lazily built attention mask (eve
 """
 import argparse
 import contextlib
-import gc
 import json
 
-import torch
 
 from specpilot.models import drafter as drafter_mod, fused_ops, layers, target as target_mod
 
@@ -96,8 +94,7 @@ def main():
     p.add_argument("--drop", default="silu_mul,rope,norm,attention,all")
     args = p.parse_args()
 
-    from specpilot.bench.gpu_engine import scale_pair, time_steps, use_best_kernels
-    from specpilot.engine import Engine
+    from specpilot.bench.gpu_engine import fresh_engine_steps, scale_pair, use_best_kernels
 
     target, drafter = scale_pair("qwen3-8b")
     use_best_kernels()
@@ -105,13 +102,9 @@ def main():
     for _ in range(args.reps):
         for name in ["none"] + args.drop.split(","):
             with dropped(name):
-                engine = Engine(target, drafter, max_seq_len=1024)
-                steps = time_steps(engine, 16, args.iters, context=args.context)
+                steps = fresh_engine_steps(target, drafter, args.iters, context=args.context)
             rows.append({"drop": name, **{k: steps[k] for k in ("ar_ms", "verify_ms", "draft_ms")}})
             print(json.dumps(rows[-1]), flush=True)
-            del engine
-            gc.collect()
-            torch.cuda.empty_cache()
     print(f"\nqwen3-8b, random weights, bf16, config 8, {args.context} tokens of context; timing only")
     print("| variant | AR ms | verify16 ms | draft ms |")
     print("|---|---|---|---|")

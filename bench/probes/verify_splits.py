@@ -9,10 +9,8 @@ process at each context. One-off experiment, not part of the package:
 """
 import argparse
 import contextlib
-import gc
 import json
 
-import torch
 
 from specpilot.kernels import decode_attention
 
@@ -36,24 +34,18 @@ def main():
     p.add_argument("--iters", type=int, default=30)
     args = p.parse_args()
 
-    from specpilot.bench.gpu_engine import scale_pair, time_steps, use_best_kernels
-    from specpilot.engine import Engine
+    from specpilot.bench.gpu_engine import fresh_engine_steps, scale_pair, use_best_kernels
 
     target, drafter = scale_pair("qwen3-8b")
     use_best_kernels()
     rows = []
     for context in map(int, args.contexts.split(",")):
-        max_seq_len = max(1024, 1 << (context + 64).bit_length())
         for _ in range(args.reps):
             for n in map(int, args.splits.split(",")):
                 with forced_splits(n):
-                    engine = Engine(target, drafter, max_seq_len=max_seq_len)
-                    steps = time_steps(engine, 16, args.iters, context=context)
+                    steps = fresh_engine_steps(target, drafter, args.iters, context=context)
                 rows.append({"context": context, "splits": n, **{k: steps[k] for k in ("ar_ms", "verify_ms", "draft_ms")}})
                 print(json.dumps(rows[-1]), flush=True)
-                del engine
-                gc.collect()
-                torch.cuda.empty_cache()
     print("\nqwen3-8b, random weights, bf16, config 8; splits of the multi-row attention calls (0 = default)")
     print("| context | splits | AR ms | verify16 ms | draft ms |")
     print("|---|---|---|---|---|")

@@ -99,11 +99,10 @@ __device__ __forceinline__ int settled_end(const int64_t* last, int tokens, int 
   return x;
 }
 
-// SK: keys per warp step (one online-softmax update): 16 when 4 warps share an m-tile (T = 1),
+// SK: keys per warp step (one online-softmax update): 16 when 4 warps share one m-tile per CTA,
 // 32 otherwise, for four independent Q.K^T mma chains instead of two.
-// At D = 64 ptxas, left to choose, capped the multi-row kernel at 128 registers and spilled 20
-// bytes in its key loop; a one-CTA-per-SM bound lets it take 156 (no spill; the grid gives every
-// SM one CTA anyway). D = 128 keeps ptxas's own choice (0: no bound), no spill either.
+// D = 64: a one-CTA-per-SM bound, else ptxas caps the multi-row kernel at 128 registers and spills
+// in its key loop (with it: 156, no spill). D = 128 keeps ptxas's own choice (0), no spill either.
 template <int D, int SK>
 __global__ void __launch_bounds__(kThreads, D == 64 ? 1 : 0) split_kernel(const DecodeAttentionArgs a) {
   static_assert(SK == 16 || SK == 32, "a warp step is one or two mma k-steps of P.V");

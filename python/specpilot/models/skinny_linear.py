@@ -102,8 +102,8 @@ def gate_up_silu(gate_up: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up of gate_up(x) ([gate; up] rows): with set_gate_epilogue(True) and a call the
     kernel takes (N % 128 == 0), the gate computed in the GEMM's epilogue (bit-identical to silu_mul
     after it, one kernel fewer), else linear then silu_mul."""
-    n = gate_up.weight.shape[0] if isinstance(gate_up, nn.Linear) else 0
-    if _gate_epilogue and n % 128 == 0 and takes(x, gate_up):
+    if _gate_epilogue and takes(x, gate_up) and gate_up.weight.shape[0] % 128 == 0:
+        n = gate_up.weight.shape[0]
         gated = x.new_empty(x.numel() // x.shape[-1], n // 2)
         _run(gate_up.weight, x, gated)
         return gated.view(*x.shape[:-1], n // 2)
