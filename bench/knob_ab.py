@@ -8,9 +8,7 @@ fused one-token GEMVs, skinny GEMM for verify and draft), bf16, or split12 weigh
 
 Knobs (KNOBS): fused_rope (a one-token step's rope / cache write inside the attention kernel),
 attention_pdl (programmatic dependent launch through the attention path), gemv_pdl (the same for
-the one-token GEMVs), narrow_rows (verify / draft attention in CTAs of 16 query rows instead of
-64), gate_epilogue (the SwiGLU gate in the gate_up GEMM's epilogue instead of silu_mul). Prints a
-markdown table last; --out writes every number as JSON.
+the one-token GEMVs). Prints a markdown table last; --out writes every number as JSON.
 """
 import argparse
 import importlib
@@ -21,9 +19,7 @@ import json
 # when used (the setters of CUDA-only ops need a CUDA build to run).
 KNOBS = {"fused_rope": ("specpilot.kernels.decode_attention", "set_fused_rope"),
          "attention_pdl": ("specpilot.kernels.decode_attention", "set_pdl"),
-         "gemv_pdl": ("specpilot.models.gemv_fusion", "set_pdl"),
-         "narrow_rows": ("specpilot.kernels.decode_attention", "set_narrow_row_tiles"),
-         "gate_epilogue": ("specpilot.models.skinny_linear", "set_gate_epilogue")}
+         "gemv_pdl": ("specpilot.models.gemv_fusion", "set_pdl")}
 
 
 def knob_setter(name: str):

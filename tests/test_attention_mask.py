@@ -106,10 +106,6 @@ def test_default_splits_bounds():
     assert kernel.default_splits(1, 2, 4, 16, 132) == 1
     assert kernel.default_splits(64, 8, 256, 4096, 132) == 1
     assert kernel.default_splits(1, 1, 1, 1 << 20, 1000) == kernel.MAX_SPLITS
-    # 16-row tiles (set_narrow_row_tiles): T=16 at g=4 is 4 row blocks per KV head, so fewer splits.
-    assert kernel.default_splits(1, 8, 64, 1024, 132, rows_per_cta=16) == 5
-    assert kernel.default_splits(1, 8, 4, 1024, 132, rows_per_cta=16) == 17    # <= 16 rows: unchanged
-    assert kernel.default_splits(1, 8, 4, 1024, 132, rows_per_cta=64) == 17
 
 
 def test_auto_takes_the_kernel_for_every_supported_call(monkeypatch, restore_backend):

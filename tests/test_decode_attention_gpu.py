@@ -1,8 +1,7 @@
 """specpilot::decode_attention on the GPU (csrc/cuda/decode_attention.cu) against an fp64 softmax on
 fresh random bf16 inputs: T in {1, 3, 16, 32}, D in {64, 128}, g in {1, 4, 8}, spans 256 / 1024
 with `last` well below the span, causal (target) and non-causal (drafter) rows, all-masked rows,
-NaN in every cache slot no row sees, strided views, every split path (direct, several, many), both
-row tiles (16 and 64 rows per CTA),
+NaN in every cache slot no row sees, strided views, every split path (direct, several, many),
 PDL on and off, CUDA-graph replay with new `last` values; then the engine: a tiny bf16 pair whose
 logits with the kernel stay as close to the fp32 model as SDPA's, with the same greedy tokens.
 
@@ -65,19 +64,18 @@ def make_inputs(gen, b, hq, hkv, t, d, slots, span, last, q_scale=2.0):
     return q, k[:, :, :span], v[:, :, :span]
 
 
-def run_kernel(q, k, v, last, scale, splits, rows_per_cta=64):
+def run_kernel(q, k, v, last, scale, splits):
     from specpilot.kernels.decode_attention import default_splits
 
     b, hq, t, d = q.shape
     if splits is None:
         splits = default_splits(b, k.shape[1], (hq // k.shape[1]) * t, k.shape[2],
-                                torch.cuda.get_device_properties(0).multi_processor_count, rows_per_cta)
+                                torch.cuda.get_device_properties(0).multi_processor_count)
     outs = []
     for writes_at_last in (False, True):    # with no writer before it, loading keys early changes no bit
         out = torch.full((b, t, hq * d), float("nan"), dtype=torch.bfloat16, device="cuda")
         ws = torch.full((splits, b * t * hq, d + 1), float("nan"), dtype=torch.float32, device="cuda")
-        _ext.ops().decode_attention(q, k, v, last.contiguous(), k.shape[2], d ** -0.5, out, ws, writes_at_last,
-                                    rows_per_cta)
+        _ext.ops().decode_attention(q, k, v, last.contiguous(), k.shape[2], d ** -0.5, out, ws, writes_at_last)
         outs.append(out)
     assert torch.equal(outs[0], outs[1]), "writes_at_last changed the output"
     return outs[0]
@@ -92,31 +90,27 @@ def causal_last(start, t):
 @pytest.mark.parametrize("t", [1, 3, 16])
 @pytest.mark.parametrize("span", [256, 1024])
 @pytest.mark.parametrize("splits", [None, 1, 7])
-@pytest.mark.parametrize("rows_per_cta", [64, 16])
-def test_causal_rows_match_fp64(gen, d, hq, hkv, t, span, splits, rows_per_cta):
+def test_causal_rows_match_fp64(gen, d, hq, hkv, t, span, splits):
     start = int(torch.randint(span // 3, span // 2, (1,)))       # last well below the span
     last = causal_last(start, t)
     q, k, v = make_inputs(gen, 1, hq, hkv, t, d, span, span, last)
-    out = run_kernel(q, k, v, last, d ** -0.5, splits, rows_per_cta)
+    out = run_kernel(q, k, v, last, d ** -0.5, splits)
     assert_close_to_reference(out, q, k, v, last, d ** -0.5)
 
 
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("g", [1, 4])
-@pytest.mark.parametrize("rows_per_cta", [64, 16])
-def test_drafter_rows_noncausal_and_batch(gen, d, g, rows_per_cta):
+def test_drafter_rows_noncausal_and_batch(gen, d, g):
     """Every row sees up to the block's last slot (DFlash drafter); batch 2; cache longer than span."""
     t, span, slots = 16, 512, 640
     last = torch.full((t,), 300, device="cuda")
     q, k, v = make_inputs(gen, 2, 2 * g, 2, t, d, slots, span, last)
     for splits in (None, 1, 5):
-        out = run_kernel(q, k, v, last, d ** -0.5, splits, rows_per_cta)
-        assert_close_to_reference(out, q, k, v, last, d ** -0.5)
+        assert_close_to_reference(run_kernel(q, k, v, last, d ** -0.5, splits), q, k, v, last, d ** -0.5)
 
 
 @pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("rows_per_cta", [64, 16])
-def test_many_rows_and_edges(gen, d, rows_per_cta):
+def test_many_rows_and_edges(gen, d):
     """T=32 with g=8 (256 rows: 4 row blocks per KV head); last past the span (clamped: the trash
     slot of padded rows); rows that see only slot 0; a single key."""
     t = 32
@@ -124,8 +118,7 @@ def test_many_rows_and_edges(gen, d, rows_per_cta):
     last[0], last[1], last[2] = 0, 5000, 1                       # slot 0 only; beyond the span; two keys
     q, k, v = make_inputs(gen, 1, 16, 2, t, d, 1024, 1024, torch.tensor([1023], device="cuda"))
     for splits in (None, 1, 3, 128):
-        out = run_kernel(q, k, v, last, d ** -0.5, splits, rows_per_cta)
-        assert_close_to_reference(out, q, k, v, last, d ** -0.5)
+        assert_close_to_reference(run_kernel(q, k, v, last, d ** -0.5, splits), q, k, v, last, d ** -0.5)
     one = torch.zeros(1, dtype=torch.long, device="cuda")
     q1, k1, v1 = make_inputs(gen, 1, 4, 1, 1, d, 256, 256, one)
     assert_close_to_reference(run_kernel(q1, k1, v1, one, d ** -0.5, None), q1, k1, v1, one, d ** -0.5)
@@ -292,7 +285,6 @@ def test_rejects_bad_arguments():
         ("op(q, k, k, last, 257, 0.1, out, ws)", "span"),
         ("op(q, k, k, last.int(), 256, 0.1, out, ws)", "last"),
         ("op(q, k, k, last, 256, 0.1, out, ws[:, :4])", "workspace"),
-        ("op(q, k, k, last, 256, 0.1, out, ws, False, 32)", "rows_per_cta must be 16 or 64"),
         ("ops.decode_attention_rope(bf(1, 1, 11 * 128), None, None, bf(128), bf(128), last, 1e-6, k, k.clone(), "
          "256, 0.1, out, ws)", "qkv has"),
         ("ops.decode_attention_rope(bf(1, 1, 12 * 128), bf(128), bf(128), bf(64), bf(128), last, 1e-6, k, "

@@ -52,31 +52,3 @@ def test_the_launch_loop_chunks_rows_and_aligns_x(monkeypatch):
     assert torch.equal(out, x[:, :4])
     with pytest.raises(ValueError, match="out must be contiguous"):
         skinny_workspace.run(x, out.t(), 4, 8, launch)
-
-
-def test_gate_up_silu_dispatch(monkeypatch):
-    """silu(gate) * up of gate_up(x): on CPU the module then silu_mul, bit for bit; where the kernel
-    takes the call, one launch with the gate in its epilogue when the switch is on and N % 128 == 0,
-    else the plain GEMM then silu_mul."""
-    from specpilot.models import skinny_linear
-
-    g = torch.Generator().manual_seed(0)
-    for n in (256, 96):
-        gate_up = nn.Linear(32, n, bias=False)
-        x = torch.randn(3, 32, generator=g)
-        y = gate_up(x)
-        want = torch.nn.functional.silu(y[:, :n // 2]) * y[:, n // 2:]
-        with switched(skinny_linear.set_gate_epilogue, True):
-            assert torch.equal(skinny_linear.gate_up_silu(gate_up, x), want)
-
-        launches = []
-        monkeypatch.setattr(skinny_linear, "takes", lambda x, *linears: True)
-        monkeypatch.setattr(skinny_linear, "_run", lambda w, x, gated=None: launches.append(
-            gated is not None) or torch.zeros(*x.shape[:-1], w.shape[0]))
-        for on in (True, False):
-            with switched(skinny_linear.set_gate_epilogue, on):
-                out = skinny_linear.gate_up_silu(gate_up, x)
-            assert out.shape == (3, n // 2)
-            assert launches == [on and n % 128 == 0], (n, on, launches)
-            launches.clear()
-        monkeypatch.undo()

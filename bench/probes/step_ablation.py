@@ -20,7 +20,7 @@ import contextlib
 import json
 
 
-from specpilot.models import drafter as drafter_mod, fused_ops, layers, target as target_mod
+from specpilot.models import drafter as drafter_mod, layers, target as target_mod
 
 
 def _rows(x) -> int:
@@ -65,7 +65,7 @@ def _mask_eager(real):
     return lambda *args, **kw: real(*args, **kw).built()
 
 
-PATCHES = {"silu_mul": [(fused_ops, "silu_mul", _silu_mul)],
+PATCHES = {"silu_mul": [(layers, "silu_mul", _silu_mul)],
            "rope": [(target_mod, "qk_norm_rope_cache", _rope)],
            "norm": [(layers, "add_rms_norm", _norm), (target_mod, "add_rms_norm", _norm)],
            "attention": [(target_mod, "attend", _attend)],

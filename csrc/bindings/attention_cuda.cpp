@@ -6,7 +6,6 @@
 // capture allocates nothing here; the number of key splits is the workspace's first dimension.
 // writes_at_last: the kernels before this call wrote no key slot below min(last) while it could be
 // running (a causal step writes exactly the slots `last` names), so those keys load before the PDL wait.
-// rows_per_cta: 16 or 64 query rows per CTA (DecodeAttentionArgs).
 //   decode_attention_rope(qkv [B,1,(Hq+2Hkv)*D], q_weight [D]?, k_weight [D]?, cos [D], sin [D],
 //                         positions [1] int64, eps, k_cache!, v_cache!, span, scale, out!, workspace!)
 // the one-token step's qk_norm_rope_cache + decode_attention in one kernel, bit for bit the same
@@ -55,7 +54,7 @@ void check_rows(const char* name, const at::Tensor& t, const at::Device& device)
 // Every check of the op's arguments, then the kernel arguments they give.
 DecodeAttentionArgs checked_args(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                  const at::Tensor& last, int64_t span, double scale, at::Tensor& out,
-                                 at::Tensor& workspace, bool writes_at_last, int64_t rows_per_cta) {
+                                 at::Tensor& workspace, bool writes_at_last) {
   SP_CHECK(q.is_cuda(), "decode_attention: q must be a CUDA tensor, got ", q.device());
   const at::Device dev = q.device();
   check_rows("q", q, dev);
@@ -87,8 +86,6 @@ DecodeAttentionArgs checked_args(const at::Tensor& q, const at::Tensor& k_cache,
                   workspace.dim() == 3 && workspace.size(1) == B * T * Hq && workspace.size(2) == D + 1,
            "decode_attention: workspace must be a contiguous float32 [splits, ", B * T * Hq, ", ", D + 1,
            "] on ", dev, ", got ", workspace.scalar_type(), " ", workspace.sizes(), " on ", workspace.device());
-  SP_CHECK(rows_per_cta == 16 || rows_per_cta == 64, "decode_attention: rows_per_cta must be 16 or 64, got ",
-           rows_per_cta);
   const int64_t splits = workspace.size(0);
   SP_CHECK(splits >= 1 && splits <= kMaxSplits, "decode_attention: workspace.size(0) (the key splits) must be "
            "in 1..", kMaxSplits, ", got ", splits);
@@ -115,7 +112,6 @@ DecodeAttentionArgs checked_args(const at::Tensor& q, const at::Tensor& k_cache,
   a.scale = (float)scale;
   a.pdl = attention_path_pdl().load();
   a.writes_at_last = writes_at_last;
-  a.rows_per_cta = (int)rows_per_cta;
   return a;
 }
 
@@ -130,9 +126,8 @@ void launch(const DecodeAttentionArgs& a, const at::Device& dev) {
 
 void decode_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& last, int64_t span, double scale, at::Tensor& out,
-                           at::Tensor& workspace, bool writes_at_last, int64_t rows_per_cta) {
-  launch(checked_args(q, k_cache, v_cache, last, span, scale, out, workspace, writes_at_last, rows_per_cta),
-         q.device());
+                           at::Tensor& workspace, bool writes_at_last) {
+  launch(checked_args(q, k_cache, v_cache, last, span, scale, out, workspace, writes_at_last), q.device());
 }
 
 // A [D] bf16 vector on `dev` (the per-head norm weights, a RoPE table row).
@@ -162,7 +157,7 @@ void decode_attention_rope_cuda(const at::Tensor& qkv, const c10::optional<at::T
            " columns, want (Hq + 2 Hkv) * D = ", (Hq + 2 * Hkv) * D, " for Hq=", Hq, " Hkv=", Hkv, " D=", D);
   // q as the attention reads it: [B, Hq, 1, D], a view of qkv's first Hq heads.
   const at::Tensor q = qkv.view({B, 1, Hq + 2 * Hkv, D}).narrow(2, 0, Hq).transpose(1, 2);
-  DecodeAttentionArgs a = checked_args(q, k_cache, v_cache, positions, span, scale, out, workspace, true, 16);
+  DecodeAttentionArgs a = checked_args(q, k_cache, v_cache, positions, span, scale, out, workspace, true);
   const at::Device dev = qkv.device();
   if (q_weight.has_value() && q_weight->defined()) check_row("q_weight", *q_weight, D, dev);
   if (k_weight.has_value() && k_weight->defined()) check_row("k_weight", *k_weight, D, dev);
@@ -189,7 +184,7 @@ void decode_attention_rope_cuda(const at::Tensor& qkv, const c10::optional<at::T
 
 TORCH_LIBRARY_FRAGMENT(specpilot, m) {
   m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor last, int span, float scale, "
-        "Tensor(a!) out, Tensor(b!) workspace, bool writes_at_last=False, int rows_per_cta=64) -> ()");
+        "Tensor(a!) out, Tensor(b!) workspace, bool writes_at_last=False) -> ()");
   m.def("decode_attention_rope(Tensor qkv, Tensor? q_weight, Tensor? k_weight, Tensor cos, Tensor sin, "
         "Tensor positions, float eps, Tensor(a!) k_cache, Tensor(b!) v_cache, int span, float scale, "
         "Tensor(c!) out, Tensor(d!) workspace) -> ()");

@@ -63,24 +63,13 @@ void launch_rows(const char* op, Args& a, const at::Tensor& x, int64_t N, int64_
            cudaGetErrorString(static_cast<cudaError_t>(err)));
 }
 
-// gated: for a SwiGLU gate_up weight ([gate; up] rows), also silu(gate) * up of y, [M, N / 2].
 void skinny_gemm_cuda(const at::Tensor& weight, const at::Tensor& x, int64_t ctas, bool pdl,
-                      const at::Tensor& y, const at::Tensor& partials, const at::Tensor& counters,
-                      const c10::optional<at::Tensor>& gated) {
+                      const at::Tensor& y, const at::Tensor& partials, const at::Tensor& counters) {
   SP_CHECK(weight.dim() == 2, "skinny_gemm: weight must be [N, K], got shape ", weight.sizes());
   const int64_t N = weight.size(0), K = weight.size(1);
   check_tensor("weight", weight, at::kBFloat16, N * K, weight.device());
   SkinnyArgs a{};
   a.w = reinterpret_cast<const uint16_t*>(weight.data_ptr());
-  if (gated.has_value() && gated->defined()) {
-    SP_CHECK(x.dim() == 2, "skinny_gemm: x must be [M, K], got shape ", x.sizes());
-    SP_CHECK(N % 128 == 0, "skinny_gemm: a gated (SwiGLU gate_up) weight needs N % 128 == 0 (whole row blocks "
-             "per half), got N = ", N);
-    SP_CHECK(gated->dim() == 2 && gated->size(0) == x.size(0) && gated->size(1) == N / 2, "skinny_gemm: gated must "
-             "be [M, N / 2] = [", x.size(0), ", ", N / 2, "], got ", gated->sizes());
-    check_tensor("gated", *gated, at::kBFloat16, x.size(0) * (N / 2), weight.device());
-    a.gated = reinterpret_cast<uint16_t*>(gated->data_ptr());
-  }
   launch_rows("skinny_gemm", a, x, N, K, ctas, pdl, y, partials, counters, weight.device(), cuda_skinny_gemm);
 }
 
@@ -123,7 +112,7 @@ int64_t skinny_counter_count(int64_t n) {
 
 TORCH_LIBRARY_FRAGMENT(specpilot, m) {
   m.def("skinny_gemm(Tensor weight, Tensor x, int ctas, bool pdl, Tensor(a!) y, "
-        "Tensor(b!) partials, Tensor(c!) counters, Tensor(d!)? gated=None) -> ()");
+        "Tensor(b!) partials, Tensor(c!) counters) -> ()");
   m.def("split12_skinny_gemm(Tensor x, Tensor lo, Tensor codes, Tensor base, Tensor esc_rowptr, Tensor esc_col, "
         "Tensor esc_val, int K, int ctas, bool pdl, Tensor(a!) y, Tensor(b!) partials, Tensor(c!) counters) -> ()");
   m.def("skinny_plan_ctas(int n, int k) -> int", &specpilot::skinny::skinny_plan_ctas);

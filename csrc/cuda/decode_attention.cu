@@ -5,12 +5,11 @@
 // the P.V product, as in flash attention); within bf16 output rounding of an fp64 softmax (tests/
 // test_decode_attention_gpu.py). Deterministic: a fixed order for a given grid (no atomics).
 //
-// CTA: 4 warps, 16 query rows (one m16 tile) or up to 64 (4 m-tiles) x one key range, in tiles of
-// 64 keys through a two-stage cp.async ring. With one m-tile (T = 1: g rows, padded to 16; or any
-// T with rows_per_cta == 16) the 4 warps split each key tile into 16-key steps; with two, 2 warps
-// per m-tile; with 3-4, one warp per m-tile (32-key steps for both). Each warp runs its own online
-// softmax. A warp alone on its m-tile writes its rows straight from registers; warps sharing one
-// merge through shared memory first.
+// CTA: 4 warps, up to 64 query rows (4 m16 tiles) x one key range, in tiles of 64 keys through a
+// two-stage cp.async ring. With one m-tile (T = 1: g rows, padded to 16) the 4 warps split each
+// key tile into 16-key steps; with two, 2 warps per m-tile; with 3-4, one warp per m-tile (32-key
+// steps for both). Each warp runs its own online softmax. A warp alone on its m-tile writes its
+// rows straight from registers; warps sharing one merge through shared memory first.
 // Keys past the range are zero-filled (never read), so NaN in unseen cache slots cannot leak.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -99,7 +98,7 @@ __device__ __forceinline__ int settled_end(const int64_t* last, int tokens, int 
   return x;
 }
 
-// SK: keys per warp step (one online-softmax update): 16 when 4 warps share one m-tile per CTA,
+// SK: keys per warp step (one online-softmax update): 16 when 4 warps share an m-tile (T = 1),
 // 32 otherwise, for four independent Q.K^T mma chains instead of two.
 // D = 64: a one-CTA-per-SM bound, else ptxas caps the multi-row kernel at 128 registers and spills
 // in its key loop (with it: 156, no spill). D = 128 keeps ptxas's own choice (0), no spill either.
@@ -118,12 +117,11 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 1 : 0) split_kernel(const 
   float* sl = sm + kWarps * 16;
   float* sacc = reinterpret_cast<float*>(skv);  // merge scratch, after the last tile
 
-  constexpr int kRows = SK == 16 ? 16 : kRowsPerCta;  // the one-m-tile kernel: 16 rows per CTA
-  const int split = blockIdx.x, row0 = blockIdx.y * kRows;
+  const int split = blockIdx.x, row0 = blockIdx.y * kRowsPerCta;
   const int b = blockIdx.z / a.kv_heads, kvh = blockIdx.z % a.kv_heads;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int T = a.tokens, g = a.q_heads / a.kv_heads;
-  const int rows = min(kRows, g * T - row0);
+  const int rows = min(kRowsPerCta, g * T - row0);
   const int mtiles = (rows + 15) / 16;
 
   // `last` comes from a kernel that never triggers early (a torch op ahead of the layers), so every
@@ -469,15 +467,12 @@ template <int D>
 int launch(const DecodeAttentionArgs& a, cudaStream_t stream) {
   constexpr size_t smem = Smem<D>::kBytes;
   const int rows = (a.q_heads / a.kv_heads) * a.tokens;
-  // One m16 tile per CTA (T = 1 with g <= 16, or rows_per_cta == 16): four warps split each key
-  // tile, 16 keys each. Else up to four m-tiles per CTA, a warp each, 32-key steps.
-  const bool one_tile = rows <= 16 || a.rows_per_cta == 16;
-  auto kernel = one_tile ? split_kernel<D, 16> : split_kernel<D, 32>;
-  const int rows_per_cta = one_tile ? 16 : kRowsPerCta;
+  // One m16 tile per CTA (T = 1 with g <= 16): four warps split each key tile, 16 keys each.
+  auto kernel = rows <= 16 ? split_kernel<D, 16> : split_kernel<D, 32>;
   // Set on every launch (cheap, host only, legal under graph capture): the attribute is per device.
   int err = (int)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err != 0) return err;
-  const dim3 grid(a.num_splits, (rows + rows_per_cta - 1) / rows_per_cta, a.batch * a.kv_heads);
+  const dim3 grid(a.num_splits, (rows + kRowsPerCta - 1) / kRowsPerCta, a.batch * a.kv_heads);
   err = split12::launch_kernel(kernel, grid, kThreads, (int)smem, stream, a.pdl, a);
   if (err != 0 || a.num_splits == 1) return err;
   const long long out_rows = static_cast<long long>(a.batch) * a.tokens * a.q_heads;

@@ -25,11 +25,10 @@ constexpr int kXTileBytes = kMaxM * kBlockK * 2;
 struct Plan {
   uint16_t* y;
   float* partials;
-  int* counters;    // one per row block, then one per SwiGLU pair (skinny_counters)
+  int* counters;
   int n, m;
   int k_steps;      // K steps per row block
   int64_t steps;    // row blocks * k_steps
-  uint16_t* gated = nullptr;  // SwiGLU gate_up (y = [gate | up], N % 128 == 0): silu(gate) * up [M, N / 2]
 };
 
 using sm90::fence_register;
@@ -47,34 +46,8 @@ __device__ __forceinline__ int acc_row(int i) {
 }
 __device__ __forceinline__ int acc_token(int i) { return 8 * (i / 4) + 2 * (threadIdx.x % 4) + (i & 1); }
 
-// SwiGLU gate_up: row block `block` of y is complete. The second of its pair (gate block j, up block
-// j + N / 128) to complete writes gated[t, 64 j + r] = bf16(silu(gate) * up) from both halves in y,
-// silu_mul's arithmetic on the same bf16 values, so bit-identical to silu_mul after this GEMM; the
-// gate is computed once per element, not in every CTA that reads it (the down GEMM's x staging:
-// PERF_NOTES, twelfth session). Counted like the K segments: a fence, one atomic, reset by the second.
-__device__ void gate_pair(const Plan& a, int block, int* is_last) {
-  const int inter = a.n / 2, pair = block % (inter / kRowsPerCta);
-  int* counter = a.counters + (a.n + kRowsPerCta - 1) / kRowsPerCta + pair;
-  __threadfence();  // this block's y is visible device-wide before it is counted
-  consumer_barrier();
-  if (threadIdx.x == 0) *is_last = atomicAdd(counter, 1) == 1;
-  consumer_barrier();
-  if (!*is_last) return;
-  __threadfence();
-  for (int i = threadIdx.x; i < kRowsPerCta * a.m; i += kConsumers) {
-    const int row = pair * kRowsPerCta + i % kRowsPerCta, token = i / kRowsPerCta;
-    const uint16_t* gate = a.y + (int64_t)token * a.n + row;
-    a.gated[(int64_t)token * inter + row] = fused::f32_to_bf16(
-        fused::silu_times(fused::bf16_to_f32(__ldcg(gate)), fused::bf16_to_f32(__ldcg(gate + inter))));
-  }
-  if (threadIdx.x == 0) *counter = 0;  // ready for the next launch
-}
-
 // The segment of `block` just finished by this CTA: straight to y if the CTA covered the whole
-// block, else through the partials (the last segment to arrive sums all of them in K order); then,
-// for a SwiGLU gate_up (kGated: a.gated set), the gate of the block's pair once both halves are in y.
-// kGated is a template parameter so that the plain kernel carries no trace of the epilogue.
-template <bool kGated>
+// block, else through the partials (the last segment to arrive sums all of them in K order).
 __device__ void flush(const Plan& a, int block, float (&acc)[8], int* is_last) {
   const int ctas = gridDim.x;
   const int first = owner((int64_t)block * a.k_steps, a.steps, ctas);
@@ -86,7 +59,6 @@ __device__ void flush(const Plan& a, int block, float (&acc)[8], int* is_last) {
       const int row = row0 + acc_row(i), token = acc_token(i);
       if (row < a.n && token < a.m) a.y[(int64_t)token * a.n + row] = fused::f32_to_bf16(acc[i]);
     }
-    if (kGated) gate_pair(a, block, is_last);
     return;
   }
   constexpr int kSlot = kRowsPerCta * kMaxM;
@@ -107,7 +79,6 @@ __device__ void flush(const Plan& a, int block, float (&acc)[8], int* is_last) {
     if (row < a.n && token < a.m) a.y[(int64_t)token * a.n + row] = fused::f32_to_bf16(sum);
   }
   if (threadIdx.x == 0) a.counters[block] = 0;  // ready for the next launch
-  if (kGated) gate_pair(a, block, is_last);
 }
 
 // The MMA warpgroup's work on one stage: kBoxes x 4 wgmmas of the weight tiles at `w_tiles` and
@@ -155,7 +126,7 @@ __device__ __forceinline__ void producer_role(int count, LoadWeights load_weight
 // The MMA warpgroup's loop over this CTA's steps first .. first + count - 1: wait for step i's
 // bf16 tiles (`ready`; weights at the stage's start, x `x_offset` further), run the wgmmas, release
 // the stage (`empty`), flush every segment that ends.
-template <int stages, bool kGated = false, class Ready, class Empty>
+template <int stages, class Ready, class Empty>
 __device__ __forceinline__ void mma_role(const Plan& a, int64_t first, int count, uint32_t base, int stage_bytes,
                                          int x_offset, Ready ready, Empty empty, int* is_last) {
   sm90::pdl_wait();  // y, the partials and the counters belong to the previous kernel until now
@@ -168,7 +139,7 @@ __device__ __forceinline__ void mma_role(const Plan& a, int64_t first, int count
     mma_stage(acc, tiles, tiles + x_offset);
     sm90::mbar_arrive(empty(stage));
     if (s % a.k_steps == a.k_steps - 1 || i == count - 1) {  // the end of a segment
-      flush<kGated>(a, (int)(s / a.k_steps), acc, is_last);
+      flush(a, (int)(s / a.k_steps), acc, is_last);
 #pragma unroll
       for (int j = 0; j < 8; ++j) acc[j] = 0.0f;
     }
@@ -211,8 +182,7 @@ bool tile_map(CUtensorMap* map, const void* ptr, CUtensorMapDataType type, int r
 }
 
 // Steps (a row block's kStepK columns) of an N x K weight: the list the CTAs cut.
-inline int row_blocks(int n) { return (n + kRowsPerCta - 1) / kRowsPerCta; }
-inline int64_t total_steps(int n, int k) { return (int64_t)row_blocks(n) * ((k + kStepK - 1) / kStepK); }
+inline int64_t total_steps(int n, int k) { return (int64_t)skinny_counters(n) * ((k + kStepK - 1) / kStepK); }
 
 }  // namespace
 }  // namespace skinny

@@ -31,8 +31,6 @@ constexpr int kThreads = kConsumers + 32;  // + the producer warp
 constexpr int kStageBytes = kBoxes * (kWTileBytes + kXTileBytes);  // multiple of 1024: tiles stay aligned
 constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;  // + mbarriers, alignment slack
 
-// kGated: a.gated is set (the SwiGLU gate epilogue, skinny_common.cuh gate_pair).
-template <bool kGated>
 __global__ void __launch_bounds__(kThreads) skinny_kernel(const __grid_constant__ CUtensorMap w_map,
                                                           const __grid_constant__ CUtensorMap x_map, const Plan a) {
   extern __shared__ uint8_t smem_raw[];
@@ -74,22 +72,21 @@ __global__ void __launch_bounds__(kThreads) skinny_kernel(const __grid_constant_
     producer_role<kStages>(count, load_w, load_x, empty);
     return;
   }
-  mma_role<kStages, kGated>(a, first, count, base, kStageBytes, kBoxes * kWTileBytes, full, empty, &is_last);
+  mma_role<kStages>(a, first, count, base, kStageBytes, kBoxes * kWTileBytes, full, empty, &is_last);
 }
 
 // The kernel's dynamic shared memory is above the 48 KB default: raise its limit once.
-template <bool kGated>
 int allow_smem() {
-  static const int err = (int)cudaFuncSetAttribute(skinny_kernel<kGated>,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  static const int err = (int)cudaFuncSetAttribute(skinny_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   kSmemBytes);
   return err;
 }
 
 }  // namespace
 
-int skinny_counters(int n) { return row_blocks(n) + row_blocks(n) / 2; }  // row blocks, then SwiGLU pairs
+int skinny_counters(int n) { return (n + kRowsPerCta - 1) / kRowsPerCta; }
 
-int64_t skinny_partials_floats(int ctas, int n) { return (int64_t)(ctas + row_blocks(n)) * kRowsPerCta * kMaxM; }
+int64_t skinny_partials_floats(int ctas, int n) { return (int64_t)(ctas + skinny_counters(n)) * kRowsPerCta * kMaxM; }
 
 // The grid, at most one CTA per SM (two per SM measured slower: more rows streamed at once). A
 // CTA covering whole row blocks writes y directly; a split block costs the partials round trip
@@ -99,7 +96,7 @@ int64_t skinny_partials_floats(int ctas, int n) { return (int64_t)(ctas + row_bl
 // else one CTA per SM with the cuts anywhere.
 int skinny_ctas(int n, int k) {
   const int64_t steps = total_steps(n, k);
-  const int blocks = row_blocks(n), k_steps = (int)(steps / blocks), sms = split12::sm_count();
+  const int blocks = skinny_counters(n), k_steps = (int)(steps / blocks), sms = split12::sm_count();
   int whole = 0, cut = 0;
   for (int j = 1; j <= blocks && whole == 0; ++j)
     if (blocks % j == 0 && blocks / j <= sms) whole = blocks / j;
@@ -116,17 +113,14 @@ int cuda_skinny_gemm(const SkinnyArgs& a, void* stream) {
   const int64_t steps = total_steps(a.n, a.k);
   const int ctas = a.ctas > 0 ? (int)std::min<int64_t>(a.ctas, steps) : skinny_ctas(a.n, a.k);
   if (a.partials == nullptr || a.counters == nullptr) return (int)cudaErrorInvalidValue;
-  // A SwiGLU gate_up: both halves whole row blocks, so a pair is block j and j + N / 128.
-  if (a.gated != nullptr && a.n % (2 * kRowsPerCta) != 0) return (int)cudaErrorInvalidValue;
   CUtensorMap w_map, x_map;
   if (!tile_map(&w_map, a.w, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a.n, a.k, kBlockK, kRowsPerCta) ||
       !tile_map(&x_map, a.x, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a.m, a.k, kBlockK, kMaxM))
     return (int)cudaErrorInvalidValue;
-  const bool gated = a.gated != nullptr;
-  if (const int err = gated ? allow_smem<true>() : allow_smem<false>()) return err;
-  Plan plan{a.y, a.partials, a.counters, a.n, a.m, (a.k + kStepK - 1) / kStepK, steps, a.gated};
-  return split12::launch_kernel(gated ? skinny_kernel<true> : skinny_kernel<false>, dim3(ctas), kThreads, kSmemBytes,
-                                static_cast<cudaStream_t>(stream), a.pdl, w_map, x_map, plan);
+  if (const int err = allow_smem()) return err;
+  Plan plan{a.y, a.partials, a.counters, a.n, a.m, (a.k + kStepK - 1) / kStepK, steps};
+  return split12::launch_kernel(skinny_kernel, dim3(ctas), kThreads, kSmemBytes, static_cast<cudaStream_t>(stream),
+                                a.pdl, w_map, x_map, plan);
 }
 
 }  // namespace skinny

@@ -9,7 +9,7 @@
 // Split-KV (flash-decoding): the visible keys [0, kv_end), kv_end = clamp(max(last) + 1, 0, span),
 // are cut into num_splits ranges of keys_per_split (split_geometry below, computed on the device
 // from `last`, so keys beyond max(last) cost nothing even though a CUDA graph fixes the grid).
-// Each CTA handles the 16 or 64 (rows_per_cta) query rows of one (batch, KV head, row block) that share K/V (GQA
+// Each CTA handles the up to 64 query rows of one (batch, KV head, row block) that share K/V (GQA
 // folded: rows r = j * T + t of query head kv * g + j), over one key range, and writes a partial
 // (o normalised, lse) to the fp32 workspace; a combine kernel merges the splits. With
 // num_splits == 1 the CTA writes the output directly (no workspace traffic, one launch).
@@ -65,8 +65,6 @@ struct DecodeAttentionArgs {
                             // predecessor started (a causal step writes exactly the slots `last` names):
                             // keys below min(last) are loaded before the PDL wait
   RopePrologue rope;        // T = 1 only; with rope.qkv set, `q` is not read
-  int rows_per_cta;         // query rows per CTA: 16 (one m16 tile, its 4 warps splitting each key
-                            // tile; what g * T <= 16 always gets) or 64 (up to four m-tiles, a warp each)
 };
 
 struct SplitGeometry {

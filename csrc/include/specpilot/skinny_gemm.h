@@ -1,14 +1,13 @@
 // Skinny bf16 GEMM for a few token rows (verify blocks, drafts): y[M, N] = x[M, K] . W[N, K]^T,
 // M <= 16, on Hopper tensor cores (csrc/cuda/skinny_gemm.cu). No fused prologue: every CTA of a
-// row block would recompute it (a SiLU gate fused that way cost more than the separate kernel,
-// twice). An optional epilogue (`gated`) applies a SwiGLU gate once per element instead.
+// row block would recompute it (a SiLU gate fused that way cost more than the separate kernel).
 // Exactness: fp32 accumulation in one fixed order that depends on (N, K, ctas), never on M or on
 // which CTA finishes first (a row block's K segments are summed in K order by the last CTA to
 // finish one, counted with one atomic per segment), so a token's output is the same at any M and
 // on every run. Not bit-identical to cuBLAS (another summation order).
-// Workspace: `partials` (skinny_partials_floats) and `counters` (skinny_counters: one int per row
-// block and per SwiGLU pair; zero before the first call, every call leaves them zero). Needs sm_90a
-// and the driver's tensor-map encoder. Torch-free; returns a cudaError_t as int (0 = success).
+// Workspace: `partials` (skinny_partials_floats) and `counters` (one int per row block,
+// skinny_counters; zero before the first call, every call leaves them zero). Needs sm_90a and the
+// driver's tensor-map encoder. Torch-free; returns a cudaError_t as int (0 = success).
 #pragma once
 
 #include <cstdint>
@@ -32,15 +31,11 @@ struct SkinnyArgs {
   int* counters;
   int ctas;           // persistent grid size; 0 = skinny_ctas(n, k)
   bool pdl;           // launch with programmatic dependent launch
-  uint16_t* gated;    // nullptr, or for a SwiGLU gate_up weight (rows [gate; up], N % 128 == 0):
-                      // [M, N / 2] = bf16(silu(gate) * up) of y, silu_mul's arithmetic (bit-identical
-                      // to silu_mul after this GEMM), computed once per pair of row blocks
 };
 
 // The grid the launcher uses for N x K on this GPU (persistent CTAs, at most one per SM).
 int skinny_ctas(int n, int k);
-// Workspace sizes for a launch over `ctas` CTAs (independent of M). Counters: one per row block,
-// then one per SwiGLU pair of row blocks.
+// Workspace sizes for a launch over `ctas` CTAs (independent of M).
 int64_t skinny_partials_floats(int ctas, int n);
 int skinny_counters(int n);
 

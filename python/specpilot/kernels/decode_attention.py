@@ -20,9 +20,9 @@ HEAD_DIMS = (64, 128)
 MAX_TOKENS = 32          # csrc/include/specpilot/decode_attention.h kMaxTokens
 MAX_GROUPS = 8           # kMaxGroups
 MAX_SPLITS = 128         # kMaxSplits
+ROWS_PER_CTA = 64        # query rows (g * T) one CTA handles
 MIN_KEYS_PER_SPLIT = 32  # fewer keys per CTA than this costs more in partials than it saves
 _fused_rope = True       # set_fused_rope
-_rows_per_cta = 64       # set_narrow_row_tiles: for calls over more than 16 rows per KV head
 
 
 @functools.lru_cache(maxsize=None)
@@ -47,13 +47,11 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def default_splits(batch: int, kv_heads: int, rows_per_kv_head: int, span: int, sm_count: int,
-                   rows_per_cta: int = 64) -> int:
+def default_splits(batch: int, kv_heads: int, rows_per_kv_head: int, span: int, sm_count: int) -> int:
     """Key splits for a call: enough CTAs to give every SM one, each with >= MIN_KEYS_PER_SPLIT
     keys at a full span. Depends on the span, not on `last`, so a captured graph keeps its grid;
-    splits beyond the visible keys exit at once on the device. rows_per_cta: the kernel's row tile
-    for calls over more than 16 rows per KV head (16 or 64; 16 or fewer rows always take 16)."""
-    row_blocks = -(-rows_per_kv_head // (16 if rows_per_kv_head <= 16 else rows_per_cta))
+    splits beyond the visible keys exit at once on the device."""
+    row_blocks = -(-rows_per_kv_head // ROWS_PER_CTA)
     want = -(-sm_count // (batch * kv_heads * row_blocks))
     return max(1, min(want, span // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
 
@@ -69,12 +67,11 @@ def decode_attention(q, k, v, last, scale: float, splits: int | None = None,
     if q.stride(-1) != 1 or any(s % 8 for s in q.stride()[:3]):
         q = q.contiguous()
     if splits is None:
-        splits = default_splits(b, hkv, (hq // hkv) * t, span, _sm_count(q.device), _rows_per_cta)
+        splits = default_splits(b, hkv, (hq // hkv) * t, span, _sm_count(q.device))
     last = last.to(dtype=torch.int64).contiguous()
     out = torch.empty((b, t, hq * d), dtype=q.dtype, device=q.device)
     workspace = torch.empty((splits, b * t * hq, d + 1), dtype=torch.float32, device=q.device)
-    _ext.ops().decode_attention(q, k, v, last, span, float(scale), out, workspace, bool(writes_at_last),
-                                _rows_per_cta)
+    _ext.ops().decode_attention(q, k, v, last, span, float(scale), out, workspace, bool(writes_at_last))
     return out
 
 
@@ -100,17 +97,6 @@ def set_fused_rope(enable: bool) -> bool:
     is traced, so a CUDA graph keeps the setting it was captured with."""
     global _fused_rope
     previous, _fused_rope = _fused_rope, bool(enable)
-    return previous
-
-
-def set_narrow_row_tiles(enable: bool) -> bool:
-    """Calls over more than 16 query rows per KV head (verify / draft blocks) in CTAs of 16 rows (one
-    m16 tile, 4 warps splitting each key tile, fewer key splits) instead of 64 (the default); returns
-    the previous setting. An experiment for bench/knob_ab.py (`--knob narrow_rows`), not yet
-    measured: it trades 4x less fp32 partial traffic for K/V read once per 16 rows. Read when a step
-    is traced, so a CUDA graph keeps the setting it was captured with."""
-    global _rows_per_cta
-    previous, _rows_per_cta = _rows_per_cta == 16, 16 if enable else 64
     return previous
 
 

@@ -65,7 +65,7 @@ class SwiGLU(nn.Module):
         self.down = nn.Linear(inter, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return skinny_linear.linear(self.down, skinny_linear.gate_up_silu(self.gate_up, x))
+        return skinny_linear.linear(self.down, silu_mul(skinny_linear.linear(self.gate_up, x)))
 
 
 def attention_mask(last: torch.Tensor, kv_len: int, groups: int, dtype, writes_at_last: bool = False) -> AttentionMask:

@@ -32,7 +32,6 @@ from . import fused_ops
 MAX_ROWS = skinny_workspace.MAX_ROWS
 
 _enabled = settings.get().skinny_gemm  # SPECPILOT_SKINNY_GEMM
-_gate_epilogue = False                  # set_gate_epilogue: an experiment, not yet measured
 
 
 def set_skinny_gemm(on: bool) -> bool:
@@ -44,15 +43,6 @@ def set_skinny_gemm(on: bool) -> bool:
 
 def enabled() -> bool:
     return _enabled
-
-
-def set_gate_epilogue(on: bool) -> bool:
-    """The SwiGLU gate in the gate_up GEMM's epilogue (gate_up_silu: no silu_mul kernel) for steps run
-    or captured from now on; returns the previous setting. Off by default until measured on the H200
-    (bench/knob_ab.py --knob gate_epilogue)."""
-    global _gate_epilogue
-    previous, _gate_epilogue = _gate_epilogue, bool(on)
-    return previous
 
 
 @functools.lru_cache(maxsize=None)
@@ -81,33 +71,19 @@ def takes(x: torch.Tensor, *linears) -> bool:
     return all(type(m) is nn.Linear and m.bias is None and takes_weight(x, m.weight) for m in linears)
 
 
-def _run(weight: torch.Tensor, x: torch.Tensor, gated: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight.T through the kernel (the caller checked takes_weight); with `gated` ([rows, N / 2])
-    the SwiGLU gate of the product is also written there."""
+def _run(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """x @ weight.T through the kernel (the caller checked takes_weight)."""
     n, k = weight.shape
     rows = x.reshape(-1, k)
     y = x.new_empty(rows.shape[0], n)
-    # takes_weight allows at most MAX_ROWS rows, so one launch: `gated` needs no chunking
     skinny_workspace.run(rows, y, n, k, lambda xs, ys, partials, counters: _ext.ops().skinny_gemm(
-        weight, xs, 0, True, ys, partials, counters, gated))
+        weight, xs, 0, True, ys, partials, counters))
     return y.view(*x.shape[:-1], n)
 
 
 def linear(proj: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """proj(x), through the skinny GEMM when `takes(x, proj)`."""
     return _run(proj.weight, x) if takes(x, proj) else proj(x)
-
-
-def gate_up_silu(gate_up: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up of gate_up(x) ([gate; up] rows): with set_gate_epilogue(True) and a call the
-    kernel takes (N % 128 == 0), the gate computed in the GEMM's epilogue (bit-identical to silu_mul
-    after it, one kernel fewer), else linear then silu_mul."""
-    if _gate_epilogue and takes(x, gate_up) and gate_up.weight.shape[0] % 128 == 0:
-        n = gate_up.weight.shape[0]
-        gated = x.new_empty(x.numel() // x.shape[-1], n // 2)
-        _run(gate_up.weight, x, gated)
-        return gated.view(*x.shape[:-1], n // 2)
-    return fused_ops.silu_mul(linear(gate_up, x))
 
 
 def matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
