@@ -13,9 +13,10 @@ new kernel that faults must not cost the other rows), then also the skinny tenso
 verify and draft linears (models/skinny_linear.py); last, the same with split12 weights (every
 layer's linears and the LM head swapped for Split12Linear, bench.gpu_engine_split12's shared
 planes: the fused split12 GEMV at T = 1, or split12_linear after separate norm / gate kernels;
-the mma.sync tensor-core kernel or the split12 skinny GEMM for verify; the last row with the T = 1
-linears on split12 kernel variant 5, the register-fed kernel the streamed one replaced). The swap cannot be undone,
-so they run last.
+the mma.sync tensor-core kernel or the split12 skinny GEMM for verify; row 12 with the T = 1
+linears on split12 kernel variant 5, the register-fed kernel the streamed one replaced; row 13 row 11
+with the norm / gate prologue fused into the streamed GEMV, split12_gemv_m1 (measured slower than
+row 11, so off by default: gemv_fusion.set_fused_split12_gemv). The swap cannot be undone, so they run last (e.g. --configs 8,11,13,11,13).
 All in one process, so the ratios are side by side. Prints a markdown table last.
 """
 import argparse
@@ -41,7 +42,9 @@ CONFIGS = (("unfused + SDPA cudnn", False, "cudnn", "cublas", False, False, "bf1
            ("fused + specpilot attention + skinny GEMM (verify, draft), split12 weights (split12_linear at T = 1)",
             True, "specpilot", "cublas", False, True, "split12"),
            ("the same, split12 kernel variant 5 (T = 1 register-fed, without the streamed kernel)",
-            True, "specpilot", "cublas", False, True, "split12:5"))
+            True, "specpilot", "cublas", False, True, "split12:5"),
+           ("fused + specpilot attention + fused GEMV (AR) + skinny GEMM (verify, draft), split12 weights",
+            True, "specpilot", "cublas", True, True, "split12"))
 
 
 def main(argv=None) -> int:

@@ -183,16 +183,18 @@ def scale_pair(preset: str = "qwen3-8b"):
     return target, random_drafter(drafter_config_for(cfg, num_layers=5, block_size=16), target, seed=1)
 
 
-def use_best_kernels(split12: bool = False) -> None:
+def use_best_kernels() -> None:
     """The engine's fastest measured kernels (engine_ab's config 8; with split12 weights its split12 +
-    skinny row): fused elementwise kernels, our attention kernel for every decode / verify call, the
-    fused one-token GEMVs (bf16 weights only), the skinny GEMM for the verify and draft linears."""
+    skinny row, config 11): fused elementwise kernels, our attention kernel for every decode / verify
+    call, the fused one-token GEMVs for bf16 weights (split12 ones after their own norm / gate kernels:
+    the fused split12 GEMV measured slower), the skinny GEMM for the verify and draft linears."""
     from specpilot.models import fused_ops, gemv_fusion, skinny_linear
     from specpilot.models.attention_backend import set_attention_backend
 
     fused_ops.set_fused_kernels(True)
     set_attention_backend("specpilot")
-    gemv_fusion.set_fused_gemv(not split12)
+    gemv_fusion.set_fused_gemv(True)
+    gemv_fusion.set_fused_split12_gemv(False)
     skinny_linear.set_skinny_gemm(True)
 
 

@@ -2,13 +2,15 @@
 (off, on, off, on, ...) on one random-weight target, so that drift on a shared machine hits both
 sides alike. Everything else is engine_ab's config 8 (fused elementwise kernels, our attention,
 fused one-token GEMVs, skinny GEMM for verify and draft), bf16, or split12 weights with --split12
-(the T = 1 linears then on split12_linear, as engine_ab's split12 + skinny row).
+(engine_ab's config 11: the T = 1 linears on split12_linear after their own norm / gate kernels;
+the fused_split12_gemv knob turns on config 13's split12_gemv_m1).
 
     python -m specpilot.bench.knob_ab --knob fused_rope [--preset qwen3-8b] [--context 512] [--reps 2]
 
 Knobs (KNOBS): fused_rope (a one-token step's rope / cache write inside the attention kernel),
 attention_pdl (programmatic dependent launch through the attention path), gemv_pdl (the same for
-the one-token GEMVs). Prints a markdown table last; --out writes every number as JSON.
+the one-token GEMVs), fused_split12_gemv (with --split12: the norm / SwiGLU gate inside the one-token
+split12 GEMVs instead of their own kernels). Prints a markdown table last; --out writes every number as JSON.
 """
 import argparse
 import importlib
@@ -19,7 +21,8 @@ import json
 # when used (the setters of CUDA-only ops need a CUDA build to run).
 KNOBS = {"fused_rope": ("specpilot.kernels.decode_attention", "set_fused_rope"),
          "attention_pdl": ("specpilot.kernels.decode_attention", "set_pdl"),
-         "gemv_pdl": ("specpilot.models.gemv_fusion", "set_pdl")}
+         "gemv_pdl": ("specpilot.models.gemv_fusion", "set_pdl"),
+         "fused_split12_gemv": ("specpilot.models.gemv_fusion", "set_fused_split12_gemv")}
 
 
 def knob_setter(name: str):
@@ -51,7 +54,7 @@ def main(argv=None) -> int:
 
         print("split12 bits/weight", shared_plane_split12(target), flush=True)
     floor = weight_bytes(target) / HBM_BYTES_PER_S * 1e3
-    use_best_kernels(args.split12)
+    use_best_kernels()
     rows = []
     previous = setter(False)
     try:

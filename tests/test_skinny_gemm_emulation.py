@@ -57,7 +57,7 @@ typedef void* cudaStream_t;
 struct dim3 { unsigned x, y, z; dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {} };
 struct Idx { unsigned x = 0, y = 0, z = 0; };
 inline thread_local Idx threadIdx;
-inline Idx blockIdx, gridDim;
+inline Idx blockIdx, gridDim, blockDim;
 enum cudaDriverEntryPointQueryResult { cudaDriverEntryPointSuccess = 0 };
 constexpr unsigned long long cudaEnableDefault = 0;
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
@@ -222,6 +222,7 @@ inline int sm_count() { return emu_sms; }
 template <class... Params, class... Args>
 int launch_kernel(void (*kernel)(Params...), dim3 grid, int block, int, cudaStream_t, bool, Args... args) {
   gridDim.x = grid.x;
+  blockDim.x = block;
   for (unsigned b = 0; b < grid.x; ++b) {
     blockIdx.x = b;
     auto* cta = new emu::Cta();

@@ -1,7 +1,11 @@
-// One-token split12 GEMV (and its bf16 twin) in split12's reduction order, with gemv_m1's fused
-// prologues: semantics in specpilot/gemv_m1.h (cuda_split12_gemv_m1, cuda_bf16_gemv_m1_twin).
+// The bf16 twin of the one-token split12 GEMV: bf16 weights in split12's reduction order, with
+// gemv_m1's fused prologues (semantics in specpilot/gemv_m1.h, cuda_bf16_gemv_m1_twin). The split12
+// GEMV itself (cuda_split12_gemv_m1) is the streamed kernel in split12_stream.cu, with the same
+// bits; this pipeline ran split12 weights too until 2026-12-04 (H200, plain prologue, separate calls:
+// qkv / o / gate_up / down / LM head 16.6 / 10.2 / 43.7 / 24.3 / 243 us here, 14.8 / 11.3 / 41.1 /
+// 23.2 / 226 us streamed; docs/PERF_NOTES.md, thirteenth session).
 //
-// gemv_m1.cu's pipeline on split12_kernel.cuh's weight sources:
+// gemv_m1.cu's pipeline on split12_kernel.cuh's bf16 weight source:
 // - a persistent grid of at most 2 CTAs per SM, 8 warps each; a warp takes kRows = 2 rows at a time
 //   (two fmaf chains per lane, as split12_linear's fastest M = 1 kernel: each x value read from
 //   shared memory feeds both), groups w, w + all warps, ...;
@@ -13,8 +17,8 @@
 //   8 lanes of a quarter-warp, which read 8 consecutive chunks, hit 8 different bank groups.
 // Exactness: lane l adds chunks l, l + 32, ... ascending with one fmaf chain, then the butterfly:
 // split12_format.h's order, so the output is bit-identical to split12_linear / bf16_linear (CPU and
-// CUDA) on the prologue's output, and the split12 kernel to its bf16 twin. K % 32 == 0 only (no
-// tail chunk); the launchers refuse other K.
+// CUDA) on the prologue's output, and to the split12 GEMV on the same weights. K % 32 == 0 only
+// (no tail chunk); the launcher refuses other K.
 #include <cuda_runtime.h>
 
 #include "gemv_prologue.cuh"
@@ -162,15 +166,9 @@ int launch_with(const Source& src, const GemvArgs& a, cudaStream_t stream) {
   return launch_kernel(kernel, grid, kThreads, (int)smem, stream, a.pdl, src, a);
 }
 
-bool args_ok(const GemvArgs& a) {
-  if (a.n < 1 || a.k < kChunk || a.k % kChunk != 0 || a.k > gemv::kMaxK) return false;
-  if (a.prologue == gemv::kGemvAddNorm) return a.k <= gemv::kMaxNormHidden && a.norm_w != nullptr;
-  return a.prologue == gemv::kGemvPlain || a.prologue == gemv::kGemvSiluMul;
-}
-
 template <class Source>
 int launch(const Source& src, const GemvArgs& a, void* stream) {
-  if (!args_ok(a)) return (int)cudaErrorInvalidValue;
+  if (!gemv::split12_order_args_ok(a)) return (int)cudaErrorInvalidValue;
   const auto s = static_cast<cudaStream_t>(stream);
   switch (a.prologue) {
     case gemv::kGemvAddNorm: return launch_with<gemv::kGemvAddNorm>(src, a, s);
@@ -183,11 +181,6 @@ int launch(const Source& src, const GemvArgs& a, void* stream) {
 }  // namespace split12
 
 namespace gemv {
-
-int cuda_split12_gemv_m1(const split12::Split12Planes& w, const GemvArgs& a, void* stream) {
-  const split12::Split12Source src{w, (int)split12::round_up_kpad(a.k)};
-  return split12::launch(src, a, stream);
-}
 
 int cuda_bf16_gemv_m1_twin(const GemvArgs& a, void* stream) {
   if ((reinterpret_cast<uintptr_t>(a.w) & 15u) != 0) return (int)cudaErrorInvalidValue;

@@ -13,15 +13,18 @@ On by default for bf16 weights (`set_fused_gemv(False)` or SPECPILOT_FUSED_GEMV=
 measured on the H200 (bench/engine_ab.py, Qwen3-8B shape, side by side) the AR step took 4.49 ms
 with the layer linears and the LM head fused vs 5.25 ms with cuBLAS and the separate kernels
 (docs/PERF_NOTES.md, 2026-12-03). Off by default for split12 weights (`set_fused_split12_gemv(True)`
-turns it on): there the fused kernel (split12_gemv_m1) made the AR step slower, 4.74 ms vs 4.56 ms
-with split12_linear after the separate kernels (same run).
+turns it on): split12_gemv_m1, the streamed split12 GEMV with the prologue in its x staging, made the
+split12 AR step slower than split12_linear after the separate norm / gate kernels, 4.155 vs 4.025 ms
+(2026-12-04, A B A B A B in one process). The streamed kernel fills the SM (registers and shared
+memory), so the next GEMV cannot start beside it; a separate small kernel between two of them is
+where the next one's weight copies get going (PERF_NOTES, thirteenth session).
 
 `takes(...)` says when it applies: the switch is on and so are fused_ops' kernels
 (set_fused_kernels(False) turns both off), one token row, CUDA bf16, and every linear one of
   - a plain nn.Linear without bias, K a multiple of 8 (torch.ops.specpilot.gemv_m1),
-  - with set_fused_split12_gemv(True), a Split12Linear or its twin Bf16Linear on kernel "simt",
-    K a multiple of 32
-    (split12_gemv_m1 / bf16_gemv_m1_twin, csrc/cuda/split12_gemv_m1.cu: split12's reduction order),
+  - while set_fused_split12_gemv is on, a Split12Linear or its twin Bf16Linear on kernel "simt",
+    K a multiple of 32 (split12_gemv_m1, csrc/cuda/split12_stream.cu / bf16_gemv_m1_twin,
+    csrc/cuda/split12_gemv_m1.cu: split12's reduction order),
 and the norm's hidden size <= 4096. Otherwise callers run the separate ops.
 
 Exactness: the prologue's output is bit-identical to add_rms_norm / silu_mul's CUDA kernels (same
