@@ -15,6 +15,7 @@ import pytest
 
 from conftest import run_on_host
 from specpilot.settings import CSRC_DIR
+from test_skinny_gemm_emulation import FUSED_BF16_CUH as SKINNY_FUSED_BF16_CUH
 from test_skinny_gemm_emulation import PACK_CPP, kernel_for_host, write_stand_ins
 
 EXTRA_DEVICE = r"""
@@ -39,18 +40,11 @@ inline void bulk_load_evict_first(uint32_t dst, const void* src, int bytes, uint
 }}  // namespace specpilot::sm90
 """
 
-# fused_bf16.cuh as the prologues use it (gemv_prologue.cuh), host arithmetic.
-FUSED_BF16_CUH = r"""
-#pragma once
+# fused_bf16.cuh as the prologues use it (gemv_prologue.cuh): the skinny emulation's stand-in plus
+# the vector and block-sum helpers, host arithmetic.
+FUSED_BF16_CUH = SKINNY_FUSED_BF16_CUH + r"""
 #include <cmath>
-#include <cstdint>
-#include <cstring>
 namespace specpilot { namespace fused {
-inline uint16_t f32_to_bf16(float v) {  // round to nearest even; NaN stays a quiet NaN
-  uint32_t u; std::memcpy(&u, &v, 4);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40);
-  return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
 inline float bf16_to_f32(uint16_t b) { const uint32_t u = (uint32_t)b << 16; float f; std::memcpy(&f, &u, 4); return f; }
 inline float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
 inline float silu_times(float gate, float up) { return round_bf16(gate / (1.0f + std::exp(-gate))) * up; }
