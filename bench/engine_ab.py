@@ -16,7 +16,9 @@ planes: the fused split12 GEMV at T = 1, or split12_linear after separate norm /
 the mma.sync tensor-core kernel or the split12 skinny GEMM for verify; row 12 with the T = 1
 linears on split12 kernel variant 5, the register-fed kernel the streamed one replaced; row 13 row 11
 with the norm / gate prologue fused into the streamed GEMV, split12_gemv_m1 (measured slower than
-row 11, so off by default: gemv_fusion.set_fused_split12_gemv). The swap cannot be undone, so they run last (e.g. --configs 8,11,13,11,13).
+row 11, so off by default: gemv_fusion.set_fused_split12_gemv); rows 14 and 15 are 11 and 13 on kernel
+variant 6, the streamed kernel's 4-stage ring (its depth before 2 won). The swap cannot be undone, so they
+run last (e.g. --configs 8,11,13,11,13).
 All in one process, so the ratios are side by side. Prints a markdown table last.
 """
 import argparse
@@ -44,7 +46,11 @@ CONFIGS = (("unfused + SDPA cudnn", False, "cudnn", "cublas", False, False, "bf1
            ("the same, split12 kernel variant 5 (T = 1 register-fed, without the streamed kernel)",
             True, "specpilot", "cublas", False, True, "split12:5"),
            ("fused + specpilot attention + fused GEMV (AR) + skinny GEMM (verify, draft), split12 weights",
-            True, "specpilot", "cublas", True, True, "split12"))
+            True, "specpilot", "cublas", True, True, "split12"),
+           ("11 with split12 kernel variant 6 (the streamed T = 1 kernel's 4-stage ring)",
+            True, "specpilot", "cublas", False, True, "split12:6"),
+           ("13 with split12 kernel variant 6 (the streamed T = 1 kernel's 4-stage ring)",
+            True, "specpilot", "cublas", True, True, "split12:6"))
 
 
 def main(argv=None) -> int:

@@ -32,8 +32,8 @@ def dflash_clock(device):
         dflash_model._cuda_time = original
 
 
-def time_graph(calls, reps: int) -> float:
-    """Seconds per call: `calls` (a list of closures) captured in one CUDA graph, replayed."""
+def capture_graph(calls) -> "torch.cuda.CUDAGraph":
+    """`calls` (a list of closures) warmed up, captured in one CUDA graph and replayed once."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm-up outside capture (lazy init, cuBLAS workspaces)
@@ -46,6 +46,12 @@ def time_graph(calls, reps: int) -> float:
         for call in calls:
             call()
     graph.replay()
+    return graph
+
+
+def time_graph(calls, reps: int) -> float:
+    """Seconds per call: `calls` (a list of closures) captured in one CUDA graph, replayed."""
+    graph = capture_graph(calls)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(reps):

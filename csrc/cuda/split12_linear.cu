@@ -37,7 +37,8 @@ int launch(const Source& src, const uint16_t* x, int M, uint16_t* y, int N, int 
   if (M <= 1) {
     switch (cuda_kernel_variant()) {  // see split12_format.h
       case 0:
-      case kCudaVariantRegisterFed: return go(linear_kernel<Source, 1, 2, 1>, 2);
+      case kCudaVariantRegisterFed:
+      case kCudaVariantDeepRing: return go(linear_kernel<Source, 1, 2, 1>, 2);
       case 2: return go(linear_kernel<Source, 1, 1, 2>, 1);
       case 3: return go(linear_kernel<Source, 1, 2, 2>, 2);
       default: break;
@@ -65,8 +66,9 @@ int cuda_split12_linear(const uint16_t* x, int M, const uint8_t* lo, const uint8
   // The streamed kernel wins where its early start counts (the layer shapes; engine AR -5%), the
   // register-fed one on very large matrices (LM head: 210 vs 228 us), docs/PERF_NOTES.md.
   constexpr int64_t kStreamMaxWeights = int64_t(1) << 28;
-  if (M == 1 && cuda_kernel_variant() == kCudaVariantDefault && (int64_t)N * K < kStreamMaxWeights &&
-      split12_stream_gemv_fits(K))
+  const bool streamed_variant =
+      cuda_kernel_variant() == kCudaVariantDefault || cuda_kernel_variant() == kCudaVariantDeepRing;
+  if (M == 1 && streamed_variant && (int64_t)N * K < kStreamMaxWeights && split12_stream_gemv_fits(K))
     return cuda_split12_stream_gemv(x, lo, codes, base, esc_rowptr, esc_col, esc_val, N, K, y, stream);
   const Split12Source src{{lo, codes, base, esc_rowptr, esc_col, reinterpret_cast<const uint16_t*>(esc_val)},
                           (int)round_up_kpad(K)};

@@ -5,9 +5,11 @@
 // Why a ring: the register-fed kernels (split12_kernel.cuh) hold at most a few chunks per lane in
 // flight and cannot start loading before the previous kernel ends, which costs the small shapes
 // most (docs/PERF_NOTES.md). Here 1-D bulk copies (TMA without a tensor map) keep kDepth stages of
-// 3 KB per warp in flight (2..4 by K), up to 192 KB per SM, and the first ones go out before
-// griddepcontrol.wait (the kernel always launches with PDL); the lanes only read shared memory,
-// decode and multiply.
+// 3 KB per warp in flight, 96 KB per SM, and they go out before griddepcontrol.wait (the kernel
+// always launches with PDL); the lanes only read shared memory, decode and multiply. Two stages, not
+// four: the copies a CTA issues before the wait compete with the previous kernel's last CTAs, whose
+// end the wait is for; four stages cost 4-15% per shape (bench/probes/split12_stream_timeline.py,
+// docs/PERF_NOTES.md "fourteenth session").
 //
 // Work split: one CTA of kWarps warps per SM (<= 128 registers per thread). Each warp owns rows n = warp, warp + all warps, ...
 // (every SM gets the same number of rows, +-1 per warp: one row per warp turn balances the Qwen3
@@ -45,7 +47,8 @@ constexpr int kThreads = 32 * kWarps;
 constexpr int kStageCols = 2048;                                 // columns of the row per stage
 constexpr int kStageLaneChunks = kStageCols / kChunk / kLanes;   // chunks per lane per stage (2)
 constexpr int kStageBytes = kStageCols + kStageCols / 2;         // lo | codes: 3 KB
-constexpr int kMaxDepth = 4;                                     // stages in flight per warp (2..4, by K)
+constexpr int kRingDepth = 2;                                    // stages in flight per warp
+constexpr int kMaxDepth = 4;                                     // ... under kCudaVariantDeepRing (by K)
 constexpr int kEscSlots = 32;                                    // one escape per lane
 // Shared memory: escapes | barriers | x (2 * kpad bytes) | the warps' rings (depth stages each).
 constexpr int kEscBytes = kWarps * kEscSlots * 8;                // int32 column + uint16 value (padded)
@@ -282,9 +285,10 @@ __global__ void __launch_bounds__(kThreads, 1) split12_stream_kernel(const Strea
 
 int smem_bytes(int kpad, int depth) { return kXOffset + 2 * kpad + kWarps * depth * kStageBytes; }
 
-// The deepest ring that fits beside x; 0 if not even two stages fit.
+// The deepest ring up to the variant's depth that fits beside x; 0 if not even two stages fit.
 int ring_depth(int kpad) {
-  for (int depth = kMaxDepth; depth >= 2; --depth)
+  const int deepest = cuda_kernel_variant() == kCudaVariantDeepRing ? kMaxDepth : kRingDepth;
+  for (int depth = deepest; depth >= 2; --depth)
     if (smem_bytes(kpad, depth) <= kCtaSmem) return depth;
   return 0;
 }

@@ -184,12 +184,15 @@ constexpr int kCudaMaxM = 32;
 //               starts during the previous one and prefetches weights (csrc/cuda/split12_launch.h).
 //   5           0 without the streamed kernel (M = 1 always 2 rows per warp, U = 1: the default
 //               until 2026-12-03).
+//   6           0 with the streamed kernel's ring 4 stages deep per warp (2 by default since
+//               2026-12-04), split12_gemv_m1's included.
 // Only M = 1 and kernel "tc" change; every variant keeps every output bit of variant 0 (the
 // CUDA-core order is fixed by the format, the tensor-core kernels share their mma sequence).
 constexpr int kCudaVariantLatest = 1;  // the load-ahead kernels (variant 1's geometry)
 constexpr int kCudaVariantDefault = 0;
 constexpr int kCudaVariantRegisterFed = 5;
-constexpr int kCudaVariantCount = 6;
+constexpr int kCudaVariantDeepRing = 6;
+constexpr int kCudaVariantCount = 7;
 inline int& cuda_kernel_variant() {
   static int variant = kCudaVariantDefault;
   return variant;

@@ -34,7 +34,8 @@ KERNELS = ("simt", "tc", "skinny", "dense")  # CUDA-core lane-tree order (CPU-id
 # CUDA kernel variants (csrc/include/specpilot/split12_format.h): which launch geometry / load
 # pipeline the CUDA ops use at M = 1 and for kernel="tc". Every variant gives the same output bits.
 KERNEL_VARIANTS = {0: "shipped", 1: "load-ahead", 2: "M=1 R=1 U=2", 3: "M=1 R=2 U=2", 4: "load-ahead + PDL launch",
-                   5: "M=1 register-fed (the default before the streamed kernel)"}
+                   5: "M=1 register-fed (the default before the streamed kernel)",
+                   6: "M=1 streamed with a 4-stage ring (the default before 2026-12-04)"}
 # Variant 0 ships: the fastest on the H200 (docs/PERF_NOTES.md: 2026-12-02 against 1-4; 2026-12-03 its
 # M = 1 layer shapes moved to the streamed kernel, 5 keeps the register-fed one for comparison).
 SHIPPED_VARIANT = 0
