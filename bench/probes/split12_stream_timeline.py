@@ -7,11 +7,12 @@ copies > 256 MB, PDL on) and traced over one more replay of the same graph. Two 
 shape: the GEMV back to back ("alone") and after an add_rms_norm as in the engine ("norm+").
 Needs the package built with CUDA and nvcc. One-off experiment, not part of the package:
 
-    python bench/probes/split12_stream_timeline.py NAME=WARPS:DEPTH:MINBLOCKS:SMEM_KB[:STAGE_COLS] ...
+    python bench/probes/split12_stream_timeline.py NAME=WARPS:DEPTH:MINBLOCKS:SMEM_KB[:STAGE_COLS[:MAXNREG]] ...
 
 WARPS per CTA, DEPTH = the deepest ring (stages per warp), MINBLOCKS = __launch_bounds__' CTAs per
 SM (2 caps registers so that the next kernel's CTA fits beside one), SMEM_KB = the CTA's shared
-memory cap, STAGE_COLS = weight columns per stage (2048). The shipped kernel is 16:2:1:227. Prints, per shape and sequence, us per call and the
+memory cap, STAGE_COLS = weight columns per stage (2048), MAXNREG = a register cap (__maxnreg__,
+instead of MINBLOCKS; 0: none). The shipped kernel is 16:2:1:227. Prints, per shape and sequence, us per call and the
 medians (ns) of the phases over the middle launches; "handoff" is, per SM, the next launch's CTA
 start minus this launch's CTA end there (negative: they overlapped).
 """
@@ -48,7 +49,8 @@ STAMPS = (
 )
 
 
-def variant_source(warps: int, depth: int, min_blocks: int, smem_kb: int, stage_cols: int = 2048) -> str:
+def variant_source(warps: int, depth: int, min_blocks: int, smem_kb: int, stage_cols: int = 2048,
+                   max_regs: int = 0) -> str:
     src = (ROOT / "csrc/cuda/split12_stream.cu").read_text()
     for anchor, text in STAMPS:
         if src.count(anchor) != 1:
@@ -57,7 +59,7 @@ def variant_source(warps: int, depth: int, min_blocks: int, smem_kb: int, stage_
     bounds = "__launch_bounds__(kThreads, 1)"
     if src.count(bounds) != 1:
         raise SystemExit(f"split12_stream.cu changed: {bounds!r} is not there once")
-    src = src.replace(bounds, f"__launch_bounds__(kThreads, {min_blocks})")
+    src = src.replace(bounds, f"__maxnreg__({max_regs})" if max_regs else f"__launch_bounds__(kThreads, {min_blocks})")
     # 1 KB below the cap for the stamps' static shared memory.
     for name, value in (("kWarps", warps), ("kRingDepth", depth), ("kMaxDepth", max(depth, 4)),
                         ("kStageCols", stage_cols), ("kCtaSmem", smem_kb * 1024 - 1024)):
@@ -76,7 +78,7 @@ def build(name: str, spec: tuple, workdir: str):
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"variant {name} does not compile:\n{done.stderr[-3000:]}")
-    regs = [line.strip() for line in done.stderr.splitlines() if "registers" in line]
+    regs = [line.strip() for line in done.stderr.splitlines() if "registers" in line or "spill" in line]
     return ctypes.CDLL(str(d / "probe.so")), regs
 
 
@@ -167,14 +169,14 @@ def summarize(rec, order) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("variants", nargs="+", help="NAME=WARPS:DEPTH:MINBLOCKS:SMEM_KB[:STAGE_COLS]")
+    p.add_argument("variants", nargs="+", help="NAME=WARPS:DEPTH:MINBLOCKS:SMEM_KB[:STAGE_COLS[:MAXNREG]]")
     p.add_argument("--shapes", default=",".join(SHAPES))
     args = p.parse_args()
     specs = {v.split("=")[0]: tuple(map(int, v.split("=")[1].split(":"))) for v in args.variants}
     with tempfile.TemporaryDirectory() as workdir, ThreadPoolExecutor(8) as pool:
         built = dict(zip(specs, pool.map(lambda kv: build(kv[0], kv[1], workdir), specs.items())))
         for name, (_, regs) in built.items():
-            print(name, specs[name], "|", "; ".join(regs[-1:]), flush=True)
+            print(name, specs[name], "|", "; ".join(regs[-2:]), flush=True)
         bad = [name for name, (lib, _) in built.items() if not all(check(lib, n, k) for n, k in CHECK_SHAPES)]
         print("bit-identical to split12_linear:", "all" if not bad else f"NOT {bad}", flush=True)
         g = torch.Generator(device="cuda").manual_seed(0)
