@@ -68,10 +68,17 @@ def launcher(lib, planes, n: int, k: int, x, y, ctas: int = 0):
     return call
 
 
-def check(lib, n: int, k: int) -> bool:
+def check_weights(n: int, k: int):
+    """(generator, bf16 [n, k]) for a bit-equality check: seeded by the shape, ~1% of the weights
+    1e-30 (outside split12's fast path: escapes)."""
     g = torch.Generator(device="cuda").manual_seed(n * 7 + k)
     w = (torch.randn(n, k, generator=g, device="cuda") * k ** -0.5).to(torch.bfloat16)
-    w[torch.rand(n, k, generator=g, device="cuda") < 0.01] = 1e-30  # escapes
+    w[torch.rand(n, k, generator=g, device="cuda") < 0.01] = 1e-30
+    return g, w
+
+
+def check(lib, n: int, k: int) -> bool:
+    g, w = check_weights(n, k)
     planes = list(split12_ops.pack(w).planes().values())
     x16 = torch.randn(16, k, generator=g, device="cuda").to(torch.bfloat16)
     for m in (16, 5, 1):

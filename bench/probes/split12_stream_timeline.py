@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from skinny_tma_variants import set_constant
+from split12_skinny_variants import check_weights
 from specpilot.bench.timing import capture_graph, time_graph
 from specpilot.formats.split12 import ops as split12_ops
 from specpilot.models.fused_ops import add_rms_norm
@@ -94,9 +95,7 @@ def launcher(lib, planes, n: int, k: int, x, y):
 
 
 def check(lib, n: int, k: int) -> bool:
-    g = torch.Generator(device="cuda").manual_seed(n * 7 + k)
-    w = (torch.randn(n, k, generator=g, device="cuda") * k ** -0.5).to(torch.bfloat16)
-    w[torch.rand(n, k, generator=g, device="cuda") < 0.01] = 1e-30  # escapes
+    g, w = check_weights(n, k)
     packed = split12_ops.pack(w)
     x = torch.randn(1, k, generator=g, device="cuda").to(torch.bfloat16)
     y = torch.full((1, n), float("nan"), device="cuda", dtype=torch.bfloat16)

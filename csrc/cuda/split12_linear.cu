@@ -35,10 +35,8 @@ int launch(const Source& src, const uint16_t* x, int M, uint16_t* y, int N, int 
                          N, K, xvec);
   };
   if (M <= 1) {
+    if (cuda_variant_like_default()) return go(linear_kernel<Source, 1, 2, 1>, 2);
     switch (cuda_kernel_variant()) {  // see split12_format.h
-      case 0:
-      case kCudaVariantRegisterFed:
-      case kCudaVariantDeepRing: return go(linear_kernel<Source, 1, 2, 1>, 2);
       case 2: return go(linear_kernel<Source, 1, 1, 2>, 1);
       case 3: return go(linear_kernel<Source, 1, 2, 2>, 2);
       default: break;

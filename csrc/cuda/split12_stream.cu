@@ -4,8 +4,8 @@
 //
 // Why a ring: the register-fed kernels (split12_kernel.cuh) hold at most a few chunks per lane in
 // flight and cannot start loading before the previous kernel ends, which costs the small shapes
-// most (docs/PERF_NOTES.md). Here 1-D bulk copies (TMA without a tensor map) keep kDepth stages of
-// 3 KB per warp in flight, 96 KB per SM, and they go out before griddepcontrol.wait (the kernel
+// most (docs/PERF_NOTES.md). Here 1-D bulk copies (TMA without a tensor map) keep kRingDepth = 2
+// stages of 3 KB per warp in flight, 96 KB per SM, and they go out before griddepcontrol.wait (the kernel
 // always launches with PDL); the lanes only read shared memory, decode and multiply. Two stages, not
 // four: the copies a CTA issues before the wait compete with the previous kernel's last CTAs, whose
 // end the wait is for; four stages cost 4-15% per shape (bench/probes/split12_stream_timeline.py,

@@ -150,8 +150,7 @@ template <class Source>
 int launch_tc(const Source& src, const uint16_t* x, int M, uint16_t* y, int N, int K, cudaStream_t stream) {
   const bool xvec = (K % 8 == 0) && ((reinterpret_cast<uintptr_t>(x) & 15u) == 0);
   const int blocks = (N + kTileRows - 1) / kTileRows;
-  if (cuda_kernel_variant() == 0 || cuda_kernel_variant() == kCudaVariantRegisterFed ||
-      cuda_kernel_variant() == kCudaVariantDeepRing) {  // 5 and 6 = 0 off M = 1
+  if (cuda_variant_like_default()) {
     if (M <= 8) tc_linear_kernel<Source, 1><<<blocks, kWarps * 32, 0, stream>>>(src, x, M, y, N, K, xvec);
     else if (M <= 16) tc_linear_kernel<Source, 2><<<blocks, kWarps * 32, 0, stream>>>(src, x, M, y, N, K, xvec);
     else tc_linear_kernel<Source, 4><<<blocks, kWarps * 32, 0, stream>>>(src, x, M, y, N, K, xvec);

@@ -197,6 +197,12 @@ inline int& cuda_kernel_variant() {
   static int variant = kCudaVariantDefault;
   return variant;
 }
+// Variants 5 and 6 change only which M = 1 GEMV the layer shapes get (cuda_split12_linear); every
+// other launch treats them as 0.
+inline bool cuda_variant_like_default() {
+  const int v = cuda_kernel_variant();
+  return v == kCudaVariantDefault || v == kCudaVariantRegisterFed || v == kCudaVariantDeepRing;
+}
 
 }  // namespace split12
 }  // namespace specpilot

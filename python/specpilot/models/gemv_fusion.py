@@ -14,10 +14,11 @@ measured on the H200 (bench/engine_ab.py, Qwen3-8B shape, side by side) the AR s
 with the layer linears and the LM head fused vs 5.25 ms with cuBLAS and the separate kernels
 (docs/PERF_NOTES.md, 2026-12-03). Off by default for split12 weights (`set_fused_split12_gemv(True)`
 turns it on): split12_gemv_m1, the streamed split12 GEMV with the prologue in its x staging, made the
-split12 AR step slower than split12_linear after the separate norm / gate kernels, 4.155 vs 4.025 ms
-(2026-12-04, A B A B A B in one process). The streamed kernel fills the SM (registers and shared
-memory), so the next GEMV cannot start beside it; a separate small kernel between two of them is
-where the next one's weight copies get going (PERF_NOTES, thirteenth session).
+split12 AR step slower than split12_linear after the separate norm / gate kernels, 3.883 vs 3.835 ms
+(2026-12-04, two runs each in one process; 4.155 vs 4.025 before the streamed kernel's 2-stage ring).
+The streamed kernel fills the SM (registers and shared memory), so the next GEMV cannot start beside
+it; a separate small kernel between two of them is where the next one's weight copies get going
+(PERF_NOTES, thirteenth and fourteenth sessions).
 
 `takes(...)` says when it applies: the switch is on and so are fused_ops' kernels
 (set_fused_kernels(False) turns both off), one token row, CUDA bf16, and every linear one of
