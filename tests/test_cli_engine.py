@@ -28,8 +28,9 @@ def test_verify_json_line(pair, capsys):
     t, d, prompts = pair
     rc = main(["verify", "--target", str(t), "--drafter", str(d), "--prompts", str(prompts), "--limit", "2",
                "--max-new-tokens", "12", "--device", "cpu", "--dtype", "fp32"])
-    out = last_json(capsys.readouterr().out)
-    assert rc == 0 and out["passed"] is True
+    printed = capsys.readouterr().out
+    out = last_json(printed)
+    assert rc == 0 and out["passed"] is True, printed[-4000:]
     assert out["prompts"] == 2 and out["mismatches"] == 0 and out["tolerated"] == 0
     assert 2 <= out["tokens"] <= 24 and out["spec_identical"] == 2
 

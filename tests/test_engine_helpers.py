@@ -22,10 +22,11 @@ def one_cpu_thread():
 
 
 def fresh_seed() -> int:
-    """A new seed per run (the tests print it), or SPECPILOT_TEST_SEED to replay a failure."""
-    if os.environ.get("SPECPILOT_TEST_SEED"):
-        return int(os.environ["SPECPILOT_TEST_SEED"])
-    return int.from_bytes(os.urandom(4), "little") % (2**31)
+    """A new seed per run, or SPECPILOT_TEST_SEED to replay a failure. Printed, so that a failing
+    test's captured output names it."""
+    seed = int(os.environ.get("SPECPILOT_TEST_SEED") or int.from_bytes(os.urandom(4), "little") % (2**31))
+    print(f"fresh_seed: {seed} (SPECPILOT_TEST_SEED={seed} replays it)")
+    return seed
 
 
 class Pair:
