@@ -61,7 +61,7 @@ def bench_case(shape: str, t: int, span: int, context: int, splits_list, g) -> d
     row = {"shape": shape, "Hq": hq, "Hkv": hkv, "D": d, "T": t, "span": span, "context": context,
            "copies": copies, "kv_bytes_visible": 2 * hkv * context * d * 2, "us": {}}
     default = kernel.default_splits(1, hkv, (hq // hkv) * t, span,
-                                    torch.cuda.get_device_properties(0).multi_processor_count)
+                                    torch.cuda.get_device_properties(0).multi_processor_count, kernel.split_cap())
     row["default_splits"] = default
     row["check"] = fp64_check(kernel.decode_attention(q, ks[0], vs[0], positions, scale), q, ks[0], vs[0],
                               positions, scale)
@@ -77,6 +77,20 @@ def bench_case(shape: str, t: int, span: int, context: int, splits_list, g) -> d
                 row["us"][f"kernel{'+pdl' if pdl else ''}{tag}"] = 1e6 * time_graph(calls, REPS)
             finally:
                 kernel.set_pdl(previous)
+    # The splits merged inside a thread-block cluster, at the default split count capped to one cluster.
+    n = min(default, kernel.MAX_CLUSTER_SPLITS)
+    row["cluster_splits"] = n
+    if n >= 2:
+        calls = [lambda k=k, v=v: kernel.decode_attention(q, k, v, positions, scale, splits=n) for k, v in zip(ks, vs)]
+        previous = kernel.set_pdl(True), kernel.set_cluster_merge(True)
+        try:
+            cluster_check = fp64_check(calls[0](), q, ks[0], vs[0], positions, scale)
+            row["check"]["ok"] = row["check"]["ok"] and cluster_check["ok"]
+            row["check"]["cluster"] = cluster_check
+            row["us"]["cluster+pdl"] = 1e6 * time_graph(calls, REPS)
+        finally:
+            kernel.set_pdl(previous[0])
+            kernel.set_cluster_merge(previous[1])
     for backend in ("cudnn", "efficient"):
         previous = set_attention_backend(backend)
         try:
@@ -103,11 +117,12 @@ def _us(us: dict, key: str) -> str:
 def print_table(rows, splits_list):
     extra = [f"kernel@{n}" for n in splits_list]
     print("\nus per call (one layer), CUDA graph over K/V copies > L2; kernel = default splits (column "
-          "'splits'), +pdl = split and combine launched with PDL (the default); GB/s = visible K/V bytes / kernel time; "
+          "'splits', merged by the combine kernel), +pdl = launched with PDL (the default); cluster+pdl = the splits "
+          "(at most 16) merged inside a thread-block cluster instead; GB/s = visible K/V bytes / kernel time; "
           "ok = fp64 check passed")
-    print("| shape | T | span | ctx | splits | ok | kernel | kernel+pdl | cudnn | efficient | "
+    print("| shape | T | span | ctx | splits | ok | kernel | kernel+pdl | cluster+pdl | cudnn | efficient | "
           + " | ".join(extra) + (" | " if extra else "") + "x cudnn | GB/s | target | meets |")
-    print("|" + "---|" * (14 + len(extra)))
+    print("|" + "---|" * (15 + len(extra)))
     for r in rows:
         us = r["us"]
         best = min(us["kernel"], us.get("kernel+pdl", math.inf))
@@ -115,6 +130,7 @@ def print_table(rows, splits_list):
         cudnn = us.get("cudnn")
         print(f"| {r['shape']} | {r['T']} | {r['span']} | {r['context']} | {r['default_splits']} "
               f"| {'yes' if r['check']['ok'] else 'NO'} | {us['kernel']:.1f} | {_us(us, 'kernel+pdl')} "
+              f"| {_us(us, 'cluster+pdl')} "
               f"| {_us(us, 'cudnn')} | {_us(us, 'efficient')} | "
               + " | ".join(_us(us, e) for e in extra) + (" | " if extra else "")
               + f"{(best / cudnn) if cudnn else float('nan'):.2f} | {r['gbps_kernel']:.0f} "

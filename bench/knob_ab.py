@@ -8,7 +8,9 @@ the fused_split12_gemv knob turns on config 13's split12_gemv_m1).
     python -m specpilot.bench.knob_ab --knob fused_rope [--preset qwen3-8b] [--context 512] [--reps 2]
 
 Knobs (KNOBS): fused_rope (a one-token step's rope / cache write inside the attention kernel),
-attention_pdl (programmatic dependent launch through the attention path), gemv_pdl (the same for
+attention_pdl (programmatic dependent launch through the attention path), cluster_merge (the
+attention's key splits merged inside a thread-block cluster, at most 16 splits, instead of by the
+combine kernel), gemv_pdl (the same for
 the one-token GEMVs), fused_split12_gemv (with --split12: the norm / SwiGLU gate inside the one-token
 split12 GEMVs instead of their own kernels). Prints a markdown table last; --out writes every number as JSON.
 """
@@ -21,6 +23,7 @@ import json
 # when used (the setters of CUDA-only ops need a CUDA build to run).
 KNOBS = {"fused_rope": ("specpilot.kernels.decode_attention", "set_fused_rope"),
          "attention_pdl": ("specpilot.kernels.decode_attention", "set_pdl"),
+         "cluster_merge": ("specpilot.kernels.decode_attention", "set_cluster_merge"),
          "gemv_pdl": ("specpilot.models.gemv_fusion", "set_pdl"),
          "fused_split12_gemv": ("specpilot.models.gemv_fusion", "set_fused_split12_gemv")}
 

@@ -106,6 +106,11 @@ def test_default_splits_bounds():
     assert kernel.default_splits(1, 2, 4, 16, 132) == 1
     assert kernel.default_splits(64, 8, 256, 4096, 132) == 1
     assert kernel.default_splits(1, 1, 1, 1 << 20, 1000) == kernel.MAX_SPLITS
+    # While the splits merge in a cluster (set_cluster_merge), one cluster's worth at most.
+    assert kernel.default_splits(1, 8, 64, 1024, 132, kernel.MAX_CLUSTER_SPLITS) == 16
+    assert kernel.default_splits(1, 8, 128, 1024, 132, kernel.MAX_CLUSTER_SPLITS) == 9
+    assert kernel.default_splits(1, 2, 4, 16, 132, kernel.MAX_CLUSTER_SPLITS) == 1
+    assert kernel.split_cap() == kernel.MAX_SPLITS                 # the default: the combine kernel
 
 
 def test_auto_takes_the_kernel_for_every_supported_call(monkeypatch, restore_backend):

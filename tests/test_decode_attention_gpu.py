@@ -1,7 +1,8 @@
 """specpilot::decode_attention on the GPU (csrc/cuda/decode_attention.cu) against an fp64 softmax on
 fresh random bf16 inputs: T in {1, 3, 16, 32}, D in {64, 128}, g in {1, 4, 8}, spans 256 / 1024
 with `last` well below the span, causal (target) and non-causal (drafter) rows, all-masked rows,
-NaN in every cache slot no row sees, strided views, every split path (direct, several, many),
+NaN in every cache slot no row sees, strided views, every split path (direct, several, many;
+merged by the combine kernel or inside a thread-block cluster),
 PDL on and off, CUDA-graph replay with new `last` values; then the engine: a tiny bf16 pair whose
 logits with the kernel stay as close to the fp32 model as SDPA's, with the same greedy tokens.
 
@@ -65,12 +66,12 @@ def make_inputs(gen, b, hq, hkv, t, d, slots, span, last, q_scale=2.0):
 
 
 def run_kernel(q, k, v, last, scale, splits):
-    from specpilot.kernels.decode_attention import default_splits
+    from specpilot.kernels.decode_attention import default_splits, split_cap
 
     b, hq, t, d = q.shape
     if splits is None:
         splits = default_splits(b, k.shape[1], (hq // k.shape[1]) * t, k.shape[2],
-                                torch.cuda.get_device_properties(0).multi_processor_count)
+                                torch.cuda.get_device_properties(0).multi_processor_count, split_cap())
     outs = []
     for writes_at_last in (False, True):    # with no writer before it, loading keys early changes no bit
         out = torch.full((b, t, hq * d), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -191,12 +192,21 @@ def test_keys_written_just_before_are_seen(gen, t):
         assert torch.equal(out, decode_attention(q_out, kc, vc, positions, d ** -0.5)), f"start {start}"
 
 
+@pytest.mark.parametrize("cluster", [False, True])
 @pytest.mark.parametrize("hq,hkv,d,norm", [(32, 8, 128, True), (8, 2, 64, True), (32, 8, 128, False)])
-def test_rope_prologue_equals_rope_kernel_then_attention(gen, hq, hkv, d, norm):
+def test_rope_prologue_equals_rope_kernel_then_attention(gen, hq, hkv, d, norm, cluster):
     """decode_attention_rope (the one-token step's rope / cache write inside the attention kernel)
     against qk_norm_rope_cache then decode_attention: the same output and cache bits, batch 1 and 2,
     the new key at the end of the span, at slot 0, at the last slot, and past the span (written,
-    not seen); with per-head norms (Qwen3) and without (LLaMA)."""
+    not seen); with per-head norms (Qwen3) and without (LLaMA); key splits merged by the combine
+    kernel and inside a cluster."""
+    from specpilot.kernels.decode_attention import set_cluster_merge
+
+    with switched(set_cluster_merge, cluster):
+        rope_prologue_cases(gen, hq, hkv, d, norm)
+
+
+def rope_prologue_cases(gen, hq, hkv, d, norm):
     from specpilot.kernels.decode_attention import decode_attention, decode_attention_rope
     from specpilot.models.fused_ops import qk_norm_rope_cache
 
@@ -245,14 +255,37 @@ def test_engine_rope_in_attention_is_bit_identical(fresh_seed, monkeypatch):
         assert torch.equal(a, b), f"{name}: logits differ with the rope inside the attention kernel"
 
 
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("b,hq,hkv,t", [(1, 32, 8, 1), (1, 32, 8, 16), (2, 8, 2, 3), (1, 16, 2, 32)])
+def test_cluster_merge_equals_combine_kernel(gen, d, b, hq, hkv, t):
+    """The splits merged inside a thread-block cluster (DSMEM) and by the combine kernel: the same
+    bits for every split count a cluster takes (2..16), causal and flat rows, contexts that leave
+    some splits without keys and one that leaves every row without any; both within the fp64
+    tolerance."""
+    from specpilot.kernels.decode_attention import MAX_CLUSTER_SPLITS, set_cluster_merge
+
+    span = 640
+    q, k, v = make_inputs(gen, b, hq, hkv, t, d, span, span, torch.tensor([span - 1], device="cuda"))
+    lasts = (causal_last(400, t), torch.full((t,), 50, device="cuda"), causal_last(0, t) - t)
+    for splits in range(2, MAX_CLUSTER_SPLITS + 1):
+        for last in lasts:
+            outs = {}
+            for cluster in (False, True):
+                with switched(set_cluster_merge, cluster):
+                    outs[cluster] = run_kernel(q, k, v, last, d ** -0.5, splits)
+            assert torch.equal(outs[True], outs[False]), f"splits {splits}, last {last.tolist()}: bits differ"
+            assert_close_to_reference(outs[True], q, k, v, last, d ** -0.5)
+
+
+@pytest.mark.parametrize("cluster", [False, True])
 @pytest.mark.parametrize("pdl", [False, True])
-def test_graph_replay_follows_last(gen, pdl):
+def test_graph_replay_follows_last(gen, pdl, cluster):
     """One captured call (fixed span 1024 and grid) replayed with new `last` values: contexts from 1
     to 1024 keys, causal and flat; every replay matches the reference. PDL on and off."""
-    from specpilot.kernels.decode_attention import decode_attention, set_pdl
+    from specpilot.kernels.decode_attention import decode_attention, set_cluster_merge, set_pdl
 
     d, t = 128, 16
-    previous = set_pdl(pdl)
+    previous = set_pdl(pdl), set_cluster_merge(cluster)
     try:
         q, k, v = make_inputs(gen, 1, 32, 8, t, d, 1024, 1024, torch.tensor([1023], device="cuda"))
         last = causal_last(100, t)
@@ -269,7 +302,8 @@ def test_graph_replay_follows_last(gen, pdl):
             torch.cuda.synchronize()
             assert_close_to_reference(out, q, k, v, new, d ** -0.5)
     finally:
-        set_pdl(previous)
+        set_pdl(previous[0])
+        set_cluster_merge(previous[1])
 
 
 def test_rejects_bad_arguments():

@@ -19,7 +19,7 @@ from specpilot.kernels import decode_attention
 def forced_splits(n):
     real = decode_attention.default_splits
     if n > 0:
-        decode_attention.default_splits = lambda b, hkv, rows, span, sms: n if rows > 16 else real(b, hkv, rows, span, sms)
+        decode_attention.default_splits = lambda b, hkv, rows, span, sms, cap: n if rows > 16 else real(b, hkv, rows, span, sms, cap)
     try:
         yield
     finally:

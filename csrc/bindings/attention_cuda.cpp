@@ -13,6 +13,10 @@
 //   decode_attention_pdl(enable) -> previous: launch the attention path (qk_norm_rope_cache, split,
 //   combine) with programmatic dependent launch (1, default) or plainly (0); -1 only reads it. A
 //   benchmark knob, process-global (attention_pdl.h).
+//   decode_attention_cluster_merge(enable) -> previous: merge the key splits inside a thread-block
+//   cluster (1) or with the combine kernel (0, default until it is measured faster: docs/PERF_NOTES.md,
+//   fifteenth session); -1 only reads it. Read at launch (so at graph capture); the same output bits
+//   either way for the same split count (csrc/cuda/decode_attention.cu).
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
@@ -29,6 +33,17 @@
 namespace specpilot {
 namespace attention {
 namespace {
+
+std::atomic<bool>& cluster_merge() {
+  static std::atomic<bool> on{false};
+  return on;
+}
+
+int64_t decode_attention_cluster_merge(int64_t enable) {
+  const bool previous = cluster_merge().load();
+  if (enable >= 0) cluster_merge().store(enable != 0);
+  return previous ? 1 : 0;
+}
 
 int64_t decode_attention_pdl(int64_t enable) {
   const bool previous = attention_path_pdl().load();
@@ -111,6 +126,7 @@ DecodeAttentionArgs checked_args(const at::Tensor& q, const at::Tensor& k_cache,
   }
   a.scale = (float)scale;
   a.pdl = attention_path_pdl().load();
+  a.cluster_merge = cluster_merge().load();
   a.writes_at_last = writes_at_last;
   return a;
 }
@@ -189,6 +205,7 @@ TORCH_LIBRARY_FRAGMENT(specpilot, m) {
         "Tensor positions, float eps, Tensor(a!) k_cache, Tensor(b!) v_cache, int span, float scale, "
         "Tensor(c!) out, Tensor(d!) workspace) -> ()");
   m.def("decode_attention_pdl(int enable) -> int", &specpilot::attention::decode_attention_pdl);
+  m.def("decode_attention_cluster_merge(int enable) -> int", &specpilot::attention::decode_attention_cluster_merge);
 }
 
 TORCH_LIBRARY_IMPL(specpilot, CUDA, m) {

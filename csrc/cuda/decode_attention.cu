@@ -11,6 +11,13 @@
 // steps for both). Each warp runs its own online softmax. A warp alone on its m-tile writes its
 // rows straight from registers; warps sharing one merge through shared memory first.
 // Keys past the range are zero-filled (never read), so NaN in unseen cache slots cannot leak.
+//
+// Merging the key splits: either a second kernel (combine_kernel, over the fp32 workspace), or,
+// with a.cluster_merge, inside this one: the num_splits CTAs of one (batch, KV head, row block)
+// form a thread-block cluster, each leaves its partial in its own shared memory, and after a
+// cluster barrier each CTA merges a slice of the rows by reading every split's partial over
+// distributed shared memory (DSMEM). Same arithmetic in the same order as combine_kernel, so the
+// output bits are the same; no workspace traffic and one launch (and PDL hand-off) fewer.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -39,7 +46,13 @@ struct Smem {
   static constexpr int kAccPitch = D + 4;      // floats per row of the merge scratch (reuses K/V)
   static constexpr int kMl = 2 * kWarps * 16;  // m and l of each warp's 16 rows
   static constexpr size_t kBytes = size_t(kQ + 4 * kTile) * 2 + kMl * sizeof(float);
-  static_assert(kWarps * 16 * kAccPitch * sizeof(float) <= 4 * kTile * 2, "merge scratch must fit the K/V ring");
+  // In the K/V ring after the key loop: the warps' merge scratch, then (cluster merge) this CTA's
+  // partial, o [kRowsPerCta][kAccPitch] then lse [kRowsPerCta], which the other CTAs read.
+  static constexpr int kScratchFloats = kWarps * 16 * kAccPitch;
+  static constexpr int kPartOffset = kScratchFloats;
+  static constexpr int kLseOffset = kPartOffset + kRowsPerCta * kAccPitch;
+  static_assert((kLseOffset + kRowsPerCta) * sizeof(float) <= 4 * kTile * 2,
+                "merge scratch and the cluster partial must fit the K/V ring");
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -73,6 +86,34 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// Distributed shared memory (sm_90 clusters): the address of the same shared variable in CTA
+// `rank` of this cluster, and loads from it.
+__device__ __forceinline__ uint32_t cluster_map(uint32_t smem_addr, int rank) {
+  uint32_t out;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(smem_addr), "r"(rank));
+  return out;
+}
+__device__ __forceinline__ float ld_cluster(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ float4 ld_cluster4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ float2 ld_cluster2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+  return v;
+}
+// Every thread of the cluster: writes before (shared memory included) are visible after.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
 using sm90::mma_bf16;
 using sm90::pdl_launch_dependents;
 using sm90::pdl_wait;
@@ -98,11 +139,113 @@ __device__ __forceinline__ int settled_end(const int64_t* last, int tokens, int 
   return x;
 }
 
+// One warp merges one output row over the `active` splits that had keys: out = sum_s 2^(lse_s - max)
+// o_s / sum_s 2^(lse_s - max), summed in split order; lane l owns columns [l * D/32, (l+1) * D/32).
+// load_lse(s) reads split s's lse (s < active only); load_part(s, live) this lane's columns of its
+// partial (a float4 for D 128, a float2 for D 64), or zeros where !live (a predicated load). Every load goes out before the first one is used: the lse of every split (one per lane
+// and 32 splits) and the partials of up to 32 splits (a fully unrolled, predicated group, so they
+// stay in registers): one round trip (one more per further 32 splits), where a loop with each load
+// behind its FMA waited out one per four splits (1.3 us more per call at T = 1 and 17 splits, 33 us
+// per Qwen3-8B AR step: docs/PERF_NOTES.md, eleventh session). The one definition of the merge
+// arithmetic, for the combine kernel (kMax = kMaxSplits) and the cluster merge (kMax =
+// kMaxClusterSplits): splits past `active` add exact zeros, so both give the same bits.
+template <int D, int kMax, class LoadLse, class LoadPart>
+__device__ __forceinline__ void merge_row(int active, int lane, LoadLse load_lse, LoadPart load_part,
+                                          uint16_t* dst) {
+  static_assert(kMax <= 32 || kMax % 32 == 0, "splits come in groups of 32 (or one smaller group)");
+  constexpr int kPer = D / 32;                   // consecutive columns per lane: 4 (D 128) or 2 (D 64)
+  constexpr int kLanesSplits = (kMax + 31) / 32;
+  constexpr int kGroup = kMax < 32 ? kMax : 32;  // partials loaded at once
+  float x[kGroup][kPer];
+  auto load_group = [&](int j) {
+#pragma unroll
+    for (int i = 0; i < kGroup; ++i) {
+      const auto v = load_part(32 * j + i, 32 * j + i < active);
+      if constexpr (kPer == 4)
+        x[i][0] = v.x, x[i][1] = v.y, x[i][2] = v.z, x[i][3] = v.w;
+      else
+        x[i][0] = v.x, x[i][1] = v.y;
+    }
+  };
+
+  float lse[kLanesSplits], mmax = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kLanesSplits; ++j) {
+    const int s = lane + 32 * j;
+    lse[j] = s < active ? load_lse(s) : -INFINITY;
+  }
+  load_group(0);
+#pragma unroll
+  for (int j = 0; j < kLanesSplits; ++j) mmax = fmaxf(mmax, lse[j]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) mmax = fmaxf(mmax, __shfl_xor_sync(kFull, mmax, off));
+  const float base = mmax == -INFINITY ? 0.f : mmax;
+  float lsum = 0.f;
+#pragma unroll
+  for (int j = 0; j < kLanesSplits; ++j) {
+    lse[j] = exp2f(lse[j] - base);  // now the split's weight (0 for splits past `active`)
+    lsum += lse[j];
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) lsum += __shfl_xor_sync(kFull, lsum, off);
+
+  float o[kPer];
+#pragma unroll
+  for (int c = 0; c < kPer; ++c) o[c] = 0.f;
+#pragma unroll
+  for (int j = 0; j < kLanesSplits; ++j) {
+    if (32 * j >= active) break;
+    if (j > 0) load_group(j);
+#pragma unroll
+    for (int i = 0; i < kGroup; ++i) {
+      const float w = __shfl_sync(kFull, lse[j], i);
+      if (32 * j + i < active) {  // only live splits add, in split order
+#pragma unroll
+        for (int c = 0; c < kPer; ++c) o[c] += w * x[i][c];
+      }
+    }
+  }
+  const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+  if constexpr (kPer == 4)
+    *reinterpret_cast<uint2*>(dst) = make_uint2(pack_bf16(o[0] * inv, o[1] * inv), pack_bf16(o[2] * inv, o[3] * inv));
+  else
+    *reinterpret_cast<uint32_t*>(dst) = pack_bf16(o[0] * inv, o[1] * inv);
+}
+
+// The cluster merge (see the top of this file): once every CTA of the cluster has left its
+// partial (o [rows][Pitch], lse [rows]) in its shared memory at cpart / clse, CTA `split` (its
+// cluster rank: the cluster spans grid.x) merges rows [split * per, (split + 1) * per), a warp per
+// row, with merge_row (the combine kernel's arithmetic), reading every split's partial over DSMEM.
+// Every thread of the cluster calls it (CTAs without keys and warps without rows included).
+template <int D, int Pitch, class OutRow>
+__device__ __forceinline__ void cluster_merge(const DecodeAttentionArgs& a, const float* cpart, const float* clse,
+                                              int rows, int active, int split, int warp, int lane, OutRow out_row) {
+  cluster_sync();  // every split's partial is in its CTA's shared memory
+  const int per = (rows + a.num_splits - 1) / a.num_splits;
+  const int r_end = min(rows, (split + 1) * per);
+  const uint32_t part0 = smem_u32(cpart), lse0 = smem_u32(clse);
+  for (int r = split * per + warp; r < r_end; r += kWarps) {
+    const uint32_t row_o = part0 + 4u * (r * Pitch + lane * (D / 32));
+    merge_row<D, kMaxClusterSplits>(
+        active, lane, [&](int s) { return ld_cluster(cluster_map(lse0 + 4u * r, s)); },
+        [&](int s, bool live) {
+          if constexpr (D / 32 == 4)
+            return live ? ld_cluster4(cluster_map(row_o, s)) : make_float4(0.f, 0.f, 0.f, 0.f);
+          else
+            return live ? ld_cluster2(cluster_map(row_o, s)) : make_float2(0.f, 0.f);
+        },
+        a.out + out_row(r) * D + lane * (D / 32));
+  }
+  cluster_sync();  // no CTA exits while another may still read its shared memory
+}
+
 // SK: keys per warp step (one online-softmax update): 16 when 4 warps share an m-tile (T = 1),
 // 32 otherwise, for four independent Q.K^T mma chains instead of two.
 // D = 64: a one-CTA-per-SM bound, else ptxas caps the multi-row kernel at 128 registers and spills
 // in its key loop (with it: 156, no spill). D = 128 keeps ptxas's own choice (0), no spill either.
-template <int D, int SK>
+// Cluster: the CTAs of one (batch, KV head, row block) are one cluster over the splits (grid.x ==
+// cluster size == num_splits) and merge their partials over DSMEM instead of the workspace.
+template <int D, int SK, bool Cluster>
 __global__ void __launch_bounds__(kThreads, D == 64 ? 1 : 0) split_kernel(const DecodeAttentionArgs a) {
   static_assert(SK == 16 || SK == 32, "a warp step is one or two mma k-steps of P.V");
   using S = Smem<D>;
@@ -158,7 +301,8 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 1 : 0) split_kernel(const 
   if (ntiles > 0) load_tile(0, 0, 0, settled);  // cp.async group 1 of the first tile: settled keys
   cp_async_commit();
   pdl_wait();  // before any exit too: a grid must not finish before the kernel it follows
-  if (!direct && split >= geo.active_splits) return;  // no keys here; the combine skips this split
+  // No keys here: the merge skips this split. A cluster's CTA stays for the cluster barriers.
+  if (!Cluster && !direct && split >= geo.active_splits) return;
 
   // The rope prologue is T = 1 only (the op refuses other T), so only the one-m-tile kernel (SK = 16)
   // compiles it: in the multi-row kernel it cost register spills.
@@ -305,9 +449,20 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 1 : 0) split_kernel(const 
   };
   float* part_o = a.workspace + static_cast<long long>(split) * rows_total * D;
   float* part_lse = a.workspace + static_cast<long long>(a.num_splits) * rows_total * D + split * rows_total;
+  // Cluster merge: row r's partial stays in this CTA's shared memory (cpart / clse, read by the
+  // others) instead of the workspace, and `finish` merges this CTA's share of the rows once every
+  // split's partial is there. Without a cluster `finish` is empty: this is the plain kernel.
+  float* cpart = sacc + S::kPartOffset;
+  float* clse = sacc + S::kLseOffset;
+  auto finish = [&] {
+    if constexpr (Cluster) cluster_merge<D, S::kAccPitch>(a, cpart, clse, rows, geo.active_splits, split, warp, lane, out_row);
+  };
 
   if (nwk == 1) {  // each warp alone on its m-tile: finish in registers, no shared-memory merge
-    if (!has_rows) return;
+    if (!has_rows) {
+      finish();
+      return;
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       l[h] += __shfl_xor_sync(kFull, l[h], 1);
@@ -321,11 +476,14 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 1 : 0) split_kernel(const 
         const float o0 = acc[n][2 * h] * inv, o1 = acc[n][2 * h + 1] * inv;
         if (direct)
           *reinterpret_cast<uint32_t*>(a.out + orow * D + n * 8 + quad_col) = pack_bf16(o0, o1);
+        else if constexpr (Cluster)
+          *reinterpret_cast<float2*>(cpart + r * S::kAccPitch + n * 8 + quad_col) = make_float2(o0, o1);
         else
           *reinterpret_cast<float2*>(part_o + orow * D + n * 8 + quad_col) = make_float2(o0, o1);
       }
-      if (!direct && lane % 4 == 0) part_lse[orow] = l[h] > 0.f ? m[h] + log2f(l[h]) : -INFINITY;
+      if (!direct && lane % 4 == 0) (Cluster ? clse[r] : part_lse[orow]) = l[h] > 0.f ? m[h] + log2f(l[h]) : -INFINITY;
     }
+    finish();
     return;
   }
 
@@ -373,23 +531,16 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 1 : 0) split_kernel(const 
     if (direct) {
       *reinterpret_cast<uint2*>(a.out + orow * D + d) = make_uint2(pack_bf16(o.x, o.y), pack_bf16(o.z, o.w));
     } else {
-      *reinterpret_cast<float4*>(part_o + orow * D + d) = o;
-      if (d == 0) part_lse[orow] = lsum > 0.f ? mmax + log2f(lsum) : -INFINITY;
+      *reinterpret_cast<float4*>((Cluster ? cpart + r * S::kAccPitch : part_o + orow * D) + d) = o;
+      if (d == 0) (Cluster ? clse[r] : part_lse[orow]) = lsum > 0.f ? mmax + log2f(lsum) : -INFINITY;
     }
   }
+  finish();
 }
 
-// One warp per output row: out = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max), over the
-// splits that had keys (the same split_geometry as the split kernel), summed in split order. Every
-// load goes out before the first one is used: the lse of every split (one per lane and 32 splits)
-// and the partials of up to 32 splits (a fully unrolled, predicated group, so they stay in
-// registers). The combine is one L2 round trip (one more per further 32 splits), where a loop with
-// each load behind its FMA waited out one round trip per four splits (1.3 us more per call at
-// T = 1 and 17 splits, 33 us per Qwen3-8B AR step: docs/PERF_NOTES.md, eleventh session).
+// The combine kernel: one warp per output row (merge_row over the fp32 workspace).
 template <int D>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeAttentionArgs a) {
-  constexpr int kPer = D / 32;  // consecutive columns per lane: 4 (D 128) or 2 (D 64)
-  constexpr int kLanesSplits = kMaxSplits / 32;
   const int lane = threadIdx.x % 32;
   const long long rows_total = static_cast<long long>(a.batch) * a.tokens * a.q_heads;
   const long long orow = static_cast<long long>(blockIdx.x) * kWarps + threadIdx.x / 32;
@@ -399,85 +550,86 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeAttention
   const int active = split_geometry(kv_end, a.num_splits).active_splits;
   pdl_wait();
   if (orow >= rows_total) return;
-  const float* part_o = a.workspace + orow * D + lane * kPer;
+  const float* part_o = a.workspace + orow * D + lane * (D / 32);
   const float* part_lse = a.workspace + static_cast<long long>(a.num_splits) * rows_total * D + orow;
-
-  float x[32][kPer];  // the partials of one group of 32 splits (zeros past `active`)
-  auto load_group = [&](int j) {
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const float* ps = part_o + static_cast<long long>(32 * j + i) * rows_total * D;
-      const bool live = 32 * j + i < active;
-      if constexpr (kPer == 4) {
-        const float4 v = live ? *reinterpret_cast<const float4*>(ps) : make_float4(0.f, 0.f, 0.f, 0.f);
-        x[i][0] = v.x, x[i][1] = v.y, x[i][2] = v.z, x[i][3] = v.w;
-      } else {
-        const float2 v = live ? *reinterpret_cast<const float2*>(ps) : make_float2(0.f, 0.f);
-        x[i][0] = v.x, x[i][1] = v.y;
-      }
-    }
-  };
-
-  float lse[kLanesSplits], mmax = -INFINITY;
-#pragma unroll
-  for (int j = 0; j < kLanesSplits; ++j) {
-    const int s = lane + 32 * j;
-    lse[j] = s < active ? part_lse[s * rows_total] : -INFINITY;
-  }
-  load_group(0);
-#pragma unroll
-  for (int j = 0; j < kLanesSplits; ++j) mmax = fmaxf(mmax, lse[j]);
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) mmax = fmaxf(mmax, __shfl_xor_sync(kFull, mmax, off));
-  const float base = mmax == -INFINITY ? 0.f : mmax;
-  float lsum = 0.f;
-#pragma unroll
-  for (int j = 0; j < kLanesSplits; ++j) {
-    lse[j] = exp2f(lse[j] - base);  // now the split's weight (0 for splits past `active`)
-    lsum += lse[j];
-  }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) lsum += __shfl_xor_sync(kFull, lsum, off);
-
-  float o[kPer];
-#pragma unroll
-  for (int c = 0; c < kPer; ++c) o[c] = 0.f;
-#pragma unroll
-  for (int j = 0; j < kLanesSplits; ++j) {
-    if (32 * j >= active) break;
-    if (j > 0) load_group(j);
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const float w = __shfl_sync(kFull, lse[j], i);
-      if (32 * j + i < active) {  // only live splits add, in split order
-#pragma unroll
-        for (int c = 0; c < kPer; ++c) o[c] += w * x[i][c];
-      }
-    }
-  }
-  const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
-  uint16_t* dst = a.out + orow * D + lane * kPer;
-  if constexpr (kPer == 4)
-    *reinterpret_cast<uint2*>(dst) = make_uint2(pack_bf16(o[0] * inv, o[1] * inv), pack_bf16(o[2] * inv, o[3] * inv));
-  else
-    *reinterpret_cast<uint32_t*>(dst) = pack_bf16(o[0] * inv, o[1] * inv);
+  merge_row<D, kMaxSplits>(
+      active, lane, [&](int s) { return part_lse[s * rows_total]; },
+      [&](int s, bool live) {
+        const float* ps = part_o + static_cast<long long>(s) * rows_total * D;
+        if constexpr (D / 32 == 4)
+          return live ? *reinterpret_cast<const float4*>(ps) : make_float4(0.f, 0.f, 0.f, 0.f);
+        else
+          return live ? *reinterpret_cast<const float2*>(ps) : make_float2(0.f, 0.f);
+      },
+      a.out + orow * D + lane * (D / 32));
 }
 
-template <int D>
-int launch(const DecodeAttentionArgs& a, cudaStream_t stream) {
+// The split kernel with its splits as one cluster (grid.x of them). Returns kNoCluster, launching
+// nothing, when the device cannot co-schedule a cluster of that size for this kernel (the answer
+// kept per kernel and size once the occupancy query succeeds).
+constexpr int kNoCluster = -1;
+template <int D, int SK>
+int launch_cluster(dim3 grid, int smem, cudaStream_t stream, const DecodeAttentionArgs& a) {
+  static int fits[kMaxClusterSplits + 1] = {};  // 0: not asked yet, 1: fits, -1: does not
+  auto kernel = split_kernel<D, SK, true>;
+  const int size = static_cast<int>(grid.x);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[2];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = size;
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  int err = (int)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err == 0 && size > 8) err = (int)cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  if (err != 0) return err;
+  if (fits[size] == 0) {
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
+      (void)cudaGetLastError();  // a failed query is not the launch's error; ask again next time
+      return kNoCluster;
+    }
+    fits[size] = clusters > 0 ? 1 : -1;
+  }
+  if (fits[size] < 0) return kNoCluster;
+  if (a.pdl) {
+    attribute[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[1].val.programmaticStreamSerializationAllowed = 1;
+    config.numAttrs = 2;
+  }
+  return (int)cudaLaunchKernelEx(&config, kernel, a);
+}
+
+template <int D, int SK>
+int launch_rows(const DecodeAttentionArgs& a, cudaStream_t stream) {
   constexpr size_t smem = Smem<D>::kBytes;
   const int rows = (a.q_heads / a.kv_heads) * a.tokens;
-  // One m16 tile per CTA (T = 1 with g <= 16): four warps split each key tile, 16 keys each.
-  auto kernel = rows <= 16 ? split_kernel<D, 16> : split_kernel<D, 32>;
+  const dim3 grid(a.num_splits, (rows + kRowsPerCta - 1) / kRowsPerCta, a.batch * a.kv_heads);
+  if (a.cluster_merge && a.num_splits >= 2 && a.num_splits <= kMaxClusterSplits) {
+    const int err = launch_cluster<D, SK>(grid, (int)smem, stream, a);
+    if (err != kNoCluster) return err;
+  }
+  auto kernel = split_kernel<D, SK, false>;
   // Set on every launch (cheap, host only, legal under graph capture): the attribute is per device.
   int err = (int)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err != 0) return err;
-  const dim3 grid(a.num_splits, (rows + kRowsPerCta - 1) / kRowsPerCta, a.batch * a.kv_heads);
   err = split12::launch_kernel(kernel, grid, kThreads, (int)smem, stream, a.pdl, a);
   if (err != 0 || a.num_splits == 1) return err;
   const long long out_rows = static_cast<long long>(a.batch) * a.tokens * a.q_heads;
   const dim3 combine_grid(static_cast<unsigned>((out_rows + kWarps - 1) / kWarps));
   return split12::launch_kernel(combine_kernel<D>, combine_grid, kThreads, 0, stream, a.pdl, a);
+}
+
+// One m16 tile per CTA (T = 1 with g <= 16, SK = 16): four warps split each key tile, 16 keys each.
+template <int D>
+int launch(const DecodeAttentionArgs& a, cudaStream_t stream) {
+  const int rows = (a.q_heads / a.kv_heads) * a.tokens;
+  return rows <= 16 ? launch_rows<D, 16>(a, stream) : launch_rows<D, 32>(a, stream);
 }
 
 }  // namespace

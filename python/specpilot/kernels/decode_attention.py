@@ -20,9 +20,11 @@ HEAD_DIMS = (64, 128)
 MAX_TOKENS = 32          # csrc/include/specpilot/decode_attention.h kMaxTokens
 MAX_GROUPS = 8           # kMaxGroups
 MAX_SPLITS = 128         # kMaxSplits
+MAX_CLUSTER_SPLITS = 16  # kMaxClusterSplits: the most splits one thread-block cluster merges
 ROWS_PER_CTA = 64        # query rows (g * T) one CTA handles
 MIN_KEYS_PER_SPLIT = 32  # fewer keys per CTA than this costs more in partials than it saves
 _fused_rope = True       # set_fused_rope
+_cluster_merge = False   # set_cluster_merge (mirrors the op's process-global setting)
 
 
 @functools.lru_cache(maxsize=None)
@@ -47,13 +49,19 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def default_splits(batch: int, kv_heads: int, rows_per_kv_head: int, span: int, sm_count: int) -> int:
+def default_splits(batch: int, kv_heads: int, rows_per_kv_head: int, span: int, sm_count: int,
+                   max_splits: int = MAX_SPLITS) -> int:
     """Key splits for a call: enough CTAs to give every SM one, each with >= MIN_KEYS_PER_SPLIT
-    keys at a full span. Depends on the span, not on `last`, so a captured graph keeps its grid;
-    splits beyond the visible keys exit at once on the device."""
+    keys at a full span, at most max_splits (split_cap()). Depends on the span, not on `last`, so a
+    captured graph keeps its grid; splits beyond the visible keys do no work on the device."""
     row_blocks = -(-rows_per_kv_head // ROWS_PER_CTA)
     want = -(-sm_count // (batch * kv_heads * row_blocks))
-    return max(1, min(want, span // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
+    return max(1, min(want, span // MIN_KEYS_PER_SPLIT, max_splits))
+
+
+def split_cap() -> int:
+    """The most key splits a call gets: one cluster's worth while the splits merge in a cluster."""
+    return MAX_CLUSTER_SPLITS if _cluster_merge else MAX_SPLITS
 
 
 def decode_attention(q, k, v, last, scale: float, splits: int | None = None,
@@ -67,7 +75,7 @@ def decode_attention(q, k, v, last, scale: float, splits: int | None = None,
     if q.stride(-1) != 1 or any(s % 8 for s in q.stride()[:3]):
         q = q.contiguous()
     if splits is None:
-        splits = default_splits(b, hkv, (hq // hkv) * t, span, _sm_count(q.device))
+        splits = default_splits(b, hkv, (hq // hkv) * t, span, _sm_count(q.device), split_cap())
     last = last.to(dtype=torch.int64).contiguous()
     out = torch.empty((b, t, hq * d), dtype=q.dtype, device=q.device)
     workspace = torch.empty((splits, b * t * hq, d + 1), dtype=torch.float32, device=q.device)
@@ -83,7 +91,7 @@ def decode_attention_rope(qkv, q_weight, k_weight, cos, sin, positions, eps: flo
     position), k/v_cache [B, Hkv, S, D] (slot positions[0] written) -> [B, 1, Hq * D] over slots
     [0, kv_len). The same key splits as decode_attention over the kv_len view, so the same sums."""
     b, hkv, d = qkv.shape[0], k_cache.shape[1], k_cache.shape[3]
-    splits = default_splits(b, hkv, num_q_heads // hkv, kv_len, _sm_count(qkv.device))
+    splits = default_splits(b, hkv, num_q_heads // hkv, kv_len, _sm_count(qkv.device), split_cap())
     out = torch.empty((b, 1, num_q_heads * d), dtype=qkv.dtype, device=qkv.device)
     workspace = torch.empty((splits, b * num_q_heads, d + 1), dtype=torch.float32, device=qkv.device)
     _ext.ops().decode_attention_rope(qkv, q_weight, k_weight, cos, sin, positions, float(eps), k_cache, v_cache,
@@ -107,6 +115,18 @@ def fused_rope_enabled() -> bool:
 @functools.lru_cache(maxsize=None)
 def _rope_op_available() -> bool:
     return _ext.has_cuda_op("decode_attention_rope")
+
+
+def set_cluster_merge(enable: bool) -> bool:
+    """Merge the key splits inside a thread-block cluster over distributed shared memory, with
+    splits capped at MAX_CLUSTER_SPLITS, or with the combine kernel over the fp32 workspace (the
+    default: the cluster is not yet measured faster, docs/PERF_NOTES.md fifteenth session); returns
+    the previous setting. The same bits for the same split count. Read when a
+    call is traced or launched, so a CUDA graph keeps the setting it was captured with."""
+    global _cluster_merge
+    previous, _cluster_merge = _cluster_merge, bool(enable)
+    _ext.ops().decode_attention_cluster_merge(int(enable))
+    return previous
 
 
 def set_pdl(enable: bool) -> bool:
