@@ -10,7 +10,8 @@ Prints one markdown table last.
 """
 import argparse
 import contextlib
-import json
+
+from verify_splits import sweep
 
 from specpilot.kernels import decode_attention
 
@@ -40,25 +41,14 @@ def main():
     p.add_argument("--label", default="", help="a name for this tree in the table")
     args = p.parse_args()
 
-    from specpilot.bench.gpu_engine import fresh_engine_steps, scale_pair, use_best_kernels
-
-    target, drafter = scale_pair("qwen3-8b")
-    use_best_kernels()
-    rows = []
-    for context in map(int, args.contexts.split(",")):
-        for _ in range(args.reps):
-            for cap in args.caps.split(","):
-                with split_policy(cap):
-                    steps = fresh_engine_steps(target, drafter, args.iters, context=context)
-                rows.append({"tree": args.label, "context": context, "cap": cap,
-                             **{k: steps[k] for k in ("ar_ms", "verify_ms", "draft_ms")}})
-                print(json.dumps(rows[-1]), flush=True)
+    rows = sweep(split_policy, args.caps.split(","), list(map(int, args.contexts.split(","))), args.reps, args.iters,
+                 "cap")
     print("\nqwen3-8b, random weights, bf16, config 8; attention splits merged by the combine kernel (off) or in "
           "a cluster of at most N splits")
     print("| tree | context | cap | AR ms | verify16 ms | draft ms |")
     print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['tree']} | {r['context']} | {r['cap']} | {r['ar_ms']:.3f} | {r['verify_ms']:.3f} | "
+        print(f"| {args.label} | {r['context']} | {r['cap']} | {r['ar_ms']:.3f} | {r['verify_ms']:.3f} | "
               f"{r['draft_ms']:.3f} |")
 
 

@@ -26,6 +26,25 @@ def forced_splits(n):
         decode_attention.default_splits = real
 
 
+def sweep(policy, settings, contexts, reps: int, iters: int, key: str) -> list:
+    """The Qwen3-8B engine's graphed step times (config 8) under `policy(setting)` (a context
+    manager) for each setting, alternated within each rep, at each context: one row per run, with
+    the setting under `key`. Shared by the split probes."""
+    from specpilot.bench.gpu_engine import fresh_engine_steps, scale_pair, use_best_kernels
+
+    target, drafter = scale_pair("qwen3-8b")
+    use_best_kernels()
+    rows = []
+    for context in contexts:
+        for _ in range(reps):
+            for setting in settings:
+                with policy(setting):
+                    steps = fresh_engine_steps(target, drafter, iters, context=context)
+                rows.append({"context": context, key: setting, **{k: steps[k] for k in ("ar_ms", "verify_ms", "draft_ms")}})
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--contexts", default="512,2048")
@@ -34,18 +53,8 @@ def main():
     p.add_argument("--iters", type=int, default=30)
     args = p.parse_args()
 
-    from specpilot.bench.gpu_engine import fresh_engine_steps, scale_pair, use_best_kernels
-
-    target, drafter = scale_pair("qwen3-8b")
-    use_best_kernels()
-    rows = []
-    for context in map(int, args.contexts.split(",")):
-        for _ in range(args.reps):
-            for n in map(int, args.splits.split(",")):
-                with forced_splits(n):
-                    steps = fresh_engine_steps(target, drafter, args.iters, context=context)
-                rows.append({"context": context, "splits": n, **{k: steps[k] for k in ("ar_ms", "verify_ms", "draft_ms")}})
-                print(json.dumps(rows[-1]), flush=True)
+    rows = sweep(forced_splits, list(map(int, args.splits.split(","))), list(map(int, args.contexts.split(","))),
+                 args.reps, args.iters, "splits")
     print("\nqwen3-8b, random weights, bf16, config 8; splits of the multi-row attention calls (0 = default)")
     print("| context | splits | AR ms | verify16 ms | draft ms |")
     print("|---|---|---|---|---|")
