@@ -61,7 +61,7 @@ def bench_case(shape: str, t: int, span: int, context: int, splits_list, g) -> d
     row = {"shape": shape, "Hq": hq, "Hkv": hkv, "D": d, "T": t, "span": span, "context": context,
            "copies": copies, "kv_bytes_visible": 2 * hkv * context * d * 2, "us": {}}
     default = kernel.default_splits(1, hkv, (hq // hkv) * t, span,
-                                    torch.cuda.get_device_properties(0).multi_processor_count, kernel.split_cap())
+                                    torch.cuda.get_device_properties(0).multi_processor_count, kernel.split_cap(t))
     row["default_splits"] = default
     row["check"] = fp64_check(kernel.decode_attention(q, ks[0], vs[0], positions, scale), q, ks[0], vs[0],
                               positions, scale)
@@ -82,7 +82,7 @@ def bench_case(shape: str, t: int, span: int, context: int, splits_list, g) -> d
     row["cluster_splits"] = n
     if n >= 2:
         calls = [lambda k=k, v=v: kernel.decode_attention(q, k, v, positions, scale, splits=n) for k, v in zip(ks, vs)]
-        previous = kernel.set_pdl(True), kernel.set_cluster_merge(True)
+        previous = kernel.set_pdl(True), kernel.set_cluster_merge("all")
         try:
             cluster_check = fp64_check(calls[0](), q, ks[0], vs[0], positions, scale)
             row["check"]["ok"] = row["check"]["ok"] and cluster_check["ok"]

@@ -10,7 +10,7 @@ the fused_split12_gemv knob turns on config 13's split12_gemv_m1).
 Knobs (KNOBS): fused_rope (a one-token step's rope / cache write inside the attention kernel),
 attention_pdl (programmatic dependent launch through the attention path), cluster_merge (the
 attention's key splits merged inside a thread-block cluster, at most 16 splits, instead of by the
-combine kernel), gemv_pdl (the same for
+combine kernel, in every call; cluster_merge_multi_token: only in the verify / draft blocks), gemv_pdl (the same for
 the one-token GEMVs), fused_split12_gemv (with --split12: the norm / SwiGLU gate inside the one-token
 split12 GEMVs instead of their own kernels). Prints a markdown table last; --out writes every number as JSON.
 """
@@ -19,17 +19,19 @@ import importlib
 import json
 
 
-# name -> (module, setter): each setter takes the value and returns the previous one. Imported only
-# when used (the setters of CUDA-only ops need a CUDA build to run).
-KNOBS = {"fused_rope": ("specpilot.kernels.decode_attention", "set_fused_rope"),
-         "attention_pdl": ("specpilot.kernels.decode_attention", "set_pdl"),
-         "cluster_merge": ("specpilot.kernels.decode_attention", "set_cluster_merge"),
-         "gemv_pdl": ("specpilot.models.gemv_fusion", "set_pdl"),
-         "fused_split12_gemv": ("specpilot.models.gemv_fusion", "set_fused_split12_gemv")}
+# name -> (module, setter, off value, on value): each setter takes a value and returns the previous
+# one. Imported only when used (the setters of CUDA-only ops need a CUDA build to run).
+KNOBS = {"fused_rope": ("specpilot.kernels.decode_attention", "set_fused_rope", False, True),
+         "attention_pdl": ("specpilot.kernels.decode_attention", "set_pdl", False, True),
+         "cluster_merge": ("specpilot.kernels.decode_attention", "set_cluster_merge", "none", "all"),
+         "cluster_merge_multi_token": ("specpilot.kernels.decode_attention", "set_cluster_merge", "none",
+                                       "multi_token"),
+         "gemv_pdl": ("specpilot.models.gemv_fusion", "set_pdl", False, True),
+         "fused_split12_gemv": ("specpilot.models.gemv_fusion", "set_fused_split12_gemv", False, True)}
 
 
 def knob_setter(name: str):
-    module, setter = KNOBS[name]
+    module, setter = KNOBS[name][:2]
     return getattr(importlib.import_module(module), setter)
 
 
@@ -59,13 +61,14 @@ def main(argv=None) -> int:
     floor = weight_bytes(target) / HBM_BYTES_PER_S * 1e3
     use_best_kernels()
     rows = []
-    previous = setter(False)
+    off, on = KNOBS[args.knob][2:]
+    previous = setter(off)
     try:
         for _ in range(args.reps):
-            for value in (False, True):
+            for value in (off, on):
                 setter(value)
                 steps = fresh_engine_steps(target, drafter, args.iters, context=args.context)
-                rows.append({"knob": args.knob, "on": value, **steps})
+                rows.append({"knob": args.knob, "on": value == on, **steps})
                 print(args.knob, value, json.dumps({k: round(v, 4) for k, v in steps.items()}), flush=True)
     finally:
         setter(previous)

@@ -110,7 +110,24 @@ def test_default_splits_bounds():
     assert kernel.default_splits(1, 8, 64, 1024, 132, kernel.MAX_CLUSTER_SPLITS) == 16
     assert kernel.default_splits(1, 8, 128, 1024, 132, kernel.MAX_CLUSTER_SPLITS) == 9
     assert kernel.default_splits(1, 2, 4, 16, 132, kernel.MAX_CLUSTER_SPLITS) == 1
-    assert kernel.split_cap() == kernel.MAX_SPLITS                 # the default: the combine kernel
+
+
+@pytest.mark.parametrize("mode,one_token_cap,block_cap", [
+    ("none", kernel.MAX_SPLITS, kernel.MAX_SPLITS),
+    ("all", kernel.MAX_CLUSTER_SPLITS, kernel.MAX_CLUSTER_SPLITS),
+    ("multi_token", kernel.MAX_SPLITS, kernel.MAX_CLUSTER_SPLITS)])
+def test_split_cap_follows_the_cluster_merge_mode(monkeypatch, mode, one_token_cap, block_cap):
+    """Only calls that merge in a cluster are capped to one cluster's splits; "multi_token" takes
+    the cluster for verify / draft blocks (T > 1) and leaves one-token steps on the combine kernel."""
+    monkeypatch.setattr(kernel, "_cluster_merge", mode)
+    assert kernel.split_cap(1) == one_token_cap
+    assert kernel.split_cap(16) == block_cap
+    assert kernel.cluster_merges(16) == (block_cap == kernel.MAX_CLUSTER_SPLITS)
+
+
+def test_set_cluster_merge_refuses_an_unknown_mode():
+    with pytest.raises(ValueError, match="mode must be one of"):
+        kernel.set_cluster_merge(True)
 
 
 def test_auto_takes_the_kernel_for_every_supported_call(monkeypatch, restore_backend):

@@ -220,8 +220,8 @@ def test_knob_ab_names_every_knob_it_can_set_and_refuses_others(capsys):
     assert all(callable(knob_ab.knob_setter(name)) for name in knob_ab.KNOBS)
     with pytest.raises(SystemExit):
         knob_ab.main(["--knob", "no_such_knob"])
-    assert ("choose from 'attention_pdl', 'cluster_merge', 'fused_rope', 'fused_split12_gemv', 'gemv_pdl'"
-            in capsys.readouterr().err)
+    assert ("choose from 'attention_pdl', 'cluster_merge', 'cluster_merge_multi_token', 'fused_rope', "
+            "'fused_split12_gemv', 'gemv_pdl'" in capsys.readouterr().err)
     from specpilot.kernels.decode_attention import set_fused_rope
 
     previous = set_fused_rope(False)

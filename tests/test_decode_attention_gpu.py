@@ -71,7 +71,7 @@ def run_kernel(q, k, v, last, scale, splits):
     b, hq, t, d = q.shape
     if splits is None:
         splits = default_splits(b, k.shape[1], (hq // k.shape[1]) * t, k.shape[2],
-                                torch.cuda.get_device_properties(0).multi_processor_count, split_cap())
+                                torch.cuda.get_device_properties(0).multi_processor_count, split_cap(t))
     outs = []
     for writes_at_last in (False, True):    # with no writer before it, loading keys early changes no bit
         out = torch.full((b, t, hq * d), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -192,7 +192,7 @@ def test_keys_written_just_before_are_seen(gen, t):
         assert torch.equal(out, decode_attention(q_out, kc, vc, positions, d ** -0.5)), f"start {start}"
 
 
-@pytest.mark.parametrize("cluster", [False, True])
+@pytest.mark.parametrize("cluster", ["none", "all"])
 @pytest.mark.parametrize("hq,hkv,d,norm", [(32, 8, 128, True), (8, 2, 64, True), (32, 8, 128, False)])
 def test_rope_prologue_equals_rope_kernel_then_attention(gen, hq, hkv, d, norm, cluster):
     """decode_attention_rope (the one-token step's rope / cache write inside the attention kernel)
@@ -270,14 +270,38 @@ def test_cluster_merge_equals_combine_kernel(gen, d, b, hq, hkv, t):
     for splits in range(2, MAX_CLUSTER_SPLITS + 1):
         for last in lasts:
             outs = {}
-            for cluster in (False, True):
+            for cluster in ("none", "all"):
                 with switched(set_cluster_merge, cluster):
                     outs[cluster] = run_kernel(q, k, v, last, d ** -0.5, splits)
-            assert torch.equal(outs[True], outs[False]), f"splits {splits}, last {last.tolist()}: bits differ"
-            assert_close_to_reference(outs[True], q, k, v, last, d ** -0.5)
+            assert torch.equal(outs["all"], outs["none"]), f"splits {splits}, last {last.tolist()}: bits differ"
+            assert_close_to_reference(outs["all"], q, k, v, last, d ** -0.5)
 
 
-@pytest.mark.parametrize("cluster", [False, True])
+def test_cluster_merge_default_is_the_ops():
+    """The python mirror of the cluster-merge mode starts where the op's process-global one does."""
+    from specpilot.kernels import decode_attention as kernel
+
+    assert _ext.ops().decode_attention_cluster_merge(-1) == kernel.CLUSTER_MERGE_MODES[kernel._cluster_merge]
+
+
+@pytest.mark.parametrize("t", [1, 16])
+def test_multi_token_cluster_merge_picks_per_call(gen, t):
+    """"multi_token": a one-token call runs as under "none" (default splits, combine kernel), a
+    16-token call as under "all" (splits capped to one cluster): the same bits as that mode."""
+    from specpilot.kernels.decode_attention import decode_attention, set_cluster_merge
+
+    d, span = 128, 1024
+    q, k, v = make_inputs(gen, 1, 32, 8, t, d, span, span, torch.tensor([span - 1], device="cuda"))
+    last = causal_last(600, t)
+    outs = {}
+    for mode in ("none", "all", "multi_token"):
+        with switched(set_cluster_merge, mode):
+            outs[mode] = decode_attention(q, k, v, last, d ** -0.5)
+    assert torch.equal(outs["multi_token"], outs["all" if t > 1 else "none"])
+    assert_close_to_reference(outs["multi_token"], q, k, v, last, d ** -0.5)
+
+
+@pytest.mark.parametrize("cluster", ["none", "all"])
 @pytest.mark.parametrize("pdl", [False, True])
 def test_graph_replay_follows_last(gen, pdl, cluster):
     """One captured call (fixed span 1024 and grid) replayed with new `last` values: contexts from 1

@@ -24,7 +24,9 @@ MAX_CLUSTER_SPLITS = 16  # kMaxClusterSplits: the most splits one thread-block c
 ROWS_PER_CTA = 64        # query rows (g * T) one CTA handles
 MIN_KEYS_PER_SPLIT = 32  # fewer keys per CTA than this costs more in partials than it saves
 _fused_rope = True       # set_fused_rope
-_cluster_merge = False   # set_cluster_merge (mirrors the op's process-global setting)
+# set_cluster_merge's modes, as the op numbers them (csrc/bindings/attention_cuda.cpp ClusterMerge)
+CLUSTER_MERGE_MODES = {"none": 0, "all": 1, "multi_token": 2}
+_cluster_merge = "none"  # set_cluster_merge; the same default as the op's (a GPU test checks both)
 
 
 @functools.lru_cache(maxsize=None)
@@ -59,9 +61,16 @@ def default_splits(batch: int, kv_heads: int, rows_per_kv_head: int, span: int, 
     return max(1, min(want, span // MIN_KEYS_PER_SPLIT, max_splits))
 
 
-def split_cap() -> int:
-    """The most key splits a call gets: one cluster's worth while the splits merge in a cluster."""
-    return MAX_CLUSTER_SPLITS if _cluster_merge else MAX_SPLITS
+def cluster_merges(tokens: int) -> bool:
+    """Whether a call of `tokens` query tokens merges its key splits inside a cluster under the current
+    mode; the op applies the same rule at launch (attention_cuda.cpp cluster_merges)."""
+    return _cluster_merge == "all" or (_cluster_merge == "multi_token" and tokens > 1)
+
+
+def split_cap(tokens: int) -> int:
+    """The most key splits a call of `tokens` query tokens gets: one cluster's worth where its splits
+    merge in a cluster."""
+    return MAX_CLUSTER_SPLITS if cluster_merges(tokens) else MAX_SPLITS
 
 
 def decode_attention(q, k, v, last, scale: float, splits: int | None = None,
@@ -75,7 +84,7 @@ def decode_attention(q, k, v, last, scale: float, splits: int | None = None,
     if q.stride(-1) != 1 or any(s % 8 for s in q.stride()[:3]):
         q = q.contiguous()
     if splits is None:
-        splits = default_splits(b, hkv, (hq // hkv) * t, span, _sm_count(q.device), split_cap())
+        splits = default_splits(b, hkv, (hq // hkv) * t, span, _sm_count(q.device), split_cap(t))
     last = last.to(dtype=torch.int64).contiguous()
     out = torch.empty((b, t, hq * d), dtype=q.dtype, device=q.device)
     workspace = torch.empty((splits, b * t * hq, d + 1), dtype=torch.float32, device=q.device)
@@ -91,7 +100,7 @@ def decode_attention_rope(qkv, q_weight, k_weight, cos, sin, positions, eps: flo
     position), k/v_cache [B, Hkv, S, D] (slot positions[0] written) -> [B, 1, Hq * D] over slots
     [0, kv_len). The same key splits as decode_attention over the kv_len view, so the same sums."""
     b, hkv, d = qkv.shape[0], k_cache.shape[1], k_cache.shape[3]
-    splits = default_splits(b, hkv, num_q_heads // hkv, kv_len, _sm_count(qkv.device), split_cap())
+    splits = default_splits(b, hkv, num_q_heads // hkv, kv_len, _sm_count(qkv.device), split_cap(1))
     out = torch.empty((b, 1, num_q_heads * d), dtype=qkv.dtype, device=qkv.device)
     workspace = torch.empty((splits, b * num_q_heads, d + 1), dtype=torch.float32, device=qkv.device)
     _ext.ops().decode_attention_rope(qkv, q_weight, k_weight, cos, sin, positions, float(eps), k_cache, v_cache,
@@ -117,15 +126,17 @@ def _rope_op_available() -> bool:
     return _ext.has_cuda_op("decode_attention_rope")
 
 
-def set_cluster_merge(enable: bool) -> bool:
-    """Merge the key splits inside a thread-block cluster over distributed shared memory, with
-    splits capped at MAX_CLUSTER_SPLITS, or with the combine kernel over the fp32 workspace (the
-    default: the cluster is not yet measured faster, docs/PERF_NOTES.md fifteenth session); returns
-    the previous setting. The same bits for the same split count. Read when a
-    call is traced or launched, so a CUDA graph keeps the setting it was captured with."""
+def set_cluster_merge(mode: str) -> str:
+    """Which calls merge their key splits inside a thread-block cluster over distributed shared
+    memory, with splits capped at MAX_CLUSTER_SPLITS, instead of with the combine kernel over the
+    fp32 workspace: "none", "all", or "multi_token" (calls of more than one query token: the verify
+    and draft blocks). Returns the previous mode. The same bits for the same split count. Read when a
+    call is traced or launched, so a CUDA graph keeps the mode it was captured with."""
     global _cluster_merge
-    previous, _cluster_merge = _cluster_merge, bool(enable)
-    _ext.ops().decode_attention_cluster_merge(int(enable))
+    if mode not in CLUSTER_MERGE_MODES:
+        raise ValueError(f"set_cluster_merge: mode must be one of {sorted(CLUSTER_MERGE_MODES)}, got {mode!r}")
+    _ext.ops().decode_attention_cluster_merge(CLUSTER_MERGE_MODES[mode])
+    previous, _cluster_merge = _cluster_merge, mode
     return previous
 
 
