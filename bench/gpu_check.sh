@@ -2,8 +2,11 @@
 # The H200 check: from a clean tree on a bare machine (no network), build the extension with CUDA
 # (sm_90a), run the GPU tests, run the kernel / engine / agent benchmarks, print a short table last.
 # Logs and JSON go to $OUT (the device tool's folder) or out/gpu_check.
-# Usage: bash bench/gpu_check.sh [build|tests|split12|gemv|skinny|engine|ab|agents|bench_zoo|bench_8b|scale_8b ...]
-# (default: all, in order)
+# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|split12|gemv|skinny|engine|ab|agents|bench_zoo|bench_8b|scale_8b ...]
+# (default: all but prebuilt, in order). `prebuilt` replaces `build` when device time is short: it stages
+# the package in /tmp/sp with the extension that scripts/prebuild_cuda_ext.sh made on a CPU machine
+# (carried in .prebuilt/), so the device compiles nothing: `bash bench/gpu_check.sh prebuilt tests ...`;
+# where that extension is missing, was built from other sources or does not load, it builds instead.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/gpu_check}
@@ -35,11 +38,25 @@ run_step() {  # name, command...
   return $rc
 }
 
+build_here() {  # a clean CUDA build of the extension, installed editable
+  rm -rf build python/specpilot/_C*.so
+  python3 -m pip install --no-build-isolation --no-deps --no-index -e . && python3 -m specpilot env | tail -1 > "$OUT/env.json"
+}
+
+stage_prebuilt() {  # the extension scripts/prebuild_cuda_ext.sh built from these very sources, with the package, in /tmp/sp
+  [ "$(cat .prebuilt/sources.sha256 2>/dev/null)" = "$(bash bench/ext_sources_hash.sh)" ] \
+    || { echo "no extension in .prebuilt/ built from these sources (scripts/prebuild_cuda_ext.sh)"; return 1; }
+  rm -rf /tmp/sp && mkdir -p /tmp/sp && cp -r python/specpilot /tmp/sp/ && cp -r agents /tmp/sp/specpilot/agents \
+    && cp -r bench /tmp/sp/specpilot/bench && cp .prebuilt/_C.*.so /tmp/sp/specpilot/ \
+    && PYTHONPATH=/tmp/sp${PYTHONPATH:+:$PYTHONPATH} python3 -c \
+         "from specpilot import _ext; assert _ext.has_cuda_kernels(); print(_ext.build_info())"
+}
+
 for step in $steps; do
   case $step in
-    build)   rm -rf build python/specpilot/_C*.so
-             run_step build python3 -m pip install --no-build-isolation --no-deps --no-index -e . || exit 1
-             python3 -m specpilot env | tail -1 > "$OUT/env.json" ;;
+    build)   run_step build build_here || exit 1 ;;
+    prebuilt) if run_step prebuilt stage_prebuilt; then export PYTHONPATH=/tmp/sp${PYTHONPATH:+:$PYTHONPATH}
+              else run_step build build_here || exit 1; fi ;;
     tests)   run_step tests python3 -m pytest -q -m gpu tests
              tail -1 "$OUT/tests.log" | tee -a "$summary" ;;
     split12) run_step split12 python3 -m specpilot.bench.split12_kernels --out "$OUT/split12.json" ;;
