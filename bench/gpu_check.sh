@@ -46,8 +46,9 @@ build_here() {  # a clean CUDA build of the extension, installed editable
 stage_prebuilt() {  # the extension scripts/prebuild_cuda_ext.sh built from these very sources, with the package, in /tmp/sp
   [ "$(cat .prebuilt/sources.sha256 2>/dev/null)" = "$(bash bench/ext_sources_hash.sh)" ] \
     || { echo "no extension in .prebuilt/ built from these sources (scripts/prebuild_cuda_ext.sh)"; return 1; }
-  rm -rf /tmp/sp && mkdir -p /tmp/sp && cp -r python/specpilot /tmp/sp/ && cp -r agents /tmp/sp/specpilot/agents \
-    && cp -r bench /tmp/sp/specpilot/bench && cp .prebuilt/_C.*.so /tmp/sp/specpilot/ \
+  rm -rf /tmp/sp && python3 -c "import setup, shutil
+for name, folder in setup.PACKAGE_DIRS.items(): shutil.copytree(folder, '/tmp/sp/' + name.replace('.', '/'))" \
+    && cp .prebuilt/_C.*.so /tmp/sp/specpilot/ \
     && PYTHONPATH=/tmp/sp${PYTHONPATH:+:$PYTHONPATH} python3 -c \
          "from specpilot import _ext; assert _ext.has_cuda_kernels(); print(_ext.build_info())"
 }
