@@ -48,7 +48,9 @@ stage_prebuilt() {  # the extension scripts/prebuild_cuda_ext.sh built from thes
     || { echo "no extension in .prebuilt/ built from these sources (scripts/prebuild_cuda_ext.sh)"; return 1; }
   rm -rf /tmp/sp && python3 -c "import setup, shutil
 for name, folder in setup.PACKAGE_DIRS.items(): shutil.copytree(folder, '/tmp/sp/' + name.replace('.', '/'))" \
-    && cp .prebuilt/_C.*.so /tmp/sp/specpilot/ \
+    && python3 -c "import glob, lzma, os
+for packed in glob.glob('.prebuilt/_C.*.so.xz'):
+    open('/tmp/sp/specpilot/' + os.path.basename(packed)[:-3], 'wb').write(lzma.open(packed).read())" \
     && PYTHONPATH=/tmp/sp${PYTHONPATH:+:$PYTHONPATH} python3 -c \
          "from specpilot import _ext; assert _ext.has_cuda_kernels(); print(_ext.build_info())"
 }

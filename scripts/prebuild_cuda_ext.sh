@@ -4,6 +4,8 @@
 # machine's nvcc 13.0, in a venv of its own. The stripped result and a hash of the sources it was
 # built from go to .prebuilt/ (git-ignored); the device call carries it (run's carry: [".prebuilt"])
 # and `bash bench/gpu_check.sh prebuilt ...` stages it, or builds there if the sources changed since.
+# Stripped and xz-compressed (55 -> 1.4 MB), so a call can carry it beside the zoo pair (shared/,
+# 54 MB) inside the 64 MiB a call sends.
 #   PY312=/path/to/python3.12 bash scripts/prebuild_cuda_ext.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +23,10 @@ git ls-files --cached --others --exclude-standard | tar cf - -T - | tar xf - -C 
 (cd "$src" && CUDA_HOME=$CUDA_HOME SPECPILOT_CUDA=1 PATH="$CUDA_HOME/bin:$VENV/bin:$PATH" \
    "$VENV/bin/python" setup.py -q build_ext --inplace)
 mkdir -p .prebuilt
-rm -f .prebuilt/_C.*.so
-for so in "$src"/python/specpilot/_C.*.so; do strip --strip-debug -o ".prebuilt/$(basename "$so")" "$so"; done
+rm -f .prebuilt/_C.*
+for so in "$src"/python/specpilot/_C.*.so; do
+  strip --strip-debug -o "$src/stripped.so" "$so"
+  xz -9 -T0 -c "$src/stripped.so" > ".prebuilt/$(basename "$so").xz"
+done
 (cd "$src" && bash bench/ext_sources_hash.sh) > .prebuilt/sources.sha256
 ls -la .prebuilt
