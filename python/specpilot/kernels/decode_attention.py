@@ -26,7 +26,9 @@ MIN_KEYS_PER_SPLIT = 32  # fewer keys per CTA than this costs more in partials t
 _fused_rope = True       # set_fused_rope
 # set_cluster_merge's modes, as the op numbers them (csrc/bindings/attention_cuda.cpp ClusterMerge)
 CLUSTER_MERGE_MODES = {"none": 0, "all": 1, "multi_token": 2}
-_cluster_merge = "none"  # set_cluster_merge; the same default as the op's (a GPU test checks both)
+# set_cluster_merge; the same default as the op's (a GPU test checks both). "none" because the cluster
+# measured no gain: verify -0.2% at 512 tokens, +0.9% at 2048 (H100; docs/PERF_NOTES.md, session 17).
+_cluster_merge = "none"
 
 
 @functools.lru_cache(maxsize=None)
