@@ -110,7 +110,8 @@ def main(argv=None) -> int:
         print("every configuration failed")
         return 1
     base = rows[0]
-    print(f"\n{args.preset}, random weights, bf16, 512 tokens of context, CUDA graphs; weight floor {floor:.3f} ms")
+    print(f"\n{args.preset}, random weights, bf16, 512 tokens of context, CUDA graphs, {torch.cuda.get_device_name()}; "
+          f"weight floor {floor:.3f} ms at the H200's {HBM_BYTES_PER_S / 1e12:.1f} TB/s (AR/floor is the H200's only)")
     print("| config | AR ms | verify16 ms | draft ms | verify/AR | draft/verify | AR/floor | AR vs first |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:

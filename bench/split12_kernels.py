@@ -182,23 +182,24 @@ def print_table(rows, copy_bw):
           "x torch = time / torch bf16 time; shipped = variant 0, v1 = load-ahead kernels, "
           "v2 / v3 = M=1 alternatives, v4 = v1 + PDL launches, v5 = M=1 register-fed (v0 without the streamed kernel), m1 = split12_gemv_m1 (persistent, PDL); exact = split12 == bf16 twin and == v0 bit for bit; ok: the best shipped "
           "split12 kernel meets the ratio (and 85% copy BW at M=1)")
-    print("| shape | M | exact | torch us | bf16 simt us | shipped simt us | shipped tc us | m1 us | v1 simt us "
-          "| v1 tc us | v2 simt | v3 simt | v4 simt | v4 tc | v5 simt | best GB/s | % copy | x torch simt | x torch tc "
-          "| x torch m1 | bf16 gemv_m1 us | m1 / bf16 gemv_m1 | target | ok |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| shape | M | exact | torch us | bf16 simt us | shipped simt us | shipped tc us | shipped skinny us | m1 us "
+          "| v1 simt us | v1 tc us | v2 simt | v3 simt | v4 simt | v4 tc | v5 simt | best | best GB/s | % copy "
+          "| x torch simt | x torch tc | x torch m1 | x torch best | bf16 gemv_m1 us | m1 / bf16 gemv_m1 | target | ok |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         us, best = r["us"], r["best_kernel"]
         ok = r["meets_ratio"] and (r["M"] != 1 or r["meets_copy_bw"])
         print(f"| {r['shape']} {r['N']}x{r['K']} | {r['M']} | {'yes' if r['exact'] else 'NO'} | {us['torch']:.1f} "
               f"| {_us(us, 'bf16_simt')} | {_us(us, 'split12_simt')} | {_us(us, 'split12_tc')} "
-              f"| {_us(us, 'split12_m1')} | {_us(us, 'split12_simt@v1')} | {_us(us, 'split12_tc@v1')} | {_us(us, 'split12_simt@v2')} "
+              f"| {_us(us, 'split12_skinny')} | {_us(us, 'split12_m1')} | {_us(us, 'split12_simt@v1')} | {_us(us, 'split12_tc@v1')} | {_us(us, 'split12_simt@v2')} "
               f"| {_us(us, 'split12_simt@v3')} | {_us(us, 'split12_simt@v4')} | {_us(us, 'split12_tc@v4')} "
-              f"| {_us(us, 'split12_simt@v5')} "
+              f"| {_us(us, 'split12_simt@v5')} | {best} "
               f"| {r.get(f'gbps_split12_{best}', float('nan')):.0f} "
               f"| {100 * r.get(f'copy_frac_split12_{best}', float('nan')):.0f} "
               f"| {r.get('ratio_split12_simt_to_torch', float('nan')):.3f} "
               f"| {r.get('ratio_split12_tc_to_torch', float('nan')):.3f} "
-              f"| {r.get('ratio_split12_m1_to_torch', float('nan')):.3f} | {_us(us, 'bf16_gemv_m1')} "
+              f"| {r.get('ratio_split12_m1_to_torch', float('nan')):.3f} "
+              f"| {r.get(f'ratio_split12_{best}_to_torch', float('nan')):.3f} | {_us(us, 'bf16_gemv_m1')} "
               f"| {us.get('split12_m1', float('nan')) / us.get('bf16_gemv_m1', float('nan')):.3f} "
               f"| <= {r['target_ratio']} | {'PASS' if ok else 'MISS'} |")
 
