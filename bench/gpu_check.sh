@@ -46,10 +46,9 @@ build_here() {  # a clean CUDA build of the extension, installed editable
 stage_prebuilt() {  # the extension scripts/prebuild_cuda_ext.sh built from these very sources, with the package, in /tmp/sp
   [ "$(cat .prebuilt/sources.sha256 2>/dev/null)" = "$(bash bench/ext_sources_hash.sh)" ] \
     || { echo "no extension in .prebuilt/ built from these sources (scripts/prebuild_cuda_ext.sh)"; return 1; }
-  rm -rf /tmp/sp && python3 -c "import setup, shutil
-for name, folder in setup.PACKAGE_DIRS.items(): shutil.copytree(folder, '/tmp/sp/' + name.replace('.', '/'))" \
-    && python3 -c "import glob, lzma, os
-for packed in glob.glob('.prebuilt/_C.*.so.xz'):
+  rm -rf /tmp/sp && python3 -c "import glob, lzma, os, setup, shutil
+for name, folder in setup.PACKAGE_DIRS.items(): shutil.copytree(folder, '/tmp/sp/' + name.replace('.', '/'))
+for packed in glob.glob('.prebuilt/_C.*.so.xz'):  # the extension, xz-compressed by the prebuild script
     open('/tmp/sp/specpilot/' + os.path.basename(packed)[:-3], 'wb').write(lzma.open(packed).read())" \
     && PYTHONPATH=/tmp/sp${PYTHONPATH:+:$PYTHONPATH} python3 -c \
          "from specpilot import _ext; assert _ext.has_cuda_kernels(); print(_ext.build_info())"

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Builds the CUDA extension (sm_90a) on a CPU machine, so that a device call spends no minutes
 # compiling: against the device image's torch (2.11.0+cu130 from PyPI, CPython 3.12) with this
-# machine's nvcc 13.0, in a venv of its own. The stripped result and a hash of the sources it was
-# built from go to .prebuilt/ (git-ignored); the device call carries it (run's carry: [".prebuilt"])
-# and `bash bench/gpu_check.sh prebuilt ...` stages it, or builds there if the sources changed since.
-# Stripped and xz-compressed (55 -> 1.4 MB), so a call can carry it beside the zoo pair (shared/,
-# 54 MB) inside the 64 MiB a call sends.
+# machine's nvcc 13.0, in a venv of its own. The result, stripped and xz-compressed (55 -> 1.4 MB, so
+# a call carries it beside the zoo pair in shared/ within its 64 MiB), and a hash of the sources it
+# was built from go to .prebuilt/ (git-ignored); the device call carries it (run's carry:
+# [".prebuilt"]) and `bash bench/gpu_check.sh prebuilt ...` stages it, or builds there if the sources
+# changed since.
 #   PY312=/path/to/python3.12 bash scripts/prebuild_cuda_ext.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
