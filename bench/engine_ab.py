@@ -17,8 +17,8 @@ the mma.sync tensor-core kernel or the split12 skinny GEMM for verify; row 12 wi
 linears on split12 kernel variant 5, the register-fed kernel the streamed one replaced; row 13 row 11
 with the norm / gate prologue fused into the streamed GEMV, split12_gemv_m1 (measured slower than
 row 11, so off by default: gemv_fusion.set_fused_split12_gemv); rows 14 and 15 are 11 and 13 on kernel
-variant 6, the streamed kernel's 4-stage ring (its depth before 2 won). The swap cannot be undone, so they
-run last (e.g. --configs 8,11,13,11,13).
+variant 6, the streamed kernel's 4-stage ring (its depth before 2 won); row 16 is 11 with the drafter's
+linears on split12 as well. The swaps cannot be undone, so they run last (e.g. --configs 8,11,13,11,13,16).
 All in one process, so the ratios are side by side. Prints a markdown table last.
 """
 import argparse
@@ -50,7 +50,9 @@ CONFIGS = (("unfused + SDPA cudnn", False, "cudnn", "cublas", False, False, "bf1
            ("11 with split12 kernel variant 6 (the streamed T = 1 kernel's 4-stage ring)",
             True, "specpilot", "cublas", False, True, "split12:6"),
            ("13 with split12 kernel variant 6 (the streamed T = 1 kernel's 4-stage ring)",
-            True, "specpilot", "cublas", True, True, "split12:6"))
+            True, "specpilot", "cublas", True, True, "split12:6"),
+           ("11 with the drafter's linears on split12 too (its layers and fc)",
+            True, "specpilot", "cublas", False, True, "split12+drafter"))
 
 
 def main(argv=None) -> int:
@@ -68,19 +70,28 @@ def main(argv=None) -> int:
     p.add_argument("--configs", default="", help="1-based indices into CONFIGS to run, e.g. 4,6 (default: all)")
     args = p.parse_args(argv)
     chosen = [CONFIGS[int(i) - 1] for i in args.configs.split(",") if i.strip()] or list(CONFIGS)
-    kinds = [c[6].partition(":")[0] for c in chosen]
-    if "split12" in kinds and "bf16" in kinds[kinds.index("split12"):]:
+    kinds = [c[6].partition(":")[0] for c in chosen]   # bf16, split12 or split12+drafter
+    swapped = [i for i, kind in enumerate(kinds) if kind != "bf16"]
+    if swapped and "bf16" in kinds[swapped[0]:]:
         raise SystemExit("engine_ab: the split12 configurations swap the target's weights for good; run them last")
+    if "split12+drafter" in kinds and "split12" in kinds[kinds.index("split12+drafter"):]:
+        raise SystemExit("engine_ab: the split12 drafter configuration swaps the drafter's weights for good; run it last")
     target, drafter = scale_pair(args.preset)
     floor = weight_bytes(target) / HBM_BYTES_PER_S * 1e3
-    rows, failed, split12_done = [], [], False
+    rows, failed, split12_done, drafter_done = [], [], False, False
     for name, fused, attention, blas, gemv, skinny, weights in chosen:
         weights, _, variant = weights.partition(":")
+        weights, _, drafter_too = weights.partition("+")
         if weights == "split12" and not split12_done:
             split12_done = True
             from .gpu_engine_split12 import shared_plane_split12
 
             print("split12 bits/weight", shared_plane_split12(target), flush=True)
+        if drafter_too and not drafter_done:
+            drafter_done = True
+            from .gpu_engine_split12 import split12_drafter
+
+            print("split12 drafter bits/weight", split12_drafter(drafter), flush=True)
         previous = fused_ops.set_fused_kernels(fused), set_attention_backend(attention)
         previous_gemv = gemv_fusion.set_fused_gemv(gemv)
         previous_split12_gemv = gemv_fusion.set_fused_split12_gemv(gemv and weights == "split12")

@@ -5,6 +5,7 @@
   its own packed LM head. Packing 8B weights on the CPU would take minutes; sharing planes keeps
   the bytes each step reads identical to a fully packed model (every layer still streams its
   matrices: 36 x ~400 MB does not fit in L2), so the step times are the real ones.
+  `split12_drafter(drafter)`: the same for the drafter's layers (5 x ~400 MB: also past L2) and fc.
 - `twin_check(...)`: zoo pair, split12 target vs its Bf16Linear twin (same kernels): graphed AR
   (simt) and verify (tc) logits compared bit for bit over a few steps.
 Exactness: Split12Linear == Bf16Linear bit for bit under each kernel (formats/split12/ops.py).
@@ -14,20 +15,36 @@ from __future__ import annotations
 import torch
 
 
-def shared_plane_split12(target) -> dict:
+TARGET_LINEARS = ("attn.qkv", "attn.o", "mlp.gate_up", "mlp.down")
+DRAFTER_LINEARS = ("attn.q", "attn.kv", "attn.o", "mlp.gate_up", "mlp.down")
+
+
+def shared_plane_split12(model, names=TARGET_LINEARS, lm_head: bool = True) -> dict:
+    """`model`'s decoder-layer linears `names` swapped for Split12Linear modules sharing layer 0's
+    packed planes per projection, and (lm_head) its own packed LM head; bits/weight per projection."""
     from specpilot.formats.split12.linear import Split12Linear
     from specpilot.formats.split12.ops import pack
 
-    first = target.layers[0]
-    names = ("attn.qkv", "attn.o", "mlp.gate_up", "mlp.down")
+    first = model.layers[0]
     packed = {n: pack(first.get_submodule(n).weight.data) for n in names}
-    for layer in target.layers:
+    for layer in model.layers:
         for n in names:
             parent, _, child = n.rpartition(".")
             setattr(layer.get_submodule(parent), child, Split12Linear(packed[n]))
-    target.lm_head = Split12Linear(pack(target.lm_head.weight.data))
+    if lm_head:
+        model.lm_head = Split12Linear(pack(model.lm_head.weight.data))
     torch.cuda.empty_cache()
     return {n: round(p.bits_per_weight(), 3) for n, p in packed.items()}
+
+
+def split12_drafter(drafter) -> dict:
+    """The drafter's layer linears on shared split12 planes, and its fc packed (its LM head is the
+    target's)."""
+    from specpilot.formats.split12.linear import Split12Linear
+
+    bits = shared_plane_split12(drafter, DRAFTER_LINEARS, lm_head=False)
+    drafter.fc = Split12Linear.from_weight(drafter.fc.weight.data)
+    return bits
 
 
 @torch.inference_mode()

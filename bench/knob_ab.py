@@ -12,7 +12,8 @@ attention_pdl (programmatic dependent launch through the attention path), cluste
 attention's key splits merged inside a thread-block cluster, at most 16 splits, instead of by the
 combine kernel, in every call; cluster_merge_multi_token: only in the verify / draft blocks), gemv_pdl (the same for
 the one-token GEMVs), fused_split12_gemv (with --split12: the norm / SwiGLU gate inside the one-token
-split12 GEMVs instead of their own kernels). Prints a markdown table last; --out writes every number as JSON.
+split12 GEMVs instead of their own kernels), split12_decode_grid (with --split12: the split12 skinny GEMM
+and its bf16 twin on every SM where the planner's grid idles half of them, formats/split12/ops.py). Prints a markdown table last; --out writes every number as JSON.
 """
 import argparse
 import importlib
@@ -27,7 +28,8 @@ KNOBS = {"fused_rope": ("specpilot.kernels.decode_attention", "set_fused_rope", 
          "cluster_merge_multi_token": ("specpilot.kernels.decode_attention", "set_cluster_merge", "none",
                                        "multi_token"),
          "gemv_pdl": ("specpilot.models.gemv_fusion", "set_pdl", False, True),
-         "fused_split12_gemv": ("specpilot.models.gemv_fusion", "set_fused_split12_gemv", False, True)}
+         "fused_split12_gemv": ("specpilot.models.gemv_fusion", "set_fused_split12_gemv", False, True),
+         "split12_decode_grid": ("specpilot.formats.split12.ops", "set_decode_bound_grid", False, True)}
 
 
 def knob_setter(name: str):

@@ -1,5 +1,5 @@
-"""weights="split12" through the engine: the split12 target and its Bf16Linear twin (same kernel
-order) give bit-identical logits and tokens (CPU here; on CUDA the AR step uses the simt kernel and
+"""weights="split12" through the engine: the split12 pair (the drafter follows its target) and its
+Bf16Linear twin (same kernel order) give bit-identical logits and tokens (CPU here; on CUDA the AR step uses the simt kernel and
 verify / draft steps the skinny GEMM or the mma.sync one, see engine/linear_kernels.py), and the
 engine's choice of kernel by row count."""
 import pytest
@@ -21,8 +21,11 @@ def engines(tmp_path_factory):
     s12 = load_target(t, dtype=torch.bfloat16, weights="split12")
     twin = load_target(t, dtype=torch.bfloat16)
     swap_linears(twin, kind="bf16")
-    assert any(isinstance(m, Split12Linear) for m in s12.modules())
-    return [Engine(m, load_drafter(d, m), max_seq_len=256) for m in (s12, twin)]
+    drafters = [load_drafter(d, s12), load_drafter(d, twin)]   # the first follows its target: split12
+    swap_linears(drafters[1], kind="bf16")
+    for model in (s12, drafters[0]):
+        assert any(isinstance(m, Split12Linear) for m in model.modules())
+    return [Engine(m, drafter, max_seq_len=256) for m, drafter in zip((s12, twin), drafters)]
 
 
 def test_split12_and_twin_logits_bit_identical(engines):
@@ -67,3 +70,17 @@ def test_kernel_for_rows(monkeypatch, skinny_on, built, in_features, rows, want)
         assert m.kernel == "simt"  # restored
     finally:
         skinny_linear.set_skinny_gemm(previous)
+
+
+def test_drafter_weights_follow_the_target_unless_told(tmp_path):
+    from specpilot.models import load_drafter, load_target
+    from specpilot.models.loading import weights_of
+    from specpilot.models.random_ckpt import write_pair
+
+    t, d = write_pair(tmp_path, "tiny-qwen3", layer_ids=[0, 2], block_size=4, seed=fresh_seed())
+    s12, plain = load_target(t, dtype=torch.bfloat16, weights="split12"), load_target(t, dtype=torch.bfloat16)
+    assert weights_of(load_drafter(d, s12)) == "split12"
+    assert weights_of(load_drafter(d, plain)) == "bf16"
+    assert weights_of(load_drafter(d, s12, weights="bf16")) == "bf16"
+    with pytest.raises(ValueError, match="weights='int4'"):
+        load_drafter(d, s12, weights="int4")

@@ -30,13 +30,15 @@ def test_the_switch_returns_the_previous_value():
 def test_the_launch_loop_chunks_rows_and_aligns_x(monkeypatch):
     """kernels/skinny_workspace.run (the launch loop of every skinny GEMM call), with a stand-in
     launch on the CPU: 20 rows go as 16 + 4, a contiguous x at an odd offset is copied to an aligned
-    one with the same values, the workspace is passed through, and an out it cannot write is refused."""
+    one with the same values, the workspace (sized for the grid asked) is passed through, and an out
+    it cannot write is refused."""
     import pytest
 
     from specpilot.kernels import skinny_workspace
 
     ws = (torch.empty(3), torch.zeros(2, dtype=torch.int32))
-    monkeypatch.setattr(skinny_workspace, "buffers", lambda device, n, k: ws)
+    grids = []
+    monkeypatch.setattr(skinny_workspace, "buffers", lambda device, n, k, ctas=0: grids.append(ctas) or ws)
     buf = torch.randn(20 * 8 + 1, dtype=torch.bfloat16)
     x = buf[1:].view(20, 8)
     assert x.is_contiguous() and x.data_ptr() % 16 != 0
@@ -50,5 +52,7 @@ def test_the_launch_loop_chunks_rows_and_aligns_x(monkeypatch):
     assert skinny_workspace.run(x, out, 4, 8, launch) is out
     assert calls == [(16, 0, True), (4, 0, True)]
     assert torch.equal(out, x[:, :4])
+    skinny_workspace.run(x, out, 4, 8, launch, ctas=7)
+    assert grids == [0, 7]
     with pytest.raises(ValueError, match="out must be contiguous"):
         skinny_workspace.run(x, out.t(), 4, 8, launch)

@@ -5,7 +5,7 @@ bit, M-invariant, within tolerance."""
 
 import pytest
 import torch
-from conftest import requires_gpu
+from conftest import requires_gpu, switched
 
 from specpilot.formats.split12 import ops
 
@@ -94,6 +94,24 @@ def test_tensor_core_twins_agree_and_are_m_invariant(kernel, N, K, gen):
         assert same_bits(y12, full[:M])
         assert same_bits(y12, ops.bf16_linear(x[:M].contiguous(), w, out=poisoned(M, N), kernel=kernel))
 
+
+
+def test_decode_bound_grid_keeps_the_twins_identical_on_the_o_projection(gen):
+    """With the decode-bound grid on, the Qwen3-8B O projection runs its 64 row blocks cut in two K
+    pieces (where the GPU has >= 128 SMs) in both members of the kernel="skinny" pair: still bit for
+    bit equal to each other and M-invariant, within tolerance, no poisoned output left."""
+    N, K = QWEN3_8B["o"]
+    w = weights(N, K, gen)
+    p = ops.pack(w)
+    x = torch.randn(16, K, generator=gen, device="cuda").to(torch.bfloat16)
+    with switched(ops.set_decode_bound_grid, True):
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        assert ops.skinny_pair_ctas(N, K, x.device) == (128 if sms >= 128 else 0)
+        full = ops.split12_linear(x, p, out=poisoned(16, N), kernel="skinny")
+        assert same_bits(full, ops.bf16_linear(x, w, out=poisoned(16, N), kernel="skinny"))
+        assert within_tolerance(full, x, w, kernel="skinny")
+        y3 = ops.split12_linear(x[:3].contiguous(), p, out=poisoned(3, N), kernel="skinny")
+        assert same_bits(y3, full[:3])
 
 def test_escape_heavy_rows_and_unaligned_x(gen):
     N, K = 70, 2048

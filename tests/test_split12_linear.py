@@ -162,3 +162,28 @@ def test_kernel_variant_knob_round_trips_and_rejects_bad_values():
         ops.kernel_variant(7)
     with pytest.raises(RuntimeError, match="got 9"):
         torch.ops.specpilot.split12_kernel_variant(9)
+
+
+@pytest.mark.parametrize("n,k,planned,sms,want", [
+    (4096, 4096, 64, 132, 128),     # Qwen3-8B O: 64 row blocks, each cut in two
+    (4096, 4096, 64, 114, 0),       # 114 SMs: the planner's 64 CTAs cover half of them
+    (6144, 4096, 96, 132, 0),       # QKV: 96 of 132 SMs already decode
+    (24576, 4096, 128, 132, 0),     # gate_up
+    (4096, 12288, 128, 132, 0),     # down: already cut by the planner
+    (2048, 4096, 32, 132, 128),     # 32 row blocks x 4 K pieces (16 steps)
+    (1000, 72, 16, 132, 0),         # one K step: nothing to cut
+    (640, 768, 10, 132, 30),        # 3 steps: only a 3-way cut divides them
+])
+def test_decode_bound_grid_cuts_row_blocks_only_where_the_planner_idles_half_the_sms(n, k, planned, sms, want):
+    """Where the planner's grid covers fewer than half the SMs, each row block is cut into the most
+    equal K pieces that keep one CTA per SM; elsewhere the planner's grid stays (0)."""
+    assert ops.decode_bound_ctas(n, k, sms, planned) == want
+
+
+def test_decode_bound_grid_switch_round_trips():
+    previous = ops.set_decode_bound_grid(True)
+    try:
+        assert ops.set_decode_bound_grid(False) is True
+        assert ops.skinny_pair_ctas(4096, 4096, torch.device("cpu")) == 0   # off: the planner's grid
+    finally:
+        ops.set_decode_bound_grid(previous)

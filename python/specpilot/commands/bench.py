@@ -29,7 +29,8 @@ def configure(parser):
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     parser.add_argument("--weights", default=None, choices=("bf16", "split12"),
-                        help="our engine's target weights (default: as stored; split12 packs a bf16 folder at load)")
+                        help="our engine's target weights, which the drafter's follow (default: as stored; split12 "
+                             "packs a bf16 folder at load)")
     parser.add_argument("--replay", default=None,
                         help="scale tier: replay acceptance in our_spec, a fixed TAU (e.g. 6.49) or a trace.json")
     parser.add_argument("--tier", default="auto", choices=("auto", "real", "scale", "correctness"),

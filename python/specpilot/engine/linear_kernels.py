@@ -7,9 +7,11 @@ when the skinny GEMM cannot run; the simt kernel is ~5x slower than torch at M =
 (more rows, i.e. prefill: decode the weight, then cuBLAS). The engine sets it around each step, so
 a CUDA graph bakes in the right one. Exactness: Split12Linear and its Bf16Linear twin stay
 bit-identical under every kernel; the kernels differ from each other by fp32 summation order only
-(see formats/split12/ops.py). "skinny" and "dense" are also what a bf16 model's nn.Linear runs for
-those rows (skinny_linear.linear, F.linear), so a split12 engine's prefill and verify steps give
-the bf16 engine's bits; only the one-token GEMV's order differs (split12 lane tree vs gemv_fusion).
+(see formats/split12/ops.py). "dense" is also what a bf16 model's nn.Linear runs for prefill rows
+(F.linear), and "skinny" its skinny GEMM (skinny_linear.linear) on the same grid wherever the split12
+pair keeps the planner's grid, so there a split12 engine's prefill and verify steps give the bf16
+engine's bits. The pair's decode-bound grid (ops.skinny_pair_ctas: the 8B O projection cut in two K
+pieces) and the one-token GEMV (split12 lane tree vs gemv_fusion) differ from it by fp32 order.
 """
 from __future__ import annotations
 

@@ -20,10 +20,11 @@ MAX_ROWS = 16  # token rows per launch (kMaxM in csrc/include/specpilot/skinny_g
 
 
 @functools.lru_cache(maxsize=None)
-def _size(n: int, k: int) -> tuple:
-    """(partial floats, counters) a launch for an N x K weight needs (any M): asked of the op once per shape."""
+def _size(n: int, k: int, ctas: int = 0) -> tuple:
+    """(partial floats, counters) a launch over `ctas` CTAs (0: the planner's grid) for an N x K weight
+    needs (any M): asked of the op once per shape and grid."""
     ops = _ext.ops()
-    return ops.skinny_partials_count(ops.skinny_plan_ctas(n, k), n), ops.skinny_counter_count(n)
+    return ops.skinny_partials_count(ctas or ops.skinny_plan_ctas(n, k), n), ops.skinny_counter_count(n)
 
 
 class _Workspace:
@@ -35,8 +36,8 @@ class _Workspace:
         self.counters = torch.zeros(0, dtype=torch.int32, device=device)
         self._retired: list[torch.Tensor] = []          # kept alive for graphs captured earlier
 
-    def buffers(self, n: int, k: int):
-        floats, counters = _size(n, k)
+    def buffers(self, n: int, k: int, ctas: int = 0):
+        floats, counters = _size(n, k, ctas)
         if (self.partials.numel() < floats or self.counters.numel() < counters) and \
                 torch.cuda.is_current_stream_capturing():
             raise RuntimeError(f"skinny GEMM: the workspace for a {n} x {k} weight must exist before CUDA-graph "
@@ -53,21 +54,22 @@ class _Workspace:
 _workspaces: dict[torch.device, _Workspace] = {}
 
 
-def buffers(device: torch.device, n: int, k: int):
-    """(partials, counters) on `device` for a launch over an N x K weight with the planned grid."""
+def buffers(device: torch.device, n: int, k: int, ctas: int = 0):
+    """(partials, counters) on `device` for a launch over an N x K weight on `ctas` CTAs (0: planned)."""
     ws = _workspaces.get(device) or _workspaces.setdefault(device, _Workspace(device))
-    return ws.buffers(n, k)
+    return ws.buffers(n, k, ctas)
 
 
-def run(x: torch.Tensor, out: torch.Tensor, n: int, k: int, launch) -> torch.Tensor:
+def run(x: torch.Tensor, out: torch.Tensor, n: int, k: int, launch, ctas: int = 0) -> torch.Tensor:
     """out [M, N] = x [M, K] times an N x K weight through a skinny GEMM, in chunks of MAX_ROWS rows:
-    launch(x rows, out rows, partials, counters) runs one. TMA wants contiguous, 16-byte aligned
+    launch(x rows, out rows, partials, counters) runs one on `ctas` CTAs (0: the planner's grid; the
+    workspace is sized for it). TMA wants contiguous, 16-byte aligned
     rows: x is copied when it is not (a contiguous view at an odd offset too)."""
     if not (x.is_contiguous() and x.data_ptr() % 16 == 0):
         x = x.clone(memory_format=torch.contiguous_format)
     if not (out.is_contiguous() and out.data_ptr() % 16 == 0):
         raise ValueError(f"skinny GEMM: out must be contiguous and 16-byte aligned, got strides {out.stride()}")
-    partials, counters = buffers(x.device, n, k)
+    partials, counters = buffers(x.device, n, k, ctas)
     for i in range(0, x.shape[0], MAX_ROWS):
         launch(x[i:i + MAX_ROWS], out[i:i + MAX_ROWS], partials, counters)
     return out

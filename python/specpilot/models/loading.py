@@ -73,20 +73,35 @@ def resolve_weights(folder, dtype, weights=None) -> str:
     return "split12" if as_dtype(dtype) == torch.bfloat16 and stored == SPLIT12_FORMAT else "bf16"
 
 
+def weights_of(model) -> str:
+    """'split12' when any of the model's linears holds split12 planes, else 'bf16'."""
+    from specpilot.formats.split12.linear import Split12Linear
+
+    return "split12" if any(isinstance(m, Split12Linear) for m in model.modules()) else "bf16"
+
+
 def swap_to_split12(model) -> None:
     try:
         from specpilot.formats.split12.linear import swap_linears
     except ImportError as e:
         raise RuntimeError(f"weights='split12' needs specpilot.formats.split12.linear.swap_linears, "
                            f"which is not available ({e})") from None
-    if model.dtype != torch.bfloat16:
-        raise ValueError(f"weights='split12' needs dtype bf16, got {model.dtype}")
+    dtype = next(model.parameters()).dtype
+    if dtype != torch.bfloat16:
+        raise ValueError(f"weights='split12' needs dtype bf16, got {dtype}")
     swap_linears(model)
 
 
-def load_drafter(folder, target: TargetLM) -> DFlashDrafter:
+def load_drafter(folder, target: TargetLM, weights=None) -> DFlashDrafter:
     """DFlash drafter from an HF folder, validated against `target` (hidden size, vocab, layer ids,
-    mask token); on the target's device and dtype, sharing its embedding and LM head."""
+    mask token); on the target's device and dtype, sharing its embedding and LM head. weights:
+    "split12" packs its linears (layers and fc) at load, "bf16" keeps them; None follows the target
+    (split12 when the target's linears are): fewer bytes per draft step (docs/PERF_NOTES.md,
+    eighteenth session). The drafts can differ from a bf16 drafter's by fp32 summation order only (the
+    split12 skinny pair's decode-bound grid; prompt-length calls run cuBLAS on the same weight bits),
+    which moves acceptance at a near-tie at most; the target's verification keeps the output lossless."""
+    if weights not in (None, "bf16", "split12"):
+        raise ValueError(f"weights={weights!r}: use 'bf16', 'split12' or None (as the target)")
     where = f"drafter {folder}"
     cfg = drafter_config_from_dict(read_config_json(folder), where=where)
     t = target.config
@@ -107,6 +122,8 @@ def load_drafter(folder, target: TargetLM) -> DFlashDrafter:
         drafter = DFlashDrafter(cfg, target)
     assign_state(drafter, state, where, target.device, target.dtype)
     drafter.eval().requires_grad_(False)
+    if (weights or weights_of(target)) == "split12":
+        swap_to_split12(drafter)
     drafter.ensure_rope(target.rope_cos.shape[0])
     drafter.source_dir = str(folder)
     return drafter

@@ -20,6 +20,8 @@ Exactness contracts:
   planes' device) and run torch's F.linear (cuBLAS on CUDA). Compute-bound there, so the decode pass
   is cheap, and the result is the bf16 model's nn.Linear bit for bit (same GEMM, same weight bits).
 """
+import functools
+
 import torch
 
 from specpilot import _ext
@@ -39,6 +41,52 @@ KERNEL_VARIANTS = {0: "shipped", 1: "load-ahead", 2: "M=1 R=1 U=2", 3: "M=1 R=2 
 # Variant 0 ships: the fastest on the H200 (docs/PERF_NOTES.md: 2026-12-02 against 1-4; 2026-12-03 its
 # M = 1 layer shapes moved to the streamed kernel, 5 keeps the register-fed one for comparison).
 SHIPPED_VARIANT = 0
+
+
+# The grid of the kernel="skinny" pair. The split12 skinny GEMM is limited by its decoder warps, about
+# one stage per 1.6-1.8 us per SM whatever the grid, not by HBM (docs/PERF_NOTES.md, eighth session),
+# so an SM without a CTA is decode throughput lost. The bf16 planner (skinny_plan_ctas) gives a whole
+# row block per CTA where it can, which on the Qwen3-8B O projection (64 row blocks) leaves half the
+# SMs idle. The decode-bound grid cuts each row block into the most equal K pieces that still give
+# one CTA per SM, where the planner's grid covers fewer than half the SMs (O: 64 -> 128 CTAs; the
+# ninth session's probe on the H200: 1.26 -> 1.12x the bf16 kernel's time). Both members of the pair
+# take the same grid, so they stay bit-identical; the cut changes the fp32 order against the
+# planner's grid (K pieces summed in K order). Measured on an H100 (docs/PERF_NOTES.md, eighteenth
+# session): O at 16 rows 15.2 -> 13.7 us, the split12 verify step 5.27 -> 5.16 ms (knob_ab --knob
+# split12_decode_grid --split12, three A/B pairs).
+STEP_K = 256       # weight columns per skinny step (kStepK, csrc/cuda/skinny_common.cuh)
+ROWS_PER_BLOCK = 64  # weight rows per row block (kRowsPerCta, csrc/include/specpilot/skinny_gemm.h)
+_decode_bound_grid = True
+
+
+def set_decode_bound_grid(on: bool) -> bool:
+    """Turns the decode-bound grid of the kernel="skinny" pair on or off (for launches and CUDA-graph
+    captures from now on); returns the previous setting."""
+    global _decode_bound_grid
+    previous, _decode_bound_grid = _decode_bound_grid, bool(on)
+    return previous
+
+
+def decode_bound_ctas(n: int, k: int, sms: int, planned: int) -> int:
+    """The decode-bound grid for an N x K weight on `sms` SMs where the planner gives `planned` CTAs;
+    0 where it keeps the planner's."""
+    blocks, k_steps = -(-n // ROWS_PER_BLOCK), -(-k // STEP_K)
+    if 2 * planned >= sms:
+        return 0
+    cuts = [j for j in range(2, k_steps + 1) if k_steps % j == 0 and blocks * j <= sms]
+    return blocks * max(cuts) if cuts and blocks * max(cuts) > planned else 0
+
+
+@functools.lru_cache(maxsize=None)
+def _pair_ctas(n: int, k: int, device_index: int) -> int:
+    sms = torch.cuda.get_device_properties(device_index).multi_processor_count
+    return decode_bound_ctas(n, k, sms, _ext.ops().skinny_plan_ctas(n, k))
+
+
+def skinny_pair_ctas(n: int, k: int, device: torch.device) -> int:
+    """The grid both kernel="skinny" launches of an N x K weight use: 0 (the planner's) unless the
+    decode-bound grid is on and differs."""
+    return _pair_ctas(n, k, device.index or 0) if _decode_bound_grid else 0
 
 
 def _cuda_live() -> bool:
@@ -130,8 +178,9 @@ def split12_linear(x: torch.Tensor, p: Split12Tensor, out: torch.Tensor | None =
     out = _out(x, p.N, out)
     planes = list(p.planes().values())
     if kernel == "skinny":
+        ctas = skinny_pair_ctas(p.N, p.K, x.device)
         return skinny_workspace.run(x, out, p.N, p.K, lambda xs, ys, partials, counters: _ext.ops().split12_skinny_gemm(
-            xs, *planes, p.K, 0, True, ys, partials, counters))
+            xs, *planes, p.K, ctas, True, ys, partials, counters), ctas)
     op = _op("split12_linear", kernel, x)
     if kernel == "simt" and x.is_cuda and x.shape[0] == 1 and x.is_contiguous() and out.is_contiguous():
         launch = integrated_launcher("split12_gemv", (p.N, p.K), x.device)  # agent-integrated variant
@@ -153,8 +202,9 @@ def bf16_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = Non
         return _dense(x, w, out)
     out = _out(x, w.shape[0], out)
     if kernel == "skinny":
+        ctas = skinny_pair_ctas(w.shape[0], w.shape[1], x.device)
         return skinny_workspace.run(x, out, w.shape[0], w.shape[1], lambda xs, ys, partials, counters: _ext.ops().skinny_gemm(
-            w, xs, 0, True, ys, partials, counters))
+            w, xs, ctas, True, ys, partials, counters), ctas)
     op = _op("bf16_linear", kernel, x)
     for xs, ys in _chunks(x, out):
         op(xs, w, ys)
