@@ -13,7 +13,8 @@ attention's key splits merged inside a thread-block cluster, at most 16 splits, 
 combine kernel, in every call; cluster_merge_multi_token: only in the verify / draft blocks), gemv_pdl (the same for
 the one-token GEMVs), fused_split12_gemv (with --split12: the norm / SwiGLU gate inside the one-token
 split12 GEMVs instead of their own kernels), split12_decode_grid (with --split12: the split12 skinny GEMM
-and its bf16 twin on every SM where the planner's grid idles half of them, formats/split12/ops.py). Prints a markdown table last; --out writes every number as JSON.
+and its bf16 twin on every SM where the planner's grid idles half of them, formats/split12/ops.py).
+Prints a markdown table last; --out writes every number as JSON.
 """
 import argparse
 import importlib
