@@ -97,6 +97,8 @@ def test_split12_prefill_and_verify_equal_the_plain_bf16_engine():
     the bf16 engine's bit for bit. (Its one-token step keeps its own lane-tree order, and the split12
     pair's decode-bound grid its own K cuts: not at these tiny shapes, checked below.)"""
     from specpilot.engine import Engine
+    from specpilot.formats.split12.linear import Split12Linear
+    from specpilot.formats.split12.ops import skinny_pair_ctas
     from specpilot.models import load_drafter, load_target, skinny_linear
     from specpilot.models.random_ckpt import write_pair
     import tempfile
@@ -106,9 +108,6 @@ def test_split12_prefill_and_verify_equal_the_plain_bf16_engine():
         t, d = write_pair(tmp, "tiny-qwen3", layer_ids=[0, 2], block_size=8, seed=fresh_seed())
         models = [load_target(t, device="cuda", dtype=torch.bfloat16, weights=w) for w in ("split12", "bf16")]
         engines = [Engine(m, load_drafter(d, m), max_seq_len=300) for m in models]
-    from specpilot.formats.split12.linear import Split12Linear
-    from specpilot.formats.split12.ops import skinny_pair_ctas
-
     assert all(skinny_pair_ctas(m.out_features, m.in_features, torch.device("cuda")) == 0
                for m in models[0].modules() if isinstance(m, Split12Linear))
     g = torch.Generator().manual_seed(fresh_seed())

@@ -62,11 +62,15 @@ def load_target(folder, device="cpu", dtype=torch.bfloat16, weights=None) -> Tar
     return model
 
 
+def _check_weights(weights, default: str) -> None:
+    if weights not in (None, "bf16", "split12"):
+        raise ValueError(f"weights={weights!r}: use 'bf16', 'split12' or None ({default})")
+
+
 def resolve_weights(folder, dtype, weights=None) -> str:
     """'bf16' or 'split12': `weights` if given, else as stored (split12 for a split12 folder run in
     bf16; a split12 folder run in fp32 holds the same bf16 values in fp32)."""
-    if weights not in (None, "bf16", "split12"):
-        raise ValueError(f"weights={weights!r}: use 'bf16', 'split12' or None (as stored)")
+    _check_weights(weights, "as stored")
     if weights is not None:
         return weights
     stored = checkpoint_format(folder) if (Path(folder) / "config.json").exists() else "bf16"
@@ -100,8 +104,7 @@ def load_drafter(folder, target: TargetLM, weights=None) -> DFlashDrafter:
     eighteenth session). The drafts can differ from a bf16 drafter's by fp32 summation order only (the
     split12 skinny pair's decode-bound grid; prompt-length calls run cuBLAS on the same weight bits),
     which moves acceptance at a near-tie at most; the target's verification keeps the output lossless."""
-    if weights not in (None, "bf16", "split12"):
-        raise ValueError(f"weights={weights!r}: use 'bf16', 'split12' or None (as the target)")
+    _check_weights(weights, "as the target")
     where = f"drafter {folder}"
     cfg = drafter_config_from_dict(read_config_json(folder), where=where)
     t = target.config
