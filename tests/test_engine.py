@@ -71,18 +71,20 @@ def test_sampling_reproducible_and_matches_stock(pair):
     assert ar1.tokens == ar2.tokens and len(ar1.tokens) == 12
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_graph_path_on_cpu_matches_stock(pair, fused):
+@pytest.mark.parametrize("fused, early", [(True, True), (True, False), (False, True)])
+def test_graph_path_on_cpu_matches_stock(pair, fused, early):
     """The CUDA-graph code path (fixed shapes, context and tail blocks padded into the trash slot,
     power-of-two kv spans, outputs overwritten by every call) run on the CPU with a static-shape
-    stand-in: the fused whole-step graphs (fused=True) and the stepwise draft / verify graphs."""
+    stand-in: the fused whole-step graphs (fused=True; early: each step's control written by the
+    step before it, else uploaded by the host) and the stepwise draft / verify graphs."""
+    from specpilot.engine import fused_steps
     from specpilot.engine.graphs import StaticShapeStep
     from specpilot.engine.steps import StepRunner
 
     eng = pair.engine
     prompts = [pair.random_prompt(3), pair.random_prompt(40)]   # shorter / longer than the block
     eager_ar = [eng.generate_ar(p, 12).tokens for p in prompts]
-    saved = eng.runner, eng.fused_steps
+    saved = eng.runner, eng.fused_steps, fused_steps.set_early_launch(early)
     eng.runner = StepRunner(eng.target, eng.drafter, eng.cache, eng.draft_cache, True, StaticShapeStep)
     eng.fused_steps = fused
     try:
@@ -96,19 +98,27 @@ def test_graph_path_on_cpu_matches_stock(pair, fused):
         else:
             assert {k[0] for k in eng.runner.graphs} == {"target", "draft"} and not eng.runner.fused.graphs
     finally:
-        eng.runner, eng.fused_steps = saved
+        eng.runner, eng.fused_steps = saved[:2]
+        fused_steps.set_early_launch(saved[2])
 
 
-def test_fused_replay_forces_the_planned_acceptance(pair):
+@pytest.mark.parametrize("early", [True, False])
+def test_fused_replay_forces_the_planned_acceptance(pair, early):
     """Replay through the fused step: the transcript's tokens are produced with exactly the planned
-    acceptance lengths (the drafts come from the control buffer), equal to greedy AR."""
+    acceptance lengths (the drafts built on the device from the plan and transcript buffers), equal
+    to greedy AR, with the control advanced by the step itself (early) or uploaded by the host."""
+    from specpilot.engine import fused_steps
     from specpilot.engine.replay import AcceptanceReplay
 
     prompt = pair.random_prompt(10)
     transcript = pair.engine.generate_ar(prompt, 30).tokens
     trace = [1 + int(x) for x in torch.randint(0, 4, (7,), generator=torch.Generator().manual_seed(fresh_seed()))]
     replay = AcceptanceReplay(transcript, trace)
-    r = pair.engine.generate_spec(prompt, 30, block_size=4, replay=replay)
+    previous = fused_steps.set_early_launch(early)
+    try:
+        r = pair.engine.generate_spec(prompt, 30, block_size=4, replay=replay)
+    finally:
+        fused_steps.set_early_launch(previous)
     assert r.replay_shortfalls == 0
     assert r.tokens == transcript
     expected = [min(trace[i % len(trace)], 4) for i in range(len(r.acceptance_lengths))]
@@ -136,3 +146,27 @@ def test_drafter_scales_and_softcap_match_stock(tmp_path):
         ref = run_stock(stock, prompt, 20, (), temperature, None, seed=seed)
         ours = engine.generate_spec(prompt, 20, temperature=temperature, seed=seed)
         assert ours.tokens == ref.tokens and ours.acceptance_lengths == ref.acceptance_lengths
+
+
+def test_fused_replay_past_the_transcript_equals_the_stepwise_loop(pair):
+    """A transcript shorter than the generation: past its end the device's replay drafts must be
+    AcceptanceReplay.drafts' (rejected tokens), so the fused loop (early launch on and off) gives
+    the stepwise loop's tokens, acceptance lengths and shortfall count."""
+    from specpilot.engine import fused_steps
+    from specpilot.engine.replay import AcceptanceReplay
+
+    eng = pair.engine
+    prompt = pair.random_prompt(9)
+    transcript = eng.generate_ar(prompt, 30).tokens[:10]
+    runs = {}
+    for name, fused, early in (("stepwise", False, True), ("early", True, True), ("host", True, False)):
+        saved = eng.fused_steps, fused_steps.set_early_launch(early)
+        eng.fused_steps = fused
+        try:
+            r = eng.generate_spec(prompt, 30, block_size=4, replay=AcceptanceReplay(transcript, 3.5))
+        finally:
+            eng.fused_steps = saved[0]
+            fused_steps.set_early_launch(saved[1])
+        runs[name] = (r.tokens, r.acceptance_lengths, r.replay_shortfalls)
+    assert runs["stepwise"][2] > 0                              # the plan outran the transcript
+    assert runs["early"] == runs["stepwise"] == runs["host"]

@@ -37,10 +37,15 @@ def run_ar(engine, ids, max_new_tokens: int, stop_ids: tuple, temperature: float
 
 def run_ar_fused(engine, ids, max_new_tokens: int, stop_ids: tuple) -> GenerationResult:
     """Greedy: each token is one replay of a graph that embeds, runs the target, takes the argmax and
-    advances its own position; the host only reads the token (one sync per token)."""
+    advances its own position; the host only reads the token (one sync per token). With early launch
+    (fused_steps.set_early_launch) the next token's step is launched before this one is read, so the
+    GPU never waits for the host; a stop token then leaves one launched step unused."""
+    from . import fused_steps
+
     runner, n = engine.runner, ids.shape[1]
     fused = runner.fused
     fused.capture_all(None)                                   # no-op once captured; before the clock
+    ahead = 1 if fused_steps.early_launch() else 0
     t0 = engine.clock()
     logits, _ = runner.prefill(ids, with_features=False)      # [1, 1, V]
     first = int(torch.argmax(logits[0, -1]).item())
@@ -49,10 +54,14 @@ def run_ar_fused(engine, ids, max_new_tokens: int, stop_ids: tuple) -> Generatio
     stop = set(stop_ids)
     if first not in stop and max_new_tokens > 1:
         fused.ar_begin(first, n)
+        launched = 0                                          # steps launched; each makes one token
         while True:
-            tokens.append(fused.ar_step(n + len(tokens) - 1))
+            while launched < max_new_tokens - 1 and launched - (len(tokens) - 1) <= ahead:
+                fused.ar_launch()
+                launched += 1
+            tokens.append(fused.ar_collect())
             if tokens[-1] in stop or len(tokens) >= max_new_tokens:
                 break
-    t2 = engine.clock()
+    t2 = engine.clock()                                       # (waits for a step launched past a stop)
     return GenerationResult(prompt_len=n, tokens=tokens, acceptance_lengths=[], prefill_s=t1 - t0,
                             decode_s=t2 - t1, steps=len(tokens) - 1)

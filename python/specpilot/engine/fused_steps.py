@@ -3,31 +3,79 @@
 Why: on a small target the separate draft / verify graphs plus the eager glue between them (index
 building, argmax, cat, clone, several host syncs) cost more than the model itself. Here every
 per-step index is computed on the device from a few scalars in one int64 control buffer, so a
-step is: one host->device copy of the control scalars, one graph replay, one device->host copy of
-the packed result (the only host sync).
+step is: one graph replay and one device->host copy of its packed result into pinned memory (the
+only host sync); the host uploads control scalars only to start a generation (or, with early launch
+off, before every step).
 
-Greedy DFlash step (block B, kv span S), control = [start, ctx_start, ctx_count, vs, anchor,
-use_forced, forced drafts x (B-1)]:
+Greedy DFlash step (block B, kv span S), control = CONTROL (int64, on the device):
   1. draft context: the target features of the last step's committed rows (`ctx_count` rows at
      positions ctx_start..) -> draft cache; padding rows -> the trash slot.
   2. draft block [anchor, mask x (B-1)] at positions start.. (rows >= vs, the tail padding, sit
      at the trash slot and are invisible: keys visible iff slot <= start + vs - 1), argmax.
-     Replay (timing tier) overrides the drafts with `forced` when use_forced.
+     Replay (timing tier, `replay` = 1) overrides the drafts with the transcript's next tokens as
+     AcceptanceReplay.drafts does, reading the plan and transcript buffers at `step`.
   3. verify [anchor, drafts] with the target (causal; padding rows at the trash slot), argmax,
      accepted-prefix length over the vs - 1 real drafts, features -> the context buffer.
-  Output (int64 [1 + 2B]): [matched, block x B, posterior x B].
+  4. the next step's control, as the host's stock bookkeeping would set it (produced = accepted + 1,
+     or the planned count under replay, capped by max_length; a stop token is the host's to see).
+  Output (int64 [2 + 2B]): [matched, block x B, posterior x B, start].
+So the host can launch the next step as soon as it has read this one's output and seen no stop
+(`set_early_launch`): no control upload on the critical path.
 Exactness: the same arithmetic as the stepwise path (steps.py); a tail block (vs < B) runs padded
 to B rows, so its real rows differ from stock's vs-row block only by kernel rounding (masked keys
 add exact zeros; GEMM row count may change the GEMM kernel).
 
 AR step (span S): [token, position] buffers -> target at that position -> argmax written back into
-the token buffer, position + 1 (the graph advances itself; the host only reads the token).
+the token buffer, position + 1 (the graph advances itself; the host only reads the token). With
+early launch the host keeps one step in flight: it launches token k+1 before reading token k, so
+the GPU never waits for the host; a stop token costs one step already launched.
 """
 from __future__ import annotations
+
+import collections
 
 import torch
 
 from .graphs import kv_bucket
+
+# The spec step's control scalars, in buffer order (int64 on the device).
+CONTROL = ("start", "ctx_start", "ctx_count", "vs", "anchor", "replay", "max_length", "prompt_len", "step",
+           "transcript_len")
+_NEXT = 5          # the graph rewrites CONTROL[:_NEXT] (and bumps `step`) for the following step
+
+_early_launch = True
+
+
+def set_early_launch(on: bool) -> bool:
+    """Launch each greedy step as soon as the host has read the previous one (the spec step's
+    control advanced on the device; the AR step one token ahead). Returns the previous setting."""
+    global _early_launch
+    previous, _early_launch = _early_launch, bool(on)
+    return previous
+
+
+def early_launch() -> bool:
+    return _early_launch
+
+
+class _Readback:
+    """A replay's packed output copied into pinned memory, and the event that says it is there."""
+
+    def __init__(self, size: int, device):
+        pin = device.type == "cuda"
+        self.host = torch.zeros(size, dtype=torch.long, pin_memory=pin)
+        self.event = torch.cuda.Event() if pin else None
+
+    def fetch(self, out: torch.Tensor) -> "_Readback":
+        self.host.copy_(out, non_blocking=self.event is not None)
+        if self.event is not None:
+            self.event.record()
+        return self
+
+    def values(self) -> list:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()
 
 
 class FusedSteps:
@@ -39,27 +87,31 @@ class FusedSteps:
         self.graphs = {}                                        # ("ar", span) / ("spec", B, span) -> step
         self.ar_token = torch.zeros(1, dtype=torch.long, device=device)       # [1]
         self.ar_pos = torch.zeros(1, dtype=torch.long, device=device)         # [1]
-        self.ctl = {}                                           # B -> int64 [6 + B - 1] (device)
-        self.ctl_host = {}                                      # B -> pinned host twin
+        self.ar_ring = [_Readback(1, device) for _ in range(2)]               # AR: one step in flight
+        self.ar_pending = collections.deque()                                 # launched, not yet read
+        self.ar_launched = 0
+        self.ctl = torch.zeros(len(CONTROL), dtype=torch.long, device=device)
+        self.ctl_host = torch.zeros(len(CONTROL), dtype=torch.long, pin_memory=device.type == "cuda")
+        slots = runner.capacity + 1
+        self.plan = torch.ones(slots, dtype=torch.long, device=device)        # replay: tokens per step
+        self.transcript = torch.zeros(slots, dtype=torch.long, device=device) # replay: target's tokens
         self.ctx_feats = {}                                     # B -> [1, B, F] features for the next draft
+        self.spec_out = {}                                      # B -> _Readback of [2 + 2B]
 
     # -- buffers --------------------------------------------------------------------------------
-    def _host_buffer(self, n: int) -> torch.Tensor:
-        pin = self.device.type == "cuda"
-        return torch.zeros(n, dtype=torch.long, pin_memory=pin)
-
     def _spec_buffers(self, b: int):
-        if b not in self.ctl:
-            self.ctl[b] = torch.zeros(6 + b - 1, dtype=torch.long, device=self.device)
-            self.ctl_host[b] = self._host_buffer(6 + b - 1)
+        if b not in self.ctx_feats:
             f = len(self.runner.feature_layers) * self.target.config.hidden_size
             self.ctx_feats[b] = torch.zeros(1, b, f, dtype=self.target.dtype, device=self.device)
-        return self.ctl[b], self.ctx_feats[b]
+            self.spec_out[b] = _Readback(2 + 2 * b, self.device)
+        return self.ctl, self.ctx_feats[b]
 
-    def _send(self, b: int, values) -> None:
-        host = self.ctl_host[b]
-        host.copy_(torch.tensor(values, dtype=torch.long))
-        self.ctl[b].copy_(host, non_blocking=True)             # stream-ordered before the replay
+    def _send(self, **values) -> None:
+        """Every control scalar, by name, to the device (stream-ordered before the next replay)."""
+        if set(values) != set(CONTROL):
+            raise ValueError(f"control needs exactly {CONTROL}, got {sorted(values)}")
+        self.ctl_host.copy_(torch.tensor([int(values[name]) for name in CONTROL], dtype=torch.long))
+        self.ctl.copy_(self.ctl_host, non_blocking=True)
 
     # -- the step functions (traced once per span when graphed) ---------------------------------
     def _ar_fn(self, span: int):
@@ -76,12 +128,14 @@ class FusedSteps:
         ctl, feats = self._spec_buffers(b)
         runner, drafter = self.runner, self.drafter
         trash = runner.draft_cache.trash_slot
+        vocab = self.target.config.vocab_size
+        plan, transcript = self.plan, self.transcript
         if runner.cache.trash_slot != trash:
             raise RuntimeError(f"target / draft caches differ in slots ({runner.cache.trash_slot} vs {trash})")
 
         def fn():
-            start, ctx_start, ctx_count, vs, anchor, use_forced = (ctl[i:i + 1] for i in range(6))
-            forced = ctl[6:]                                                         # [B-1]
+            (start, ctx_start, ctx_count, vs, anchor, replay, max_length, prompt_len, step,
+             transcript_len) = (ctl[i:i + 1] for i in range(len(CONTROL)))
             rows = torch.arange(b, device=ctl.device)                                # [B]
             ctx_pos = torch.where(rows < ctx_count, ctx_start + rows, trash)         # [B]
             blk_pos = torch.where(rows < vs, start + rows, trash)                    # [B]
@@ -92,7 +146,14 @@ class FusedSteps:
                 draft_logits = drafter.forward_block(block, blk_pos, runner.draft_cache, span,
                                                      last_visible=start + vs - 1)    # [1, B-1, V]
             drafts = torch.argmax(draft_logits[0], dim=-1)                           # [B-1]
-            drafts = torch.where(use_forced > 0, forced, drafts)
+            # Replay: the step's planned count (capped by vs), then AcceptanceReplay.drafts' tokens.
+            want = torch.minimum(plan[step.clamp(max=plan.numel() - 1)], vs).clamp(min=1)   # [1]
+            j = rows[:-1]
+            at = start - prompt_len + 1 + j                                          # transcript index
+            known = at < transcript_len
+            told = torch.where(known, transcript[at.clamp(0, transcript.numel() - 1)], 0)
+            forced = torch.where(known & (j < want - 1), told, (told + 1) % vocab)
+            drafts = torch.where(replay > 0, forced, drafts)
             block = torch.cat([anchor, drafts]).view(1, b)                           # [1, B]
             with runner.compiled_ctx(self.target):
                 logits, new_feats = runner._target(block, blk_pos, span, True)       # [1, B, V], [1, B, F]
@@ -100,7 +161,17 @@ class FusedSteps:
             ok = (drafts == posterior[:-1]) & (rows[:-1] + 1 < vs)                   # real drafts only
             matched = ok.long().cumprod(dim=0).sum(dim=0, keepdim=True)              # [1]
             feats.copy_(new_feats)
-            return torch.cat([matched, block[0], posterior])                         # [1 + 2B]
+            # The next step's control (stock's bookkeeping; spec_loop.greedy_new_tokens / commit).
+            acc = torch.where(replay > 0, want - 1, matched)
+            produced = torch.minimum(acc + 1, max_length - start - 1).clamp(min=1)
+            last = torch.where(produced - 1 < acc, block[0].gather(0, produced.clamp(max=b - 1)),
+                               posterior.gather(0, acc))
+            after = start + produced
+            nxt = torch.cat([after, start, produced, (max_length - after).clamp(max=b), last])
+            out = torch.cat([matched, block[0], posterior, start])                   # [2 + 2B]
+            ctl[:_NEXT].copy_(nxt)
+            ctl[CONTROL.index("step")].add_(1)
+            return out
         return fn
 
     # -- graphs ---------------------------------------------------------------------------------
@@ -114,7 +185,7 @@ class FusedSteps:
             # A capture's warm-up calls execute the step: keep the state they advance or overwrite
             # (the K/V they write are the values the real step writes), so a capture mid-generation
             # is safe too.
-            state = [self.ar_token, self.ar_pos, *self.ctx_feats.values()]
+            state = [self.ar_token, self.ar_pos, self.ctl, *self.ctx_feats.values()]
             saved = [t.clone() for t in state]
             step = self.runner.step_factory(make_fn(), (), self.runner.pool)
             for t, s in zip(state, saved):
@@ -135,42 +206,91 @@ class FusedSteps:
         for span in self.spans():
             self.ar_pos.fill_(0)
             self._step(("ar", span), lambda: self._ar_fn(span))
-            if block_size is not None and block_size > 1 and self.drafter is not None:
+            if spec:
                 self._spec_buffers(block_size)
-                self._send(block_size, [0, 0, 0, block_size, 0, 0] + [0] * (block_size - 1))
+                self._send(start=0, ctx_start=0, ctx_count=0, vs=block_size, anchor=0, replay=0,
+                           max_length=block_size + 1, prompt_len=0, step=0, transcript_len=0)
                 self._step(("spec", block_size, span), lambda: self._spec_fn(block_size, span))
         return len(self.graphs)
 
-    # -- per-step calls (host side) --------------------------------------------------------------
+    # -- AR (host side) -------------------------------------------------------------------------
     def ar_begin(self, token: int, position: int) -> None:
         """The next AR step feeds `token` at `position`."""
         self.ar_token.fill_(int(token))
         self.ar_pos.fill_(int(position))
+        self.ar_pending.clear()
+        self.ar_launched = int(position)
+
+    def ar_launch(self) -> None:
+        """Launches the next AR step (at the position after the last one launched)."""
+        if len(self.ar_pending) == len(self.ar_ring):
+            raise RuntimeError(f"ar_launch: {len(self.ar_ring)} AR steps already in flight")
+        span = kv_bucket(self.ar_launched + 1, self.runner.capacity)
+        if self.runner.use_graphs:
+            out = self._step(("ar", span), lambda: self._ar_fn(span))()
+        else:
+            out = self._ar_fn(self.ar_launched + 1)()
+        slot = self.ar_ring[self.ar_launched % len(self.ar_ring)]
+        self.ar_pending.append(slot.fetch(out))
+        self.ar_launched += 1
+
+    def ar_collect(self) -> int:
+        """The token of the oldest AR step in flight (waits for it)."""
+        return self.ar_pending.popleft().values()[0]
 
     def ar_step(self, position: int) -> int:
         """One greedy AR step at `position` (must be the position ar_begin / the last step left)."""
-        if not self.runner.use_graphs:
-            return int(self._ar_fn(position + 1)().item())
-        step = self._step(("ar", kv_bucket(position + 1, self.runner.capacity)),
-                          lambda: self._ar_fn(kv_bucket(position + 1, self.runner.capacity)))
-        return int(step().item())                              # the one host sync per token
+        if position != self.ar_launched or self.ar_pending:
+            raise RuntimeError(f"ar_step at {position}: the graph's position is {self.ar_launched}"
+                               f" with {len(self.ar_pending)} step(s) in flight")
+        self.ar_launch()
+        return self.ar_collect()
 
+    # -- spec (host side) -----------------------------------------------------------------------
     def write_prompt_context(self, features) -> None:
         """Draft context for the whole prompt (features [1, n, F] at positions 0..n-1), eagerly."""
         positions = torch.arange(features.shape[1], device=features.device)
         with self.runner.kernel_ctx(features.shape[1]):
             self.drafter.write_context(features, positions, self.runner.draft_cache)
 
-    def spec_step(self, b: int, start: int, ctx_start: int, ctx_count: int, vs: int, anchor: int,
-                  forced=None) -> list:
-        """One greedy DFlash step; returns [matched, block x B, posterior x B] as ints."""
+    def load_replay(self, replay, b: int, steps: int) -> None:
+        """An AcceptanceReplay's plan (tokens per step, for `steps` steps) and transcript, to the
+        device, where the spec step reads them (before a generation's clock starts)."""
+        steps = min(steps, self.plan.numel())
+        self.plan[:steps].copy_(torch.tensor([replay.produced_at(i, b) for i in range(steps)], dtype=torch.long))
+        told = replay.transcript[:self.transcript.numel()]
+        self.transcript[:len(told)].copy_(torch.tensor(told, dtype=torch.long))
+
+    def spec_begin(self, b: int, start: int, anchor: int, max_length: int, replay=None) -> None:
+        """Control for a generation's first step: its context is in the draft cache already, and a
+        replay's plan on the device (load_replay)."""
+        self._spec_buffers(b)
+        self.spec_send(b, start=start, ctx_start=0, ctx_count=0, anchor=anchor, max_length=max_length,
+                       step=0, replay=replay, prompt_len=start)
+
+    def spec_send(self, b: int, start: int, ctx_start: int, ctx_count: int, anchor: int, max_length: int,
+                  step: int, replay, prompt_len: int) -> None:
+        """Every control scalar of one spec step, from the host's own bookkeeping."""
+        self._send(start=start, ctx_start=ctx_start, ctx_count=ctx_count, vs=min(b, max_length - start),
+                   anchor=anchor, replay=replay is not None, max_length=max_length, prompt_len=prompt_len,
+                   step=step, transcript_len=len(replay.transcript) if replay is not None else 0)
+
+    def spec_launch(self, b: int, span_end: int) -> _Readback:
+        """Replays the spec step for the control now on the device; span_end = start + vs of that
+        step (the host's count), which picks the kv span. Read the result with `.values()`."""
+        if self.runner.use_graphs:
+            span = kv_bucket(span_end, self.runner.capacity)
+            out = self._step(("spec", b, span), lambda: self._spec_fn(b, span))()
+        else:
+            out = self._spec_fn(b, span_end)()
+        return self.spec_out[b].fetch(out)
+
+    def spec_step(self, b: int, start: int, ctx_start: int, ctx_count: int, vs: int, anchor: int) -> list:
+        """One greedy DFlash step from explicit control values (no replay); returns
+        [matched, block x B, posterior x B, start] as ints."""
         if not 2 <= vs <= b:
             raise ValueError(f"spec_step: verify size {vs} must be in [2, block {b}]")
         self._spec_buffers(b)
-        extra = [0] * (b - 1) if forced is None else list(forced) + [0] * (b - 1 - len(forced))
-        self._send(b, [start, ctx_start, ctx_count, vs, anchor, int(forced is not None)] + extra)
-        if not self.runner.use_graphs:
-            return self._spec_fn(b, start + vs)().tolist()
-        span = kv_bucket(start + vs, self.runner.capacity)
-        step = self._step(("spec", b, span), lambda: self._spec_fn(b, span))
-        return step().tolist()                                 # the one host sync per step
+        self._send(start=start, ctx_start=ctx_start, ctx_count=ctx_count, vs=vs, anchor=anchor, replay=0,
+                   max_length=start + vs + 1, prompt_len=start, step=0, transcript_len=0)
+        return self.spec_launch(b, start + vs).values()

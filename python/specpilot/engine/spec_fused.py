@@ -1,8 +1,11 @@
 """The greedy DFlash loop with one fused step per block (fused_steps.py): the stock loop
 (dflash 0.1.0 `dflash_generate`, see spec_loop.py) with every device op of a step in one graph.
 
-Host work per step: build the control scalars, one replay, read back [matched, block, posterior]
-(the only sync), then the same acceptance / stop / tail bookkeeping as stock.
+Host work per step: read back [matched, block, posterior, start] (the only sync), the same
+acceptance / stop / tail bookkeeping as stock, and the next launch. With early launch (the default,
+fused_steps.set_early_launch) the step has already written the next step's control on the device,
+so the host launches the next step as soon as it has seen no stop and no end in this one's tokens;
+otherwise it uploads the control it computed itself first.
 Exactness: the same tokens as spec_loop's stepwise path and as stock, up to kernel-rounding
 near-ties (fp32 on the CPU: identical; tested against stock).
 """
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from . import fused_steps
 from .result import GenerationResult
 from .spec_loop import commit, greedy_new_tokens
 
@@ -22,7 +26,9 @@ def run_spec_fused(engine, ids, max_new_tokens, stop_ids, block_size, replay) ->
     n = ids.shape[1]
     max_length = n + max_new_tokens
     stop = set(stop_ids)
-    vocab = engine.target.config.vocab_size
+    early = fused_steps.early_launch()
+    if replay is not None:
+        fused.load_replay(replay, b, max_new_tokens)          # at most one step per new token
 
     t0 = engine.clock()
     logits, features = runner.prefill(ids, with_features=True)   # [1, 1, V], [1, n, F]
@@ -31,21 +37,27 @@ def run_spec_fused(engine, ids, max_new_tokens, stop_ids, block_size, replay) ->
 
     acceptance, start = [], n
     stopped = tokens[0] in stop
+    pending = None
     if not stopped and start + 1 < max_length:
         fused.write_prompt_context(features)                  # the first draft's context: the prompt
-    ctx_start, ctx_count = 0, 0                               # context rows not yet in the draft cache
-    while start + 1 < max_length and not stopped:
+        fused.spec_begin(b, start, tokens[-1], max_length, replay)
+        pending = fused.spec_launch(b, start + min(b, max_length - start))
+    while pending is not None:
         vs = min(b, max_length - start)
-        forced = None
-        if replay is not None:
-            want = replay.produced_at(len(acceptance), vs)
-            forced = replay.drafts(start - n, want - 1, vs - 1, vocab)
-        packed = fused.spec_step(b, start, ctx_start, ctx_count, vs, tokens[-1], forced)
+        packed = pending.values()                             # waits for the step
+        if packed[-1] != start:
+            raise RuntimeError(f"fused spec step ran at position {packed[-1]}, the host expected {start}")
         new = greedy_new_tokens(packed, b, replay, len(acceptance), vs)
         produced, stopped = commit(new, max_length - start - 1, stop, tokens)
         ctx_start, ctx_count = start, produced                # anchor + accepted drafts
         start += produced
         acceptance.append(produced)
+        pending = None
+        if start + 1 < max_length and not stopped:
+            if not early:                                     # the host's own control for the step
+                fused.spec_send(b, start, ctx_start, ctx_count, tokens[-1], max_length, len(acceptance),
+                                replay, n)
+            pending = fused.spec_launch(b, start + min(b, max_length - start))
 
     t2 = engine.clock()
     return GenerationResult(prompt_len=n, tokens=tokens, acceptance_lengths=acceptance, prefill_s=t1 - t0,

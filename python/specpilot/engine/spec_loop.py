@@ -84,16 +84,15 @@ def run_spec(engine, ids, max_new_tokens, stop_ids, temperature, block_size, rep
 
 
 def greedy_new_tokens(packed: list, width: int, replay, step: int, verify_size: int) -> list:
-    """packed = [matched, block (width), posterior (width)] read back from the device (width >=
-    verify_size: the fused step pads the tail block) -> the
-    accepted drafts + the bonus token. Under replay the trace's planned count is used, and a step
+    """packed = [matched, block (width), posterior (width), ...] read back from the device (width
+    >= verify_size: the fused step pads the tail block) -> the accepted drafts + the bonus token. Under replay the trace's planned count is used, and a step
     where the target disagreed with the transcript is counted in `replay.shortfalls`."""
     acc = packed[0]
     if replay is not None:
         planned = replay.produced_at(step, verify_size) - 1
         replay.shortfalls += acc < planned
         acc = planned
-    block, posterior = packed[1:1 + width], packed[1 + width:]
+    block, posterior = packed[1:1 + width], packed[1 + width:1 + 2 * width]
     return block[1:acc + 1] + [posterior[acc]]
 
 
