@@ -12,8 +12,9 @@ Greedy DFlash step (block B, kv span S), control = CONTROL (int64, on the device
      positions ctx_start..) -> draft cache; padding rows -> the trash slot.
   2. draft block [anchor, mask x (B-1)] at positions start.. (rows >= vs, the tail padding, sit
      at the trash slot and are invisible: keys visible iff slot <= start + vs - 1), argmax.
-     Replay (timing tier, `replay` = 1) overrides the drafts with the transcript's next tokens as
-     AcceptanceReplay.drafts does, reading the plan and transcript buffers at `step`.
+     Replay (timing tier, `replay` = 1) overrides the drafts with row `step` of a table the host
+     filled before the clock (load_replay: AcceptanceReplay's drafts and planned counts for every
+     step; a replayed generation's positions do not depend on the model).
   3. verify [anchor, drafts] with the target (causal; padding rows at the trash slot), argmax,
      accepted-prefix length over the vs - 1 real drafts, features -> the context buffer.
   4. the next step's control, as the host's stock bookkeeping would set it (produced = accepted + 1,
@@ -39,8 +40,7 @@ import torch
 from .graphs import kv_bucket
 
 # The spec step's control scalars, in buffer order (int64 on the device).
-CONTROL = ("start", "ctx_start", "ctx_count", "vs", "anchor", "replay", "max_length", "prompt_len", "step",
-           "transcript_len")
+CONTROL = ("start", "ctx_start", "ctx_count", "vs", "anchor", "replay", "max_length", "step")
 _NEXT = 5          # the graph rewrites CONTROL[:_NEXT] (and bumps `step`) for the following step
 
 _early_launch = True
@@ -92,11 +92,10 @@ class FusedSteps:
         self.ar_launched = 0
         self.ctl = torch.zeros(len(CONTROL), dtype=torch.long, device=device)
         self.ctl_host = torch.zeros(len(CONTROL), dtype=torch.long, pin_memory=device.type == "cuda")
-        slots = runner.capacity + 1
-        self.plan = torch.ones(slots, dtype=torch.long, device=device)        # replay: tokens per step
-        self.transcript = torch.zeros(slots, dtype=torch.long, device=device) # replay: target's tokens
         self.ctx_feats = {}                                     # B -> [1, B, F] features for the next draft
         self.spec_out = {}                                      # B -> _Readback of [2 + 2B]
+        self.replay_drafts = {}                                 # B -> [steps, B-1]: replay's drafts per step
+        self.replay_accepted = {}                               # B -> [steps]: replay's accepted drafts
 
     # -- buffers --------------------------------------------------------------------------------
     def _spec_buffers(self, b: int):
@@ -104,6 +103,9 @@ class FusedSteps:
             f = len(self.runner.feature_layers) * self.target.config.hidden_size
             self.ctx_feats[b] = torch.zeros(1, b, f, dtype=self.target.dtype, device=self.device)
             self.spec_out[b] = _Readback(2 + 2 * b, self.device)
+            steps = self.runner.capacity + 1                    # a step makes at least one token
+            self.replay_drafts[b] = torch.zeros(steps, b - 1, dtype=torch.long, device=self.device)
+            self.replay_accepted[b] = torch.zeros(steps, dtype=torch.long, device=self.device)
         return self.ctl, self.ctx_feats[b]
 
     def _send(self, **values) -> None:
@@ -128,43 +130,36 @@ class FusedSteps:
         ctl, feats = self._spec_buffers(b)
         runner, drafter = self.runner, self.drafter
         trash = runner.draft_cache.trash_slot
-        vocab = self.target.config.vocab_size
-        plan, transcript = self.plan, self.transcript
+        replay_drafts, replay_accepted = self.replay_drafts[b], self.replay_accepted[b]
         if runner.cache.trash_slot != trash:
             raise RuntimeError(f"target / draft caches differ in slots ({runner.cache.trash_slot} vs {trash})")
+        rows = torch.arange(b, device=self.device)                                   # [B] (constants,
+        next_rows = rows[:-1] + 1                                                    #  outside the graph)
+        mask_block = torch.full((1, b), drafter.mask_token_id, dtype=torch.long, device=self.device)
 
         def fn():
-            (start, ctx_start, ctx_count, vs, anchor, replay, max_length, prompt_len, step,
-             transcript_len) = (ctl[i:i + 1] for i in range(len(CONTROL)))
-            rows = torch.arange(b, device=ctl.device)                                # [B]
+            start, ctx_start, ctx_count, vs, anchor, replay, max_length, step = (
+                ctl[i:i + 1] for i in range(len(CONTROL)))
             ctx_pos = torch.where(rows < ctx_count, ctx_start + rows, trash)         # [B]
             blk_pos = torch.where(rows < vs, start + rows, trash)                    # [B]
-            mask_ids = torch.full((b - 1,), drafter.mask_token_id, dtype=torch.long, device=ctl.device)
+            mask_block[:, :1].copy_(anchor.view(1, 1))                               # [1, B]: anchor, masks
             with runner.compiled_ctx(drafter), runner.kernel_ctx(b):   # (the LM head is the target's)
                 drafter.write_context(feats, ctx_pos, runner.draft_cache)
-                block = torch.cat([anchor, mask_ids]).view(1, b)                     # [1, B]
-                draft_logits = drafter.forward_block(block, blk_pos, runner.draft_cache, span,
+                draft_logits = drafter.forward_block(mask_block, blk_pos, runner.draft_cache, span,
                                                      last_visible=start + vs - 1)    # [1, B-1, V]
-            drafts = torch.argmax(draft_logits[0], dim=-1)                           # [B-1]
-            # Replay: the step's planned count (capped by vs), then AcceptanceReplay.drafts' tokens.
-            want = torch.minimum(plan[step.clamp(max=plan.numel() - 1)], vs).clamp(min=1)   # [1]
-            j = rows[:-1]
-            at = start - prompt_len + 1 + j                                          # transcript index
-            known = at < transcript_len
-            told = torch.where(known, transcript[at.clamp(0, transcript.numel() - 1)], 0)
-            forced = torch.where(known & (j < want - 1), told, (told + 1) % vocab)
-            drafts = torch.where(replay > 0, forced, drafts)
+            replayed = replay > 0
+            drafts = torch.where(replayed, replay_drafts[step][0], torch.argmax(draft_logits[0], dim=-1))  # [B-1]
             block = torch.cat([anchor, drafts]).view(1, b)                           # [1, B]
             with runner.compiled_ctx(self.target):
                 logits, new_feats = runner._target(block, blk_pos, span, True)       # [1, B, V], [1, B, F]
             posterior = torch.argmax(logits[0], dim=-1)                              # [B]
-            ok = (drafts == posterior[:-1]) & (rows[:-1] + 1 < vs)                   # real drafts only
+            ok = (drafts == posterior[:-1]) & (next_rows < vs)                       # real drafts only
             matched = ok.long().cumprod(dim=0).sum(dim=0, keepdim=True)              # [1]
             feats.copy_(new_feats)
             # The next step's control (stock's bookkeeping; spec_loop.greedy_new_tokens / commit).
-            acc = torch.where(replay > 0, want - 1, matched)
-            produced = torch.minimum(acc + 1, max_length - start - 1).clamp(min=1)
-            last = torch.where(produced - 1 < acc, block[0].gather(0, produced.clamp(max=b - 1)),
+            acc = torch.where(replayed, replay_accepted[step], matched)
+            produced = torch.minimum(acc + 1, max_length - start - 1)                # >= 1 when launched
+            last = torch.where(produced <= acc, block[0].gather(0, produced.clamp(max=b - 1)),
                                posterior.gather(0, acc))
             after = start + produced
             nxt = torch.cat([after, start, produced, (max_length - after).clamp(max=b), last])
@@ -209,7 +204,7 @@ class FusedSteps:
             if spec:
                 self._spec_buffers(block_size)
                 self._send(start=0, ctx_start=0, ctx_count=0, vs=block_size, anchor=0, replay=0,
-                           max_length=block_size + 1, prompt_len=0, step=0, transcript_len=0)
+                           max_length=block_size + 1, step=0)
                 self._step(("spec", block_size, span), lambda: self._spec_fn(block_size, span))
         return len(self.graphs)
 
@@ -253,27 +248,34 @@ class FusedSteps:
         with self.runner.kernel_ctx(features.shape[1]):
             self.drafter.write_context(features, positions, self.runner.draft_cache)
 
-    def load_replay(self, replay, b: int, steps: int) -> None:
-        """An AcceptanceReplay's plan (tokens per step, for `steps` steps) and transcript, to the
-        device, where the spec step reads them (before a generation's clock starts)."""
-        steps = min(steps, self.plan.numel())
-        self.plan[:steps].copy_(torch.tensor([replay.produced_at(i, b) for i in range(steps)], dtype=torch.long))
-        told = replay.transcript[:self.transcript.numel()]
-        self.transcript[:len(told)].copy_(torch.tensor(told, dtype=torch.long))
+    def load_replay(self, replay, b: int, prompt_len: int, max_length: int) -> None:
+        """An AcceptanceReplay's drafts and planned accepted counts for every step of a generation
+        (prompt_len -> max_length) to the device, before its clock starts: with planned counts the
+        positions of every step are known in advance."""
+        self._spec_buffers(b)
+        vocab = self.target.config.vocab_size
+        drafts, accepted, start = [], [], prompt_len
+        while start + 1 < max_length:
+            vs = min(b, max_length - start)
+            want = replay.produced_at(len(accepted), vs)
+            drafts.append(replay.drafts(start - prompt_len, want - 1, b - 1, vocab))
+            accepted.append(want - 1)
+            start += min(want, max_length - start - 1)
+        self.replay_drafts[b][:len(drafts)].copy_(torch.tensor(drafts, dtype=torch.long).view(-1, b - 1))
+        self.replay_accepted[b][:len(accepted)].copy_(torch.tensor(accepted, dtype=torch.long))
 
     def spec_begin(self, b: int, start: int, anchor: int, max_length: int, replay=None) -> None:
         """Control for a generation's first step: its context is in the draft cache already, and a
-        replay's plan on the device (load_replay)."""
-        self._spec_buffers(b)
+        replay's tables on the device (load_replay)."""
         self.spec_send(b, start=start, ctx_start=0, ctx_count=0, anchor=anchor, max_length=max_length,
-                       step=0, replay=replay, prompt_len=start)
+                       step=0, replay=replay)
 
     def spec_send(self, b: int, start: int, ctx_start: int, ctx_count: int, anchor: int, max_length: int,
-                  step: int, replay, prompt_len: int) -> None:
+                  step: int, replay) -> None:
         """Every control scalar of one spec step, from the host's own bookkeeping."""
+        self._spec_buffers(b)
         self._send(start=start, ctx_start=ctx_start, ctx_count=ctx_count, vs=min(b, max_length - start),
-                   anchor=anchor, replay=replay is not None, max_length=max_length, prompt_len=prompt_len,
-                   step=step, transcript_len=len(replay.transcript) if replay is not None else 0)
+                   anchor=anchor, replay=replay is not None, max_length=max_length, step=step)
 
     def spec_launch(self, b: int, span_end: int) -> _Readback:
         """Replays the spec step for the control now on the device; span_end = start + vs of that
@@ -292,5 +294,5 @@ class FusedSteps:
             raise ValueError(f"spec_step: verify size {vs} must be in [2, block {b}]")
         self._spec_buffers(b)
         self._send(start=start, ctx_start=ctx_start, ctx_count=ctx_count, vs=vs, anchor=anchor, replay=0,
-                   max_length=start + vs + 1, prompt_len=start, step=0, transcript_len=0)
+                   max_length=start + vs + 1, step=0)
         return self.spec_launch(b, start + vs).values()

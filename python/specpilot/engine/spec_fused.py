@@ -28,7 +28,7 @@ def run_spec_fused(engine, ids, max_new_tokens, stop_ids, block_size, replay) ->
     stop = set(stop_ids)
     early = fused_steps.early_launch()
     if replay is not None:
-        fused.load_replay(replay, b, max_new_tokens)          # at most one step per new token
+        fused.load_replay(replay, b, n, max_length)           # every step's drafts, before the clock
 
     t0 = engine.clock()
     logits, features = runner.prefill(ids, with_features=True)   # [1, 1, V], [1, n, F]
@@ -56,7 +56,7 @@ def run_spec_fused(engine, ids, max_new_tokens, stop_ids, block_size, replay) ->
         if start + 1 < max_length and not stopped:
             if not early:                                     # the host's own control for the step
                 fused.spec_send(b, start, ctx_start, ctx_count, tokens[-1], max_length, len(acceptance),
-                                replay, n)
+                                replay)
             pending = fused.spec_launch(b, start + min(b, max_length - start))
 
     t2 = engine.clock()
