@@ -37,11 +37,13 @@ import collections
 
 import torch
 
+from . import step_kernels
 from .graphs import kv_bucket
 
 # The spec step's control scalars, in buffer order (int64 on the device).
 CONTROL = ("start", "ctx_start", "ctx_count", "vs", "anchor", "replay", "max_length", "step")
-_NEXT = 5          # the graph rewrites CONTROL[:_NEXT] (and bumps `step`) for the following step
+_NEXT = 5          # the step rewrites CONTROL[:_NEXT] (and bumps `step`) for the following step
+                   # (step_kernels.accept_block)
 
 _early_launch = True
 
@@ -133,13 +135,17 @@ class FusedSteps:
         replay_drafts, replay_accepted = self.replay_drafts[b], self.replay_accepted[b]
         if runner.cache.trash_slot != trash:
             raise RuntimeError(f"target / draft caches differ in slots ({runner.cache.trash_slot} vs {trash})")
-        rows = torch.arange(b, device=self.device)                                   # [B] (constants,
-        next_rows = rows[:-1] + 1                                                    #  outside the graph)
+        # Constants and outputs, made outside the graph: row indices, [anchor, mask ...], the
+        # verify block, its argmaxes, the packed output, the accept kernel's counter.
+        rows = torch.arange(b, device=self.device)
         mask_block = torch.full((1, b), drafter.mask_token_id, dtype=torch.long, device=self.device)
+        block = torch.zeros(b, dtype=torch.long, device=self.device)
+        posterior = torch.zeros(b, dtype=torch.long, device=self.device)
+        out = torch.zeros(2 + 2 * b, dtype=torch.long, device=self.device)
+        counter = torch.zeros(1, dtype=torch.int32, device=self.device)
 
         def fn():
-            start, ctx_start, ctx_count, vs, anchor, replay, max_length, step = (
-                ctl[i:i + 1] for i in range(len(CONTROL)))
+            start, ctx_start, ctx_count, vs, anchor = (ctl[i:i + 1] for i in range(_NEXT))
             ctx_pos = torch.where(rows < ctx_count, ctx_start + rows, trash)         # [B]
             blk_pos = torch.where(rows < vs, start + rows, trash)                    # [B]
             mask_block[:, :1].copy_(anchor.view(1, 1))                               # [1, B]: anchor, masks
@@ -147,26 +153,12 @@ class FusedSteps:
                 drafter.write_context(feats, ctx_pos, runner.draft_cache)
                 draft_logits = drafter.forward_block(mask_block, blk_pos, runner.draft_cache, span,
                                                      last_visible=start + vs - 1)    # [1, B-1, V]
-            replayed = replay > 0
-            drafts = torch.where(replayed, replay_drafts[step][0], torch.argmax(draft_logits[0], dim=-1))  # [B-1]
-            block = torch.cat([anchor, drafts]).view(1, b)                           # [1, B]
+            step_kernels.pick_drafts(draft_logits[0], ctl, replay_drafts, block)    # [anchor, drafts]
             with runner.compiled_ctx(self.target):
-                logits, new_feats = runner._target(block, blk_pos, span, True)       # [1, B, V], [1, B, F]
-            posterior = torch.argmax(logits[0], dim=-1)                              # [B]
-            ok = (drafts == posterior[:-1]) & (next_rows < vs)                       # real drafts only
-            matched = ok.long().cumprod(dim=0).sum(dim=0, keepdim=True)              # [1]
+                logits, new_feats = runner._target(block.view(1, b), blk_pos, span, True)  # [1, B, V], [1, B, F]
             feats.copy_(new_feats)
-            # The next step's control (stock's bookkeeping; spec_loop.greedy_new_tokens / commit).
-            acc = torch.where(replayed, replay_accepted[step], matched)
-            produced = torch.minimum(acc + 1, max_length - start - 1)                # >= 1 when launched
-            last = torch.where(produced <= acc, block[0].gather(0, produced.clamp(max=b - 1)),
-                               posterior.gather(0, acc))
-            after = start + produced
-            nxt = torch.cat([after, start, produced, (max_length - after).clamp(max=b), last])
-            out = torch.cat([matched, block[0], posterior, start])                   # [2 + 2B]
-            ctl[:_NEXT].copy_(nxt)
-            ctl[CONTROL.index("step")].add_(1)
-            return out
+            step_kernels.accept_block(logits[0], block, replay_accepted, ctl, posterior, out, counter)
+            return out                                                               # [2 + 2B]
         return fn
 
     # -- graphs ---------------------------------------------------------------------------------

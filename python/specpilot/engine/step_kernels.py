@@ -1,0 +1,72 @@
+"""The greedy DFlash step's bookkeeping between the drafter's and the target's GEMMs (fused_steps.py):
+the draft argmax into the verify block, then the verify argmax, the accepted count, the packed
+output and the next step's control.
+
+On CUDA with bf16 logits these run as two kernels (csrc/cuda/spec_step.cu: a CTA per row for the
+argmax, the bookkeeping in the last CTA), in place of ~25 small torch kernels that each cost a
+launch inside the step's graph. Elsewhere (CPU, fp32, a build without the op, or
+`set_step_kernels(False)`) the torch reference below runs. Both write the same integers: argmax is
+torch.argmax's (first index of the largest value), the rest is integer arithmetic.
+
+Control layout: fused_steps.CONTROL (csrc/include/specpilot/spec_step.h mirrors it).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from specpilot import _ext
+
+_enabled = True
+
+
+def set_step_kernels(on: bool) -> bool:
+    """Use the CUDA kernels where they apply (True, default) or the torch reference; returns the previous."""
+    global _enabled
+    previous, _enabled = _enabled, bool(on)
+    return previous
+
+
+@functools.lru_cache(maxsize=None)
+def available() -> bool:
+    return _ext.has_cuda_op("spec_accept_block")
+
+
+def _use_kernels(logits: torch.Tensor) -> bool:
+    return _enabled and logits.is_cuda and logits.dtype == torch.bfloat16 and logits.is_contiguous() and available()
+
+
+def pick_drafts(logits, control, replay_drafts, block) -> None:
+    """logits [B-1, V] (the draft's) -> block [B] = [anchor, drafts]: each row's argmax, or under
+    replay (control "replay" > 0) row `step` of replay_drafts [steps, B-1]."""
+    if _use_kernels(logits):
+        _ext.ops().spec_pick_drafts(logits, control, replay_drafts, block)
+        return
+    anchor, replay, step = control[4:5], control[5:6], control[7:8]
+    drafts = torch.where(replay > 0, replay_drafts[step][0], torch.argmax(logits, dim=-1))
+    block.copy_(torch.cat([anchor, drafts]))
+
+
+def accept_block(logits, block, replay_accepted, control, posterior, out, counter) -> None:
+    """logits [B, V] (the verify's) of block [B] -> posterior [B] (row argmaxes), out [2 + 2B] =
+    [matched, block, posterior, start], and control advanced to the next step with stock's
+    bookkeeping (spec_loop.greedy_new_tokens / commit): produced = accepted + 1 (replay: the planned
+    count replay_accepted[step]), capped by max_length; a stop token is the host's to see.
+    counter: int32 [1], zero, used by the kernel only."""
+    if _use_kernels(logits):
+        _ext.ops().spec_accept_block(logits, block, replay_accepted, control, posterior, out, counter)
+        return
+    b = block.shape[0]
+    start, vs, replay, max_length, step = (control[i:i + 1] for i in (0, 3, 5, 6, 7))
+    posterior.copy_(torch.argmax(logits, dim=-1))
+    rows = torch.arange(1, b, device=block.device)
+    ok = (block[1:] == posterior[:-1]) & (rows < vs)                          # real drafts only
+    matched = ok.long().cumprod(dim=0).sum(dim=0, keepdim=True)              # [1]
+    acc = torch.where(replay > 0, replay_accepted[step], matched)
+    produced = torch.minimum(acc + 1, max_length - start - 1)                # >= 1 when launched
+    last = torch.where(produced <= acc, block.gather(0, produced.clamp(max=b - 1)), posterior.gather(0, acc))
+    after = start + produced
+    out.copy_(torch.cat([matched, block, posterior, start]))
+    control[:5].copy_(torch.cat([after, start, produced, (max_length - after).clamp(max=b), last]))
+    control[7:8].add_(1)
