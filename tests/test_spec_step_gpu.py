@@ -7,7 +7,7 @@ import torch
 from conftest import requires_gpu
 from test_engine_helpers import fresh_seed
 from specpilot.engine import step_kernels
-from specpilot.engine.fused_steps import CONTROL
+from specpilot.engine.step_kernels import CONTROL
 
 pytestmark = requires_gpu
 

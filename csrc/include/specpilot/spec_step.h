@@ -14,7 +14,7 @@
 namespace specpilot {
 namespace spec_step {
 
-// The control buffer (int64), in python's fused_steps.CONTROL order.
+// The control buffer (int64), in python's engine/step_kernels.CONTROL order.
 enum Control { kStart = 0, kCtxStart, kCtxCount, kVerifySize, kAnchor, kReplay, kMaxLength, kStep, kControlSize };
 
 // logits [rows, vocab] (the draft's, rows = B - 1), row stride `vocab`. block [B]: block[0] = the

@@ -38,12 +38,9 @@ import collections
 import torch
 
 from . import step_kernels
+from .step_kernels import ANCHOR, CONTROL, START
 from .graphs import kv_bucket
 
-# The spec step's control scalars, in buffer order (int64 on the device).
-CONTROL = ("start", "ctx_start", "ctx_count", "vs", "anchor", "replay", "max_length", "step")
-_NEXT = 5          # the step rewrites CONTROL[:_NEXT] (and bumps `step`) for the following step
-                   # (step_kernels.accept_block)
 
 _early_launch = True
 
@@ -145,7 +142,7 @@ class FusedSteps:
         counter = torch.zeros(1, dtype=torch.int32, device=self.device)
 
         def fn():
-            start, ctx_start, ctx_count, vs, anchor = (ctl[i:i + 1] for i in range(_NEXT))
+            start, ctx_start, ctx_count, vs, anchor = (ctl[i:i + 1] for i in range(START, ANCHOR + 1))
             ctx_pos = torch.where(rows < ctx_count, ctx_start + rows, trash)         # [B]
             blk_pos = torch.where(rows < vs, start + rows, trash)                    # [B]
             mask_block[:, :1].copy_(anchor.view(1, 1))                               # [1, B]: anchor, masks
@@ -256,15 +253,10 @@ class FusedSteps:
         self.replay_drafts[b][:len(drafts)].copy_(torch.tensor(drafts, dtype=torch.long).view(-1, b - 1))
         self.replay_accepted[b][:len(accepted)].copy_(torch.tensor(accepted, dtype=torch.long))
 
-    def spec_begin(self, b: int, start: int, anchor: int, max_length: int, replay=None) -> None:
-        """Control for a generation's first step: its context is in the draft cache already, and a
-        replay's tables on the device (load_replay)."""
-        self.spec_send(b, start=start, ctx_start=0, ctx_count=0, anchor=anchor, max_length=max_length,
-                       step=0, replay=replay)
-
     def spec_send(self, b: int, start: int, ctx_start: int, ctx_count: int, anchor: int, max_length: int,
                   step: int, replay) -> None:
-        """Every control scalar of one spec step, from the host's own bookkeeping."""
+        """Every control scalar of one spec step, from the host's own bookkeeping (a generation's
+        first step: no context rows, its prompt already in the draft cache, step 0)."""
         self._spec_buffers(b)
         self._send(start=start, ctx_start=ctx_start, ctx_count=ctx_count, vs=min(b, max_length - start),
                    anchor=anchor, replay=replay is not None, max_length=max_length, step=step)

@@ -40,7 +40,7 @@ def run_spec_fused(engine, ids, max_new_tokens, stop_ids, block_size, replay) ->
     pending = None
     if not stopped and start + 1 < max_length:
         fused.write_prompt_context(features)                  # the first draft's context: the prompt
-        fused.spec_begin(b, start, tokens[-1], max_length, replay)
+        fused.spec_send(b, start, 0, 0, tokens[-1], max_length, 0, replay)   # context: the prompt's
         pending = fused.spec_launch(b, start + min(b, max_length - start))
     while pending is not None:
         vs = min(b, max_length - start)

@@ -8,7 +8,7 @@ launch inside the step's graph. Elsewhere (CPU, fp32, a build without the op, or
 `set_step_kernels(False)`) the torch reference below runs. Both write the same integers: argmax is
 torch.argmax's (first index of the largest value), the rest is integer arithmetic.
 
-Control layout: fused_steps.CONTROL (csrc/include/specpilot/spec_step.h mirrors it).
+Control layout: CONTROL below (csrc/include/specpilot/spec_step.h mirrors it).
 """
 from __future__ import annotations
 
@@ -17,6 +17,11 @@ import functools
 import torch
 
 from specpilot import _ext
+
+# The spec step's control scalars, in buffer order (int64 on the device). accept_block rewrites the
+# first five for the following step and bumps `step`.
+CONTROL = ("start", "ctx_start", "ctx_count", "vs", "anchor", "replay", "max_length", "step")
+START, CTX_START, CTX_COUNT, VS, ANCHOR, REPLAY, MAX_LENGTH, STEP = range(len(CONTROL))
 
 _enabled = True
 
@@ -43,7 +48,7 @@ def pick_drafts(logits, control, replay_drafts, block) -> None:
     if _use_kernels(logits):
         _ext.ops().spec_pick_drafts(logits, control, replay_drafts, block)
         return
-    anchor, replay, step = control[4:5], control[5:6], control[7:8]
+    anchor, replay, step = (control[i:i + 1] for i in (ANCHOR, REPLAY, STEP))
     drafts = torch.where(replay > 0, replay_drafts[step][0], torch.argmax(logits, dim=-1))
     block.copy_(torch.cat([anchor, drafts]))
 
@@ -58,7 +63,7 @@ def accept_block(logits, block, replay_accepted, control, posterior, out, counte
         _ext.ops().spec_accept_block(logits, block, replay_accepted, control, posterior, out, counter)
         return
     b = block.shape[0]
-    start, vs, replay, max_length, step = (control[i:i + 1] for i in (0, 3, 5, 6, 7))
+    start, vs, replay, max_length, step = (control[i:i + 1] for i in (START, VS, REPLAY, MAX_LENGTH, STEP))
     posterior.copy_(torch.argmax(logits, dim=-1))
     rows = torch.arange(1, b, device=block.device)
     ok = (block[1:] == posterior[:-1]) & (rows < vs)                          # real drafts only
@@ -68,5 +73,5 @@ def accept_block(logits, block, replay_accepted, control, posterior, out, counte
     last = torch.where(produced <= acc, block.gather(0, produced.clamp(max=b - 1)), posterior.gather(0, acc))
     after = start + produced
     out.copy_(torch.cat([matched, block, posterior, start]))
-    control[:5].copy_(torch.cat([after, start, produced, (max_length - after).clamp(max=b), last]))
-    control[7:8].add_(1)
+    control[START:ANCHOR + 1].copy_(torch.cat([after, start, produced, (max_length - after).clamp(max=b), last]))
+    control[STEP:STEP + 1].add_(1)
