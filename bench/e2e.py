@@ -24,6 +24,7 @@ METHODS = ("hf_ar", "hf_static", "our_ar", "stock", "our_spec")  # also the run 
 DEFAULT_METHODS = ("hf_ar", "our_ar", "stock", "our_spec")
 REFERENCE_ORDER = ("stock", "our_spec", "our_ar", "hf_ar", "hf_static")
 WARMUP_TOKENS = 64  # dflash's warm-up length
+ANSWER_ROOM = 2     # a turn's answer carried into the next turn re-encodes to <= this x max_new_tokens
 
 
 @dataclass
@@ -104,7 +105,7 @@ def build_runners(cfg: BenchConfig, stop_ids: list[int], engine=None, hf_pair=No
     run = Runners(block_size=block_size, needs_transcript=cfg.replay is not None and "our_spec" in cfg.methods)
     table = {
         "hf_ar": lambda ids, n, i, t: hf_baseline.run_dflash(hf_pair, ids, n, stop_ids, 1),
-        "hf_static": lambda ids, n, i, t: hf_baseline.run_hf_static(hf_pair, ids, n, stop_ids, cfg.max_seq_len),
+        "hf_static": lambda ids, n, i, t: hf_baseline.run_hf_static(hf_pair, ids, n, stop_ids),
         "stock": lambda ids, n, i, t: hf_baseline.run_dflash(hf_pair, ids, n, stop_ids, block_size),
         "our_ar": lambda ids, n, i, t: _from_engine(engine.generate_ar(ids, n, stop_ids=tuple(stop_ids)), False),
         "our_spec": lambda ids, n, i, t: _from_engine(engine.generate_spec(
@@ -190,9 +191,10 @@ def fastest_of(fn, repeats: int, *args) -> MethodRun:
 
 
 def run_benchmark(name: str, samples: list[datasets.Sample], tokenizer, runners: Runners,
-                  max_new_tokens: int, progress=None, repeats: int = 1) -> list[dict]:
-    """Every method on every turn of every sample; one row per (sample, turn, method)."""
-    rows, index = [], 0
+                  max_new_tokens: int, progress=None, repeats: int = 1, rows: list | None = None) -> list[dict]:
+    """Every method on every turn of every sample; one row per (sample, turn, method), appended to
+    `rows` (a new list if None) as each prompt finishes, so a caller keeps them if a later one fails."""
+    rows, index = ([] if rows is None else rows), 0
     for k, sample in enumerate(samples):
         messages = []
         for turn, text in enumerate(sample.turns):
@@ -208,10 +210,29 @@ def run_benchmark(name: str, samples: list[datasets.Sample], tokenizer, runners:
                 progress(name, k + 1, len(samples), turn, rows)
             if turn + 1 < len(sample.turns):
                 ref = next(m for m in REFERENCE_ORDER if m in outs)
-                answer = tokenizer.decode(outs[ref].tokens, skip_special_tokens=True)
+                answer = carried_answer(tokenizer, outs[ref].tokens, max_new_tokens, f"{name} {sample.id}")
                 messages.append({"role": "assistant", "content": answer})
             index += 1
     return rows
+
+
+def carried_answer(tokenizer, tokens, max_new_tokens: int, where: str = "") -> str:
+    """The text of a turn's answer, which the next turn is asked after (decoded, as DFlash's harness
+    does). A trained model's text re-encodes to about as many tokens; a random-weight target's can
+    re-encode to ~15x as many (broken multi-byte pieces), so the text is cut to the room the KV
+    caches were sized for (ANSWER_ROOM x max_new_tokens tokens), with a note on stderr."""
+    text = tokenizer.decode(tokens, skip_special_tokens=True)
+    room = ANSWER_ROOM * max_new_tokens
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) <= room:
+        return text
+    keep = room
+    while len(tokenizer.encode(cut := tokenizer.decode(ids[:keep], skip_special_tokens=True),
+                               add_special_tokens=False)) > room:
+        keep = max(0, keep - 8)  # a cut inside a multi-byte character can re-encode longer
+    print(f"specpilot bench: {where}: the answer re-encodes to {len(ids)} tokens, cut to {keep} "
+          f"for the next turn", file=sys.stderr, flush=True)
+    return cut
 
 
 def _transcript(runners: Runners, method: str, outs: dict, ids, max_new_tokens):

@@ -2,13 +2,14 @@
 
 - `hf_ar`:     `dflash_generate(..., block_size=1)`, stock DFlash's own target-only baseline (the
                denominator of the "Decoding speedup" dflash's benchmark prints).
-- `hf_static`: HF `generate` (greedy) with a static KV cache (HF auto-compiles its decode step on CUDA).
+- `hf_static`: HF `generate` (greedy) with a static KV cache sized per prompt (HF auto-compiles its
+               decode step on CUDA, once per cache length, untimed).
 - `stock`:     `dflash_generate(..., block_size=B)`, the reference speculative loop.
 All greedy. Outputs are whatever HF/dflash produce (no exactness claim here: these are the
 references that ours is compared with).
 """
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -16,26 +17,33 @@ from . import timing
 from .rows import MethodRun
 
 
+STATIC_CACHE_BUCKET = 512  # hf_static's cache length is the prompt's need rounded up to this
+STATIC_WARMUP_TOKENS = 64   # an untimed call on each new cache length (HF recompiles its decode step)
+
+
 @dataclass
 class HFPair:
     target: torch.nn.Module
     drafter: torch.nn.Module | None
     device: torch.device
-    static_cache: object = None  # hf_static: one StaticCache of a fixed length, reset per call
-    static_cache_len: int = 0
+    static_caches: dict = field(default_factory=dict)  # hf_static: cache length -> StaticCache
 
-    def fixed_static_cache(self, max_cache_len: int):
-        """The run's StaticCache. One fixed length so that HF's auto-compiled decode step (on CUDA,
-        static caches trigger torch.compile) is compiled once, in the warm-up, not once per prompt."""
+    def static_cache_for(self, needed: int):
+        """A reset StaticCache with room for `needed` positions, and whether it is new. HF's static
+        cache attends over every slot at every step, so one run-wide length (sized for MT-Bench's
+        second turn) would slow every shorter prompt down; lengths rounded up to STATIC_CACHE_BUCKET
+        keep the baseline close to what each prompt needs. A new length makes HF compile its decode
+        step again (static caches trigger torch.compile on CUDA): the caller warms it up untimed."""
         from transformers import StaticCache
 
-        if self.static_cache is None or self.static_cache_len < max_cache_len:
-            self.static_cache = StaticCache(config=self.target.config, max_cache_len=max_cache_len)
-            self.static_cache_len = max_cache_len
-        else:
-            with torch.inference_mode():  # its tensors were made under inference mode by generate
-                self.static_cache.reset()
-        return self.static_cache
+        length = -(-needed // STATIC_CACHE_BUCKET) * STATIC_CACHE_BUCKET
+        cache = self.static_caches.get(length)
+        if cache is None:
+            cache = self.static_caches[length] = StaticCache(config=self.target.config, max_cache_len=length)
+            return cache, True
+        with torch.inference_mode():  # its tensors were made under inference mode by generate
+            cache.reset()
+        return cache, False
 
 
 def load_hf_pair(target_dir, drafter_dir, device, dtype) -> HFPair:
@@ -93,23 +101,28 @@ class _FirstTokenClock:
         pass
 
 
-def run_hf_static(pair: HFPair, prompt_ids, max_new_tokens, stop_ids, max_cache_len: int) -> MethodRun:
-    """HF `generate`, greedy, static KV cache of `max_cache_len` (the same for every prompt);
+def run_hf_static(pair: HFPair, prompt_ids, max_new_tokens, stop_ids) -> MethodRun:
+    """HF `generate`, greedy, with a static KV cache sized for this prompt (`static_cache_for`);
     stops at the first of `stop_ids`."""
     ids = _ids(pair, prompt_ids)
-    if ids.shape[1] + max_new_tokens > max_cache_len:
-        raise ValueError(f"prompt {ids.shape[1]} + max_new_tokens {max_new_tokens} > static cache {max_cache_len}")
-    stop = list(stop_ids) or None
-    cache = pair.fixed_static_cache(max_cache_len)
+    cache, new = pair.static_cache_for(ids.shape[1] + max_new_tokens)
+    if new:
+        _hf_generate(pair, ids, min(STATIC_WARMUP_TOKENS, max_new_tokens), stop_ids, cache)
+        cache, _ = pair.static_cache_for(ids.shape[1] + max_new_tokens)
     clock = _FirstTokenClock(pair.device)
     start = timing.now(pair.device)
-    with torch.inference_mode():
-        out = pair.target.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
-            past_key_values=cache, eos_token_id=stop, pad_token_id=(stop or [0])[0], streamer=clock)
+    out = _hf_generate(pair, ids, max_new_tokens, stop_ids, cache, clock)
     end = timing.now(pair.device)
     first = clock.first_token_at if clock.first_token_at is not None else end
     return MethodRun(tokens=out[0, ids.shape[1]:].tolist(), prefill_s=first - start, decode_s=end - first)
+
+
+def _hf_generate(pair: HFPair, ids, max_new_tokens, stop_ids, cache, streamer=None):
+    stop = list(stop_ids) or None
+    with torch.inference_mode():
+        return pair.target.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+            past_key_values=cache, eos_token_id=stop, pad_token_id=(stop or [0])[0], streamer=streamer)
 
 
 def warm_up(fn, *args) -> float:

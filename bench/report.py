@@ -8,6 +8,7 @@ import os
 import platform
 from pathlib import Path
 
+from .hf_baseline import STATIC_CACHE_BUCKET
 from .metrics import summarize
 
 LABELS = {"hf_ar": "HF AR", "hf_static": "HF static", "our_ar": "our AR", "stock": "stock DFlash",
@@ -27,8 +28,8 @@ def versions() -> dict:
     for name in ("specpilot", "transformers", "dflash"):
         try:
             out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
+        except importlib.metadata.PackageNotFoundError:  # e.g. a package staged on PYTHONPATH
+            out[name] = getattr(__import__(name), "__version__", None) if name == "specpilot" else None
     return out
 
 
@@ -47,6 +48,8 @@ def _fmt(x, spec=".2f", none="–"):
 def header(info: dict) -> str:
     lines = [f"# SpecPilot benchmark ({info['date']})", "",
              f"- **Fidelity tier: {TIERS.get(info['tier'], info['tier'])}**"]
+    if info.get("stopped"):
+        lines.append(f"- **Stopped early** by `{info['stopped']}`: these are the rows measured before it")
     if info.get("replay"):
         lines.append(f"- Replayed acceptance trace (our spec only): {info['replay']}")
     elif info["tier"] == "scale":
@@ -56,6 +59,9 @@ def header(info: dict) -> str:
               f"- Greedy, max new tokens {info['max_new_tokens']}, limit {info['limit']} per benchmark "
               f"(DFlash's Random(42) selection); methods: {', '.join(info['methods'])}; "
               f"timed calls per prompt: {info.get('repeats', 1)} (fastest kept)",
+              *(["- HF static: a StaticCache per prompt of its length + max new tokens, rounded up to "
+                 f"{STATIC_CACHE_BUCKET} slots (HF attends over every slot at every step); its decode "
+                 "step is compiled untimed for each new length"] if "hf_static" in info["methods"] else []),
               "- Versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()),
               "- tok/s = 1 / mean over prompts of decode time per new token; tau = mean over prompts of "
               "the mean acceptance length (bonus included), as dflash's benchmark prints them; speedup = "
@@ -118,18 +124,22 @@ def plot(summary: dict, info: dict, path: Path) -> Path:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
     names = list(summary)
-    keys = [k for k in ("our_spec/hf_ar", "our_spec/our_ar", "stock/hf_ar")
+    keys = [k for k in ("our_spec/hf_static", "our_spec/hf_ar", "our_spec/our_ar", "stock/hf_ar")
             if any(summary[n]["speedups"].get(k) for n in names)]
     width = 0.8 / max(1, len(keys))
+    top = 1.0
     for j, k in enumerate(keys):
         vals = [summary[n]["speedups"].get(k) or 0.0 for n in names]
-        ax1.bar([i + j * width for i in range(len(names))], vals, width, label=SPEEDUP_LABELS[k])
+        bars = ax1.bar([i + j * width for i in range(len(names))], vals, width, label=SPEEDUP_LABELS[k])
+        ax1.bar_label(bars, fmt="%.2f", fontsize=7)
+        top = max(top, *vals)
+    ax1.set_ylim(0, top * 1.25)  # headroom for the legend above the bars
     ax1.axhline(1.0, color="gray", lw=0.8)
     ax1.set_xticks([i + width * (len(keys) - 1) / 2 for i in range(len(names))], names)
     ax1.set_ylabel("speedup (x)")
     ax1.set_title(f"speedup per benchmark [{info['tier']} tier]")
     if keys:
-        ax1.legend(fontsize=8)
+        ax1.legend(fontsize=8, loc="upper left", ncol=len(keys))
     pooled = summary[names[-1]] if names else {"histograms": {}}
     bs = info["block_size"]
     hists = pooled["histograms"]
@@ -143,7 +153,8 @@ def plot(summary: dict, info: dict, path: Path) -> Path:
     ax2.set_title(f"acceptance histogram ({names[-1] if names else 'none'})")
     if hists:
         ax2.legend(fontsize=8)
-    fig.suptitle(f"{info['device']} | {info['dtype']} | target {Path(str(info['target'])).name}", fontsize=9)
+    fig.suptitle(f"{info['device']} | {info['dtype']}, our weights {info.get('weights', info['dtype'])} | "
+                 f"target {str(info['target'])}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

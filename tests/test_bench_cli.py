@@ -53,9 +53,7 @@ def test_cli_all_methods(tiny_pair, prompt_dir, tmp_path, capsys):
     out = tmp_path / "out"
     rc = cli.main(["bench", "--target", str(target), "--drafter", str(drafter), "--datasets", str(prompt_dir),
                    "--benchmarks", "gsm8k,mt-bench", "--limit", "1", "--max-new-tokens", "9", "--dtype", "fp32",
-                   "--device", "cpu", "--methods", ",".join(e2e.METHODS), "--tier", "correctness", "--out", str(out),
-                   # random answers hold padding tokens whose text re-encodes ~13x longer in turn 2
-                   "--max-seq-len", "1024"])
+                   "--device", "cpu", "--methods", ",".join(e2e.METHODS), "--tier", "correctness", "--out", str(out)])
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     rows = _rows(out)
@@ -145,6 +143,69 @@ class _CharTokenizer:
 
     def decode(self, ids, skip_special_tokens=True):
         return "".join(map(chr, ids))
+
+
+class _PaddingTokenizer(_CharTokenizer):
+    """Char-level, except that ids >= 1000 decode to three characters, as a random target's
+    padding and broken byte pieces decode to text that re-encodes to many more tokens."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join("xyz" if i >= 1000 else chr(i) for i in ids)
+
+
+def test_carried_answer_is_cut_to_the_room_the_caches_have(rng, capsys):
+    n = rng.randint(3, 40)
+    short = [ord(c) for c in _text(rng, rng.randint(1, 2 * n - 1))]
+    assert e2e.carried_answer(_PaddingTokenizer(), short, n) == "".join(map(chr, short))
+    assert capsys.readouterr().err == ""
+    padded = [1000] * n  # decodes to 3n characters: 3n tokens against a room of 2n
+    cut = e2e.carried_answer(_PaddingTokenizer(), padded, n, "mtbench q1")
+    assert cut == ("xyz" * n)[:e2e.ANSWER_ROOM * n]
+    assert f"mtbench q1: the answer re-encodes to {3 * n} tokens, cut to {2 * n}" in capsys.readouterr().err
+
+
+def test_seq_len_bound_has_room_for_the_last_answer_and_each_carried_one(rng):
+    from specpilot.commands.bench import _seq_len_bound
+
+    one, two = Sample("g/1", (_text(rng, 30),)), Sample("m/1", (_text(rng, 10), _text(rng, 10)))
+    n, block = rng.randint(1, 500), rng.randint(2, 16)
+    bound = lambda samples, n: _seq_len_bound(_CharTokenizer(), {"b": samples}, n, block)  # noqa: E731
+    assert bound([one], n + 1) - bound([one], n) == 1                      # the last turn's answer
+    assert bound([two], n + 1) - bound([two], n) == 1 + e2e.ANSWER_ROOM    # plus the carried one
+    assert bound([one, two], n) == max(bound([one], n), bound([two], n))
+
+
+def test_cli_keeps_the_rows_measured_before_an_error(tiny_pair, prompt_dir, tmp_path, monkeypatch, capsys):
+    """A run that fails at MT-Bench's second turn still writes gsm8k's rows and MT-Bench's first
+    turn, with a report that says where it stopped."""
+    def fail(*args):
+        raise RuntimeError("no room for the second turn")
+
+    monkeypatch.setattr(e2e, "carried_answer", fail)
+    target, drafter = tiny_pair
+    out = tmp_path / "out"
+    rc = cli.main(["bench", "--target", str(target), "--drafter", str(drafter), "--datasets", str(prompt_dir),
+                   "--benchmarks", "gsm8k,mt-bench", "--limit", "2", "--max-new-tokens", "5", "--dtype", "fp32",
+                   "--device", "cpu", "--methods", "our_ar", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "no room for the second turn" in err and "rows measured before the error" in err
+    assert [(r["benchmark"], r["turn"]) for r in _rows(out)] == [("gsm8k", 0), ("gsm8k", 0), ("mtbench", 0)]
+    md = (out / "report.md").read_text()
+    assert "Stopped early" in md and "RuntimeError: no room for the second turn" in md
+
+
+def test_hf_static_cache_is_sized_per_prompt_in_buckets(tiny_pair, rng):
+    from specpilot.bench import hf_baseline
+
+    pair = hf_baseline.load_hf_pair(tiny_pair[0], None, "cpu", __import__("torch").float32)
+    bucket = hf_baseline.STATIC_CACHE_BUCKET
+    k = rng.randint(1, 4)
+    first, new = pair.static_cache_for(k * bucket - rng.randint(0, bucket - 1))
+    assert new and first.max_cache_len == k * bucket
+    again, new = pair.static_cache_for(k * bucket)
+    assert again is first and not new
+    longer, new = pair.static_cache_for(k * bucket + 1)
+    assert new and longer.max_cache_len == (k + 1) * bucket
 
 
 def test_second_turn_follows_reference_method(rng):

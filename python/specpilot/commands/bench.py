@@ -73,10 +73,12 @@ def _load_tokenizer(target_dir):
 
 
 def _seq_len_bound(tokenizer, samples_by_bench, max_new_tokens, block_size) -> int:
-    """Longest conversation any method should see: every turn's text with empty answers, plus, per
-    turn, room for twice max_new_tokens (an answer is decoded to text and re-encoded, as DFlash does,
-    which can change its length), plus one verify block. --max-seq-len overrides it."""
+    """Longest conversation any method should see: every turn's text with empty answers, room for
+    max_new_tokens in the last turn and for each earlier turn's carried answer (decoded to text
+    and re-encoded, as DFlash does, which can change its length: e2e.carried_answer caps it at
+    ANSWER_ROOM x max_new_tokens), plus one verify block. --max-seq-len overrides it."""
     from specpilot.bench.datasets import encode
+    from specpilot.bench.e2e import ANSWER_ROOM
 
     longest = 0
     for samples in samples_by_bench.values():
@@ -84,7 +86,8 @@ def _seq_len_bound(tokenizer, samples_by_bench, max_new_tokens, block_size) -> i
             msgs = []
             for t in s.turns:
                 msgs += [{"role": "user", "content": t}, {"role": "assistant", "content": " "}]
-            longest = max(longest, len(encode(tokenizer, msgs[:-1])) + len(s.turns) * (2 * max_new_tokens + 8))
+            answers = (len(s.turns) - 1) * ANSWER_ROOM * max_new_tokens + max_new_tokens
+            longest = max(longest, len(encode(tokenizer, msgs[:-1])) + answers + 8 * len(s.turns))
     return longest + 2 * block_size
 
 
@@ -163,12 +166,19 @@ def run(args) -> int:
                 args.max_new_tokens)
 
     rows = []
-    for n in names:
-        rows += e2e.run_benchmark(n, samples[n], tokenizer, runners, args.max_new_tokens, e2e.print_progress,
-                                  args.repeats)
-
     out = Path(args.out)
     info = _run_info(args, cfg, runners, names, random_target)
+    try:
+        for n in names:
+            e2e.run_benchmark(n, samples[n], tokenizer, runners, args.max_new_tokens, e2e.print_progress,
+                              args.repeats, rows=rows)
+    except (Exception, KeyboardInterrupt) as e:  # a long run keeps every finished prompt's rows
+        if rows:
+            done = sorted({r["benchmark"] for r in rows}, key=names.index)
+            report.write_all(rows, {**info, "benchmarks": done, "stopped": f"{type(e).__name__}: {e}"}, out)
+            print(f"specpilot bench: stopped; the {len(rows)} rows measured before the error "
+                  f"({', '.join(done)}) are in {out}/", file=sys.stderr)
+        raise
     _, summary = report.write_all(rows, info, out)
     _save_traces(rows, info, out)
     print(f"specpilot bench: wrote {out}/rows.jsonl, report.md, report.png", file=sys.stderr)
