@@ -9,6 +9,9 @@ Methods (greedy, the same prompt ids for all):
 MT-Bench's second turn is asked after the first turn's answer of the reference method (stock when
 it runs, as DFlash's harness uses its spec output; else our_spec, our_ar, hf_ar, hf_static), so
 every method sees the very same second-turn prompt.
+A run over several weight formats (`weights=("bf16", "split12")`) loads one engine per format and
+names our methods' rows by format ("our_spec@split12"), so that every format is timed against the
+same HF baseline in one process.
 """
 import sys
 from dataclasses import dataclass, field
@@ -37,7 +40,7 @@ class BenchConfig:
     block_size: int | None = None          # None: the drafter's own
     methods: tuple[str, ...] = DEFAULT_METHODS
     replay: Trace | None = None            # scale tier: replay this acceptance trace in our_spec
-    weights: str = "bf16"                  # our engine's weight format: bf16 | split12
+    weights: tuple[str, ...] = ("bf16",)   # our engine's weight formats (bf16 | split12), one engine each
     max_seq_len: int = 4096
     cuda_graphs: bool = True
 
@@ -73,15 +76,27 @@ def _from_engine(r, spec: bool, replayed: bool = False) -> MethodRun:
 @dataclass
 class Runners:
     """name -> fn(prompt_ids, max_new_tokens, prompt_index, transcript) -> MethodRun.
-    `transcript` is the target's greedy tokens for that prompt (our_ar's), used only by replay."""
+    `transcript` is the target's greedy tokens for that prompt (our_ar's), used only by replay;
+    `ar_for_transcript[name]` makes it for a spec method whose AR twin did not run."""
     fns: dict[str, Callable] = field(default_factory=dict)
     block_size: int = 1
     needs_transcript: bool = False
-    ar_for_transcript: Callable | None = None
+    ar_for_transcript: dict[str, Callable] = field(default_factory=dict)
 
 
-def build_runners(cfg: BenchConfig, stop_ids: list[int], engine=None, hf_pair=None) -> Runners:
-    """Load what the chosen methods need (or take the given engine / HF pair, for tests)."""
+def our_method(base: str, weights: str, formats: tuple[str, ...]) -> str:
+    """The row name of one of our methods: "our_spec", or "our_spec@split12" when a run compares
+    several weight formats."""
+    return base if len(formats) == 1 else f"{base}@{weights}"
+
+
+def base_method(name: str) -> str:
+    """"our_spec@split12" -> "our_spec"."""
+    return name.split("@", 1)[0]
+
+
+def build_runners(cfg: BenchConfig, stop_ids: list[int]) -> Runners:
+    """Load what the chosen methods need: the HF pair, and one engine per weight format."""
     wants_hf = any(m in cfg.methods for m in ("hf_ar", "hf_static", "stock"))
     wants_ours = any(m in cfg.methods for m in ("our_ar", "our_spec"))
     wants_drafter = any(m in cfg.methods for m in ("stock", "our_spec"))
@@ -89,33 +104,44 @@ def build_runners(cfg: BenchConfig, stop_ids: list[int], engine=None, hf_pair=No
         raise ValueError(f"--target {cfg.target_dir} builds our models only; hf_ar/hf_static/stock need a "
                          "checkpoint folder (specpilot.models.random_ckpt.write_pair writes one)")
     if (cfg.drafter_dir is None and not random_pair.is_random(cfg.target_dir)
-            and ((wants_drafter and engine is None) or ("hf_ar" in cfg.methods and hf_pair is None))):
+            and (wants_drafter or "hf_ar" in cfg.methods)):
         raise ValueError(f"methods {cfg.methods} need --drafter (hf_ar is dflash_generate at block 1, "
                          "which takes the drafter object)")
-    if wants_hf and hf_pair is None:  # dflash_generate needs the drafter object even at block_size=1
+    if len(set(cfg.weights)) != len(cfg.weights) or not cfg.weights:
+        raise ValueError(f"weights {cfg.weights}: name each format once")
+    hf_pair = None
+    if wants_hf:  # dflash_generate needs the drafter object even at block_size=1
         needs_hf_drafter = any(m in cfg.methods for m in ("hf_ar", "stock"))
         hf_pair = hf_baseline.load_hf_pair(cfg.target_dir, cfg.drafter_dir if needs_hf_drafter else None,
                                            cfg.device, cfg.dtype)
-    if wants_ours and engine is None:
-        engine = load_engine(cfg, with_drafter=wants_drafter)
-    block_size = cfg.block_size or _drafter_block_size(hf_pair, engine, wants_drafter)
+    engines = {w: load_engine(cfg, w, with_drafter=wants_drafter) for w in cfg.weights} if wants_ours else {}
+    block_size = cfg.block_size or _drafter_block_size(hf_pair, next(iter(engines.values()), None), wants_drafter)
     if cfg.replay is not None and block_size < cfg.replay.block_size:
         raise ValueError(f"replayed trace has block size {cfg.replay.block_size} > run block size {block_size}")
 
     run = Runners(block_size=block_size, needs_transcript=cfg.replay is not None and "our_spec" in cfg.methods)
-    table = {
+    hf = {
         "hf_ar": lambda ids, n, i, t: hf_baseline.run_dflash(hf_pair, ids, n, stop_ids, 1),
         "hf_static": lambda ids, n, i, t: hf_baseline.run_hf_static(hf_pair, ids, n, stop_ids),
         "stock": lambda ids, n, i, t: hf_baseline.run_dflash(hf_pair, ids, n, stop_ids, block_size),
-        "our_ar": lambda ids, n, i, t: _from_engine(engine.generate_ar(ids, n, stop_ids=tuple(stop_ids)), False),
-        "our_spec": lambda ids, n, i, t: _from_engine(engine.generate_spec(
-            ids, n, stop_ids=tuple(stop_ids), block_size=block_size,
-            replay=_replay(cfg.replay, i, t, n)), True, cfg.replay is not None),
     }
-    run.fns = {m: table[m] for m in cfg.methods}
-    if engine is not None:
-        run.ar_for_transcript = lambda ids, n: list(engine.generate_ar(ids, n, stop_ids=tuple(stop_ids)).tokens)
+    for m in cfg.methods:  # METHODS order, each of ours once per format
+        if m in hf:
+            run.fns[m] = hf[m]
+            continue
+        for w, engine in engines.items():
+            run.fns[our_method(m, w, cfg.weights)] = _engine_fn(m, engine, stop_ids, block_size, cfg.replay)
+    for w, engine in engines.items():
+        run.ar_for_transcript[our_method("our_spec", w, cfg.weights)] = _engine_fn("our_ar", engine, stop_ids, 1, None)
     return run
+
+
+def _engine_fn(method: str, engine, stop_ids, block_size: int, replay: Trace | None) -> Callable:
+    stops = tuple(stop_ids)
+    if method == "our_ar":
+        return lambda ids, n, i, t: _from_engine(engine.generate_ar(ids, n, stop_ids=stops), False)
+    return lambda ids, n, i, t: _from_engine(engine.generate_spec(
+        ids, n, stop_ids=stops, block_size=block_size, replay=_replay(replay, i, t, n)), True, replay is not None)
 
 
 def _replay(trace: Trace | None, index: int, transcript, max_new_tokens: int):
@@ -151,16 +177,16 @@ def _drafter_block_size(hf_pair, engine, wants_drafter) -> int:
     raise RuntimeError("could not read the drafter's block size; pass --block-size")
 
 
-def load_engine(cfg: BenchConfig, with_drafter: bool):
+def load_engine(cfg: BenchConfig, weights: str, with_drafter: bool):
     if random_pair.is_random(cfg.target_dir):
         return random_pair.engine(cfg.target_dir, cfg.device, cfg.dtype, cfg.block_size or 16,
-                                  cfg.max_seq_len, cfg.cuda_graphs, with_drafter, cfg.weights)
+                                  cfg.max_seq_len, cfg.cuda_graphs, with_drafter, weights)
     try:
         from specpilot.engine import Engine
         from specpilot.models import load_drafter, load_target
     except ImportError as e:
         raise RuntimeError(f"our engine is not importable ({e}); run only --methods hf_ar,hf_static,stock") from e
-    target = load_target(cfg.target_dir, device=str(cfg.device), dtype=cfg.dtype, weights=cfg.weights)
+    target = load_target(cfg.target_dir, device=str(cfg.device), dtype=cfg.dtype, weights=weights)
     drafter = load_drafter(cfg.drafter_dir, target) if with_drafter else None
     return Engine(target, drafter=drafter, max_seq_len=cfg.max_seq_len, cuda_graphs=cfg.cuda_graphs)
 
@@ -170,9 +196,8 @@ def load_engine(cfg: BenchConfig, with_drafter: bool):
 def warm_up(runners: Runners, prompt_ids: list[int], max_new_tokens: int) -> None:
     """One untimed short call of every method (kernels, allocator, CUDA graphs, lazy inits)."""
     n = min(WARMUP_TOKENS, max_new_tokens)
-    transcript = runners.ar_for_transcript(prompt_ids, n) if runners.needs_transcript else None
-    for fn in runners.fns.values():
-        fn(prompt_ids, n, 0, transcript)
+    for name, fn in runners.fns.items():
+        fn(prompt_ids, n, 0, _transcript(runners, name, {}, prompt_ids, n))
 
 
 def fastest_of(fn, repeats: int, *args) -> MethodRun:
@@ -209,7 +234,7 @@ def run_benchmark(name: str, samples: list[datasets.Sample], tokenizer, runners:
             if progress:
                 progress(name, k + 1, len(samples), turn, rows)
             if turn + 1 < len(sample.turns):
-                ref = next(m for m in REFERENCE_ORDER if m in outs)
+                ref = next(m for base in REFERENCE_ORDER for m in outs if base_method(m) == base)
                 answer = carried_answer(tokenizer, outs[ref].tokens, max_new_tokens, f"{name} {sample.id}")
                 messages.append({"role": "assistant", "content": answer})
             index += 1
@@ -236,13 +261,14 @@ def carried_answer(tokenizer, tokens, max_new_tokens: int, where: str = "") -> s
 
 
 def _transcript(runners: Runners, method: str, outs: dict, ids, max_new_tokens):
-    """Replay only: the target's greedy tokens for this prompt (our_ar's if it ran, else an
-    untimed generate_ar)."""
-    if method != "our_spec" or not runners.needs_transcript:
+    """Replay only: the target's greedy tokens for this prompt, from the same weight format (its
+    our_ar's if that ran, else an untimed generate_ar)."""
+    if base_method(method) != "our_spec" or not runners.needs_transcript:
         return None
-    if "our_ar" in outs:
-        return outs["our_ar"].tokens
-    return runners.ar_for_transcript(ids, max_new_tokens)
+    twin = method.replace("our_spec", "our_ar", 1)
+    if twin in outs:
+        return outs[twin].tokens
+    return list(runners.ar_for_transcript[method](ids, max_new_tokens, 0, None).tokens)
 
 
 def print_progress(name, k, n, turn, rows, stream=None):
@@ -251,10 +277,8 @@ def print_progress(name, k, n, turn, rows, stream=None):
 
     mine = [r for r in rows if r["benchmark"] == name]
     parts = []
-    for m in METHODS:
+    for m in dict.fromkeys(r["method"] for r in mine):
         s = method_summary([r for r in mine if r["method"] == m])
-        if s is None:
-            continue
         tau = f" tau {s['tau']:.2f}" if s["tau"] is not None else ""
         parts.append(f"{m}{tau} {s['tokens_per_s']:.1f} tok/s")
     turn_note = f" turn {turn + 1}" if turn else ""

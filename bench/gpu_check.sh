@@ -77,7 +77,8 @@ for step in $steps; do
                --replay 6.49 --benchmarks gsm8k,humaneval --limit 2 --max-new-tokens 256 \
                --datasets "$SPECPILOT_DATASETS" --out "$OUT/bench_8b" ;;
     # Scale tier on disk: a random Qwen3-8B-shape pair that stock and HF can load too. bf16 token
-    # forcing against stock, then HF static-cache AR (the baseline) beside ours, same prompts.
+    # forcing against stock, then HF static-cache AR (the baseline) beside ours, same prompts,
+    # both weight formats in the one run.
     scale_8b)  R8=${SCALE_DIR:-/tmp/specpilot_r8b}
                [ -f "$R8/target/config.json" ] || run_step write_8b python3 -m specpilot.bench.random_checkpoint \
                  --preset qwen3-8b --out "$R8" --device cuda
@@ -86,6 +87,7 @@ for step in $steps; do
                  --device cuda --dtype bf16 --arbiter fp32
                tail -1 "$OUT/force_8b.log" | tee -a "$summary"
                run_step hf_8b python3 -m specpilot bench --target "$R8/target" --drafter "$R8/drafter" \
+                 --weights ${SCALE_WEIGHTS:-bf16,split12} \
                  --methods ${SCALE_METHODS:-hf_static,our_ar,our_spec} --replay 6.49 --benchmarks gsm8k --limit 2 \
                  --max-new-tokens 256 --datasets "$SPECPILOT_DATASETS" --out "$OUT/hf_8b" ;;
     *)       echo "unknown step $step"; exit 2 ;;

@@ -9,9 +9,34 @@
 import statistics
 
 # (method, baseline) pairs reported as speedups; stock over hf_ar is dflash's own "Decoding speedup".
+# Our methods stand for each of their weight formats ("our_spec@split12", see e2e.our_method).
 SPEEDUPS = (("our_spec", "hf_ar"), ("our_spec", "our_ar"), ("stock", "hf_ar"), ("our_ar", "hf_ar"),
             ("our_spec", "hf_static"), ("our_spec", "stock"))
 AGREEMENTS = (("our_spec", "stock"), ("our_ar", "hf_ar"), ("our_ar", "hf_static"))
+OURS = ("our_ar", "our_spec")  # in a run over several formats, each later format's is also compared with the first's
+
+
+def base_and_format(name: str) -> tuple[str, str | None]:
+    """"our_spec@split12" -> ("our_spec", "split12"); "hf_static" -> ("hf_static", None)."""
+    base, _, fmt = name.partition("@")
+    return base, (fmt or None)
+
+
+def pairs(table, methods: list[str]) -> list[tuple[str, str]]:
+    """The pairs of `table` among `methods` (in run order): a method of one format pairs with the
+    HF methods and with ours of the same format; then each later format's our_ar / our_spec with
+    the first format's."""
+    out = []
+    for a, b in table:
+        for m in methods:
+            for n in methods:
+                (ma, fa), (nb, fb) = base_and_format(m), base_and_format(n)
+                if ma == a and nb == b and (fa is None or fb is None or fa == fb):
+                    out.append((m, n))
+    for base in OURS:
+        mine = [m for m in methods if base_and_format(m)[0] == base and base_and_format(m)[1]]
+        out += [(m, mine[0]) for m in mine[1:]]
+    return out
 
 
 def _key(row) -> tuple:
@@ -75,15 +100,13 @@ def agreement(rows: list[dict], method: str, other: str) -> tuple[int, int] | No
 
 def benchmark_summary(rows: list[dict], block_size: int) -> dict:
     """Everything the report shows for one set of rows (one benchmark, or all pooled)."""
-    methods = sorted({r["method"] for r in rows})
+    methods = list(dict.fromkeys(r["method"] for r in rows))  # run order
     spec_rows = {m: [r for r in rows if r["method"] == m and r.get("acceptance_lengths")] for m in methods}
     return {
         "methods": {m: method_summary([r for r in rows if r["method"] == m]) for m in methods},
         "histograms": {m: histogram(spec_rows[m], block_size) for m in methods if spec_rows[m]},
-        "speedups": {f"{m}/{b}": speedup(rows, m, b) for m, b in SPEEDUPS
-                     if m in methods and b in methods},
-        "agreement": {f"{m}/{b}": agreement(rows, m, b) for m, b in AGREEMENTS
-                      if m in methods and b in methods},
+        "speedups": {f"{m}/{b}": speedup(rows, m, b) for m, b in pairs(SPEEDUPS, methods)},
+        "agreement": {f"{m}/{b}": agreement(rows, m, b) for m, b in pairs(AGREEMENTS, methods)},
     }
 
 

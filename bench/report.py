@@ -9,7 +9,7 @@ import platform
 from pathlib import Path
 
 from .hf_baseline import STATIC_CACHE_BUCKET
-from .metrics import summarize
+from .metrics import base_and_format, summarize
 
 LABELS = {"hf_ar": "HF AR", "hf_static": "HF static", "our_ar": "our AR", "stock": "stock DFlash",
           "our_spec": "our spec"}
@@ -19,6 +19,23 @@ SPEEDUP_LABELS = {"our_spec/hf_ar": "ours / HF AR", "our_spec/our_ar": "ours / o
 TIERS = {"real": "real acceptance (trained pair, measured tau)",
          "scale": "scale (real shapes, random weights; acceptance replayed from the stated trace, else measured)",
          "correctness": "correctness (tiny random pair: timings and tau mean nothing)"}
+
+
+def label(method: str) -> str:
+    """"our_spec@split12" -> "our spec (split12)"."""
+    base, fmt = base_and_format(method)
+    return LABELS.get(base, base) + (f" ({fmt})" if fmt else "")
+
+
+def speedup_label(key: str) -> str:
+    """"our_spec@split12/hf_static" -> "ours / HF static (split12)"; formats compared with each
+    other read "our spec (split12) / our spec (bf16)"."""
+    a, b = key.split("/")
+    (ba, fa), (bb, fb) = base_and_format(a), base_and_format(b)
+    text = SPEEDUP_LABELS.get(f"{ba}/{bb}")
+    if text is None or (fa and fb and fa != fb):
+        return f"{label(a)} / {label(b)}"
+    return text + (f" ({fa or fb})" if fa or fb else "")
 
 
 def versions() -> dict:
@@ -70,14 +87,13 @@ def header(info: dict) -> str:
 
 
 def main_table(summary: dict) -> str:
-    methods = [m for m in LABELS if any(m in s["methods"] for s in summary.values())]
-    spec = [m for m in ("stock", "our_spec") if m in methods]
-    speedups = [k for k in SPEEDUP_LABELS if any(k in s["speedups"] for s in summary.values())]
-    agree = [k for k in ("our_spec/stock", "our_ar/hf_ar")
-             if any(k in s["agreement"] for s in summary.values())]
-    cols = (["benchmark", "prompts"] + [f"{LABELS[m]} tok/s" for m in methods]
-            + [f"tau {LABELS[m]}" for m in spec] + [SPEEDUP_LABELS[k] for k in speedups]
-            + [f"{LABELS[k.split('/')[0]]} = {LABELS[k.split('/')[1]]}" for k in agree])
+    methods = list(dict.fromkeys(m for s in summary.values() for m in s["methods"]))
+    spec = [m for m in methods if base_and_format(m)[0] in ("stock", "our_spec")]
+    speedups = list(dict.fromkeys(k for s in summary.values() for k in s["speedups"]))
+    agree = list(dict.fromkeys(k for s in summary.values() for k in s["agreement"]))
+    cols = (["benchmark", "prompts"] + [f"{label(m)} tok/s" for m in methods]
+            + [f"tau {label(m)}" for m in spec] + [speedup_label(k) for k in speedups]
+            + [" = ".join(label(m) for m in k.split("/")) for k in agree])
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for name, s in summary.items():
         prompts = max(v["prompts"] for v in s["methods"].values())
@@ -97,13 +113,13 @@ def histogram_table(summary: dict, block_size: int) -> str:
         for m, counts in s["histograms"].items():
             total = sum(counts)
             shares = [f"{100 * c / total:.1f}%" for c in counts]
-            out.append(f"| {name} | {LABELS.get(m, m)} | {total} | " + " | ".join(shares) + " |")
+            out.append(f"| {name} | {label(m)} | {total} | " + " | ".join(shares) + " |")
     return "\n".join(out)
 
 
 def replay_note(summary: dict) -> str:
     """Replayed steps the target did not accept as planned (timings still follow the trace)."""
-    notes = [f"{name} {LABELS.get(m, m)}: {v['replay_shortfalls']}" for name, s in summary.items()
+    notes = [f"{name} {label(m)}: {v['replay_shortfalls']}" for name, s in summary.items()
              for m, v in s["methods"].items() if v.get("replay_shortfalls") is not None]
     return ("\n\nReplay shortfalls (steps whose forced drafts the target rejected early): "
             + "; ".join(notes)) if notes else ""
@@ -115,6 +131,21 @@ def markdown(summary: dict, info: dict) -> str:
             + histogram_table(summary, info["block_size"]) + "\n")
 
 
+PLOTTED = ("our_spec/hf_static", "our_spec/hf_ar", "our_spec/our_ar", "stock/hf_ar")
+
+
+def _plotted_speedups(summary: dict) -> list[str]:
+    """The speedup keys the plot shows, in PLOTTED's order: each format's against the baselines,
+    not formats against each other (the table has those)."""
+    def bases(key):
+        return "/".join(base_and_format(m)[0] for m in key.split("/"))
+
+    keys = dict.fromkeys(k for s in summary.values() for k in s["speedups"])
+    return sorted((k for k in keys if bases(k) in PLOTTED
+                   and len({base_and_format(m)[1] for m in k.split("/")} - {None}) <= 1),
+                  key=lambda k: PLOTTED.index(bases(k)))
+
+
 def plot(summary: dict, info: dict, path: Path) -> Path:
     """Left: speedup bars per benchmark; right: tau histogram of the pooled run."""
     import matplotlib
@@ -124,30 +155,32 @@ def plot(summary: dict, info: dict, path: Path) -> Path:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
     names = list(summary)
-    keys = [k for k in ("our_spec/hf_static", "our_spec/hf_ar", "our_spec/our_ar", "stock/hf_ar")
-            if any(summary[n]["speedups"].get(k) for n in names)]
+    keys = _plotted_speedups(summary)
     width = 0.8 / max(1, len(keys))
     top = 1.0
     for j, k in enumerate(keys):
         vals = [summary[n]["speedups"].get(k) or 0.0 for n in names]
-        bars = ax1.bar([i + j * width for i in range(len(names))], vals, width, label=SPEEDUP_LABELS[k])
+        bars = ax1.bar([i + j * width for i in range(len(names))], vals, width, label=speedup_label(k))
         ax1.bar_label(bars, fmt="%.2f", fontsize=7)
         top = max(top, *vals)
-    ax1.set_ylim(0, top * 1.25)  # headroom for the legend above the bars
+    ax1.set_ylim(0, top * 1.35)  # headroom for the legend above the bars
     ax1.axhline(1.0, color="gray", lw=0.8)
     ax1.set_xticks([i + width * (len(keys) - 1) / 2 for i in range(len(names))], names)
     ax1.set_ylabel("speedup (x)")
     ax1.set_title(f"speedup per benchmark [{info['tier']} tier]")
     if keys:
-        ax1.legend(fontsize=8, loc="upper left", ncol=len(keys))
+        ax1.legend(fontsize=8, loc="upper left", ncol=min(2, len(keys)))
     pooled = summary[names[-1]] if names else {"histograms": {}}
     bs = info["block_size"]
     hists = pooled["histograms"]
+    hwidth = 0.8 / max(1, len(hists))
     for j, (m, counts) in enumerate(hists.items()):
         total = sum(counts) or 1
         tau = pooled["methods"][m]["tau"]
-        ax2.bar([x + j * 0.4 for x in range(1, bs + 1)], [c / total for c in counts], 0.4,
-                label=f"{LABELS.get(m, m)} (tau {_fmt(tau)})")
+        xs = [x + (j - (len(hists) - 1) / 2) * hwidth for x in range(1, bs + 1)]
+        ax2.bar(xs, [c / total for c in counts], hwidth,
+                label=f"{label(m)} (tau {_fmt(tau)})")
+    ax2.set_xticks(range(1, bs + 1))
     ax2.set_xlabel("tokens per verify step")
     ax2.set_ylabel("share of steps")
     ax2.set_title(f"acceptance histogram ({names[-1] if names else 'none'})")

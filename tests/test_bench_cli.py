@@ -107,6 +107,36 @@ def test_cli_split12_folder_target(tmp_path, prompt_dir, rng, capsys):
     assert unpacks() <= before  # the temporary bf16 unpack for stock is gone
 
 
+def test_cli_times_two_weight_formats_in_one_run(tmp_path, prompt_dir, rng, capsys):
+    """--weights bf16,split12: one engine per format, rows named by format, every format against the
+    same HF baseline and split12 against bf16; bad lists are refused before anything loads."""
+    import torch
+
+    from specpilot.models.random_ckpt import write_pair
+
+    target, drafter = write_pair(tmp_path / "pair", "tiny-qwen3", block_size=4, seed=rng.randrange(2**31),
+                                 dtype=torch.bfloat16)
+    out = tmp_path / "out"
+    rc = cli.main(["bench", "--target", str(target), "--drafter", str(drafter), "--datasets", str(prompt_dir),
+                   "--benchmarks", "gsm8k,mtbench", "--limit", "1", "--max-new-tokens", "6", "--dtype", "bf16",
+                   "--device", "cpu", "--methods", "hf_static,our_ar,our_spec", "--weights", "bf16,split12",
+                   "--replay", "2", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    rows = _rows(out)
+    methods = ["hf_static", "our_ar@bf16", "our_ar@split12", "our_spec@bf16", "our_spec@split12"]
+    assert [r["method"] for r in rows if r["benchmark"] == "gsm8k"] == methods
+    assert len({r["prompt_len"] for r in rows if r["turn"] == 1}) == 1  # one second-turn prompt for all
+    summary = metrics.summarize(rows, 4)["all"]
+    assert {"our_spec@split12/hf_static", "our_spec@bf16/hf_static", "our_ar@split12/our_ar@bf16",
+            "our_spec@split12/our_spec@bf16"} <= summary["speedups"].keys()
+    md = (out / "report.md").read_text()
+    assert "our weight format: bf16,split12" in md and "our spec (split12) / our spec (bf16)" in md
+    for bad, why in (("bf16,int4", "use bf16, split12 or a comma list"), ("split12,split12", "names a format twice")):
+        rc = cli.main(["bench", "--target", str(target), "--drafter", str(drafter), "--datasets", str(prompt_dir),
+                       "--weights", bad, "--dtype", "bf16", "--out", str(tmp_path / "o")])
+        assert rc == 2 and why in capsys.readouterr().err
+
+
 def test_cli_replay_follows_trace(tiny_pair, prompt_dir, tmp_path, rng, capsys):
     target, drafter = tiny_pair
     out = tmp_path / "out"

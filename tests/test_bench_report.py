@@ -122,3 +122,25 @@ def test_write_all_files(tmp_path, rng):
     assert f"{ours:.2f}x" in table_line
     n_same, n = summary["gsm8k"]["agreement"]["our_spec/stock"]
     assert f"{n_same}/{n}" in table_line
+
+
+def test_formats_pair_with_baselines_and_with_the_first_format(rng):
+    """In a run over bf16 and split12, each format's methods pair with the HF baselines and with
+    ours of the same format, and split12's with bf16's; a one-format run pairs as before."""
+    formats = ["hf_static", "our_ar@bf16", "our_ar@split12", "our_spec@bf16", "our_spec@split12"]
+    speedups = metrics.pairs(metrics.SPEEDUPS, formats)
+    assert ("our_spec@split12", "hf_static") in speedups and ("our_spec@split12", "our_ar@split12") in speedups
+    assert ("our_spec@split12", "our_ar@bf16") not in speedups
+    assert ("our_ar@split12", "our_ar@bf16") in speedups and ("our_spec@split12", "our_spec@bf16") in speedups
+    assert len(speedups) == len(set(speedups)) == 6
+    assert metrics.pairs(metrics.SPEEDUPS, ["hf_static", "our_ar", "our_spec"]) == [
+        ("our_spec", "our_ar"), ("our_spec", "hf_static")]
+    rows = _rows(rng, "gsm8k", rng.randint(2, 5), methods=formats)[0]
+    s = metrics.summarize(rows, BS)["gsm8k"]
+    tpot = {m: _mean([r["decode_s"] / len(r["tokens"]) for r in rows if r["method"] == m]) for m in formats}
+    assert s["speedups"]["our_ar@split12/our_ar@bf16"] == pytest.approx(tpot["our_ar@bf16"] / tpot["our_ar@split12"])
+    assert report.speedup_label("our_spec@split12/hf_static") == "ours / HF static (split12)"
+    assert report.speedup_label("our_ar@split12/our_ar@bf16") == "our AR (split12) / our AR (bf16)"
+    table = report.main_table(metrics.summarize(rows, BS))
+    assert table.splitlines()[0].startswith("| benchmark | prompts | HF static tok/s | our AR (bf16) tok/s")
+    assert f"{s['speedups']['our_spec@split12/our_spec@bf16']:.2f}x" in table

@@ -28,16 +28,19 @@ def configure(parser):
     parser.add_argument("--methods", default=",".join(DEFAULT_METHODS), help=f"comma list of {','.join(METHODS)}")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
-    parser.add_argument("--weights", default=None, choices=("bf16", "split12"),
-                        help="our engine's target weights, which the drafter's follow (default: as stored; split12 "
-                             "packs a bf16 folder at load)")
+    parser.add_argument("--weights", default=None,
+                        help="our engine's target weights, which the drafter's follow: bf16, split12, or a comma "
+                             "list (bf16,split12: one engine each, timed in one run against the same baselines, "
+                             "rows named our_spec@split12 ...); default: as stored; split12 packs a bf16 folder "
+                             "at load")
     parser.add_argument("--replay", default=None,
                         help="scale tier: replay acceptance in our_spec, a fixed TAU (e.g. 6.49) or a trace.json")
     parser.add_argument("--tier", default="auto", choices=("auto", "real", "scale", "correctness"),
                         help="fidelity tier stated in the report (auto: scale with --replay or a random: target, else real)")
     parser.add_argument("--max-seq-len", type=int, default=None,
-                        help="KV capacity of our engine and of hf_static (default: from the prompts, with room "
-                             "for 2x max-new-tokens per turn)")
+                        help="KV capacity of our engine (default: from the prompts, with room for max-new-tokens "
+                             "in the last turn and 2x for each earlier turn's answer); hf_static sizes its "
+                             "cache per prompt")
     parser.add_argument("--repeats", type=int, default=1,
                         help="timed calls per prompt and method, the fastest kept (for noisy hosts)")
     parser.add_argument("--no-cuda-graphs", action="store_true")
@@ -91,6 +94,20 @@ def _seq_len_bound(tokenizer, samples_by_bench, max_new_tokens, block_size) -> i
     return longest + 2 * block_size
 
 
+def _weight_formats(args, random_target) -> tuple[str, ...]:
+    """--weights as a tuple of formats, each resolved against the target folder ("as stored")."""
+    from specpilot.models.loading import resolve_weights
+
+    names = [w.strip() for w in args.weights.split(",")] if args.weights else [None]
+    bad = [w for w in names if w not in ("bf16", "split12", None)]
+    if bad or (args.weights and "" in names):
+        raise ValueError(f"--weights {args.weights!r}: use bf16, split12 or a comma list of them (bf16,split12)")
+    formats = tuple((w or "bf16") if random_target else resolve_weights(args.target, args.dtype, w) for w in names)
+    if len(set(formats)) != len(formats):
+        raise ValueError(f"--weights {args.weights!r} names a format twice")
+    return formats
+
+
 def _check_methods(args, methods, random_target):
     if random_target and {"hf_ar", "hf_static", "stock"} & set(methods):
         raise ValueError(f"--target {args.target} builds our models only; hf_ar/hf_static/stock need a "
@@ -113,7 +130,7 @@ def _run_info(args, cfg, runners, names, random_target) -> dict:
         drafter = f"random {random_pair.parse(args.target)[1]}-layer DFlash drafter" if has_drafter else None
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "tier": tier,
             "replay": cfg.replay.describe() if cfg.replay else None, "device": report.device_name(cfg.device),
-            "dtype": args.dtype, "weights": args.weights, "target": args.target, "drafter": drafter,
+            "dtype": args.dtype, "weights": ",".join(cfg.weights), "target": args.target, "drafter": drafter,
             "block_size": runners.block_size, "max_new_tokens": args.max_new_tokens, "limit": args.limit,
             "methods": list(cfg.methods), "benchmarks": names, "repeats": args.repeats,
             "versions": report.versions()}
@@ -121,28 +138,29 @@ def _run_info(args, cfg, runners, names, random_target) -> dict:
 
 def _save_traces(rows, info, out: Path):
     """traces_<method>.json of the measured acceptance, replayable with --replay (not after a replay)."""
-    from specpilot.bench import traces
+    from specpilot.bench import e2e, traces
 
     if info["replay"]:
         return
-    for m in ("our_spec", "stock"):
+    spec = [m for m in dict.fromkeys(r["method"] for r in rows) if e2e.base_method(m) in ("our_spec", "stock")]
+    for m in spec:
         source = f"{m} on {Path(info['target']).name} ({info['tier']} tier, {', '.join(info['benchmarks'])})"
         trace = traces.from_rows(rows, m, source, info["block_size"])
         if trace.prompts:
-            traces.save(trace, out / f"traces_{m}.json")
+            traces.save(trace, out / f"traces_{m.replace('@', '_')}.json")
 
 
 def run(args) -> int:
     from specpilot.bench import datasets, e2e, random_pair, report, traces
     import torch
 
-    from specpilot.models.loading import as_dtype, resolve_weights
+    from specpilot.models.loading import as_dtype
 
     _check_args(args)
     methods = e2e.parse_methods(args.methods)
     random_target = random_pair.is_random(args.target)
     _check_methods(args, methods, random_target)
-    args.weights = (args.weights or "bf16") if random_target else resolve_weights(args.target, args.dtype, args.weights)
+    formats = _weight_formats(args, random_target)
     names = [datasets.canonical_name(n) for n in args.benchmarks.split(",") if n.strip()]
     samples = {n: datasets.load_benchmark(Path(args.datasets), n, args.limit) for n in names}
     tokenizer = _load_tokenizer(args.target)
@@ -155,7 +173,7 @@ def run(args) -> int:
         device=torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu")),
         dtype=as_dtype(args.dtype), max_new_tokens=args.max_new_tokens, block_size=block_size,
         methods=methods, replay=traces.parse_replay(args.replay, block_size) if args.replay else None,
-        weights=args.weights,
+        weights=formats,
         max_seq_len=args.max_seq_len or _seq_len_bound(tokenizer, samples, args.max_new_tokens, block_size),
         cuda_graphs=settings.get().cuda_graphs and not args.no_cuda_graphs)
     print(f"specpilot bench: loading {args.target} ({', '.join(methods)}) on {cfg.device} {args.dtype}",
