@@ -2,7 +2,7 @@
 # The H200 check: from a clean tree on a bare machine (no network), build the extension with CUDA
 # (sm_90a), run the GPU tests, run the kernel / engine / agent benchmarks, print a short table last.
 # Logs and JSON go to $OUT (the device tool's folder) or out/gpu_check.
-# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|split12|gemv|skinny|engine|ab|agents|bench_zoo|bench_8b|scale_8b ...]
+# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|split12|gemv|skinny|engine|ab|agents|bench_zoo|bench_8b|scale_8b|five_8b ...]
 # (default: all but prebuilt, in order). `prebuilt` replaces `build` when device time is short: it stages
 # the package in /tmp/sp with the extension that scripts/prebuild_cuda_ext.sh made on a CPU machine
 # (carried in .prebuilt/), so the device compiles nothing: `bash bench/gpu_check.sh prebuilt tests ...`;
@@ -90,13 +90,21 @@ for step in $steps; do
                  --weights ${SCALE_WEIGHTS:-bf16,split12} \
                  --methods ${SCALE_METHODS:-hf_static,our_ar,our_spec} --replay 6.49 --benchmarks gsm8k --limit 2 \
                  --max-new-tokens 256 --datasets "$SPECPILOT_DATASETS" --out "$OUT/hf_8b" ;;
+    # The benchmark at scale: the five benchmarks x 2048 new tokens (MT-Bench's two turns),
+    # HF static beside both weight formats in one run (~7 min on an H100; FIVE_LIMIT prompts each).
+    five_8b)   R8=${SCALE_DIR:-/tmp/specpilot_r8b}
+               [ -f "$R8/target/config.json" ] || run_step write_8b python3 -m specpilot.bench.random_checkpoint \
+                 --preset qwen3-8b --out "$R8" --device cuda
+               run_step five_8b python3 -m specpilot bench --target "$R8/target" --drafter "$R8/drafter" \
+                 --weights ${SCALE_WEIGHTS:-bf16,split12} --methods hf_static,our_ar,our_spec --replay 6.49 \
+                 --limit ${FIVE_LIMIT:-1} --max-new-tokens 2048 --datasets "$SPECPILOT_DATASETS" --out "$OUT/five_8b" ;;
     *)       echo "unknown step $step"; exit 2 ;;
   esac
 done
 
 echo
 echo "== tables"
-for name in split12 gemv skinny engine ab agents bench_zoo bench_8b hf_8b; do
+for name in split12 gemv skinny engine ab agents bench_zoo bench_8b hf_8b five_8b; do
   [ -f "$OUT/$name.log" ] && { echo "-- $name"; grep -E '^\|' "$OUT/$name.log" | tail -25; }
 done
 echo "== summary"
