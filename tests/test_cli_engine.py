@@ -35,6 +35,18 @@ def test_verify_json_line(pair, capsys):
     assert 2 <= out["tokens"] <= 24 and out["spec_identical"] == 2
 
 
+def test_verify_arbiter_on_its_own_device(pair, capsys):
+    """--arbiter fp32 --arbiter-device cpu: a bf16 engine, its fp32 arbiter on the CPU (on a GPU
+    machine that keeps the arbiter's fp32 copy out of GPU memory); the JSON line names it."""
+    t, d, prompts = pair
+    main(["verify", "--target", str(t), "--drafter", str(d), "--prompts", str(prompts), "--limit", "1",
+          "--max-new-tokens", "8", "--device", "cpu", "--dtype", "bf16", "--arbiter", "fp32",
+          "--arbiter-device", "cpu"])
+    out = last_json(capsys.readouterr().out)
+    assert out["arbiter"] == "float32" and out["prompts"] == 1
+    assert out["arbiter_sides_with_ours"] + out["arbiter_sides_with_stock"] <= out["tolerated"] + out["mismatches"]
+
+
 def test_generate_spec_and_ar_agree(pair, capsys):
     t, d, _ = pair
     common = ["--target", str(t), "--prompt", "x = 1\n", "--max-new-tokens", "10", "--device", "cpu", "--dtype", "fp32"]

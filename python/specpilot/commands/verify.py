@@ -15,6 +15,9 @@ def configure(parser):
     parser.add_argument("--arbiter", choices=("none", "fp32"), default="none",
                         help="fp32: also load the target in fp32 and report which side it takes at each "
                              "disagreement (diagnostic; the verdict is unchanged)")
+    parser.add_argument("--arbiter-device", default=None,
+                        help="where the fp32 arbiter runs (default: --device); cpu keeps its fp32 copy of the "
+                             "target (4 bytes a weight) out of GPU memory")
 
 
 def run(args) -> int:
@@ -31,7 +34,7 @@ def run(args) -> int:
     arbiter = None
     if args.arbiter == "fp32":
         from specpilot.models import load_target
-        arbiter = load_target(args.target, device=args.device, dtype="fp32")
+        arbiter = load_target(args.target, device=args.arbiter_device or args.device, dtype="fp32")
     report = token_force(engine, stock, [ids for _, ids in prompts], args.max_new_tokens,
                          stop_ids=stop_ids_for(target, tok), block_size=args.block_size,
                          ids=[pid for pid, _ in prompts], arbiter=arbiter)
