@@ -107,8 +107,6 @@ def build_runners(cfg: BenchConfig, stop_ids: list[int]) -> Runners:
             and (wants_drafter or "hf_ar" in cfg.methods)):
         raise ValueError(f"methods {cfg.methods} need --drafter (hf_ar is dflash_generate at block 1, "
                          "which takes the drafter object)")
-    if len(set(cfg.weights)) != len(cfg.weights) or not cfg.weights:
-        raise ValueError(f"weights {cfg.weights}: name each format once")
     hf_pair = None
     if wants_hf:  # dflash_generate needs the drafter object even at block_size=1
         needs_hf_drafter = any(m in cfg.methods for m in ("hf_ar", "stock"))

@@ -95,7 +95,8 @@ def _seq_len_bound(tokenizer, samples_by_bench, max_new_tokens, block_size) -> i
 
 
 def _weight_formats(args, random_target) -> tuple[str, ...]:
-    """--weights as a tuple of formats, each resolved against the target folder ("as stored")."""
+    """--weights as a tuple of formats, each resolved against the target folder ("as stored");
+    the one place the list is checked (e2e.build_runners takes it as given)."""
     from specpilot.models.loading import resolve_weights
 
     names = [w.strip() for w in args.weights.split(",")] if args.weights else [None]
