@@ -86,24 +86,42 @@ def header(info: dict) -> str:
     return "\n".join(lines)
 
 
-def main_table(summary: dict) -> str:
+def _table(summary: dict, cols: list[str], cells) -> str:
+    """One row per benchmark: its name, then cells(name, s) under cols."""
+    out = ["| benchmark | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
+    out += ["| " + " | ".join([name] + cells(s)) + " |" for name, s in summary.items()]
+    return "\n".join(out)
+
+
+def throughput_table(summary: dict) -> str:
     methods = list(dict.fromkeys(m for s in summary.values() for m in s["methods"]))
     spec = [m for m in methods if base_and_format(m)[0] in ("stock", "our_spec")]
-    speedups = list(dict.fromkeys(k for s in summary.values() for k in s["speedups"]))
-    agree = list(dict.fromkeys(k for s in summary.values() for k in s["agreement"]))
-    cols = (["benchmark", "prompts"] + [f"{label(m)} tok/s" for m in methods]
-            + [f"tau {label(m)}" for m in spec] + [speedup_label(k) for k in speedups]
-            + [" = ".join(label(m) for m in k.split("/")) for k in agree])
-    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for name, s in summary.items():
-        prompts = max(v["prompts"] for v in s["methods"].values())
-        cells = [name, str(prompts)]
-        cells += [_fmt(s["methods"][m]["tokens_per_s"], ".1f") if m in s["methods"] else "–" for m in methods]
-        cells += [_fmt(s["methods"][m]["tau"]) if m in s["methods"] else "–" for m in spec]
-        cells += [_fmt(s["speedups"].get(k)) + ("x" if s["speedups"].get(k) else "") for k in speedups]
-        cells += [("%d/%d" % s["agreement"][k]) if s["agreement"].get(k) else "–" for k in agree]
-        out.append("| " + " | ".join(cells) + " |")
-    return "\n".join(out)
+    return _table(summary, ["prompts"] + [f"{label(m)} tok/s" for m in methods] + [f"tau {label(m)}" for m in spec],
+                  lambda s: [str(max(v["prompts"] for v in s["methods"].values()))]
+                  + [_fmt(s["methods"][m]["tokens_per_s"], ".1f") if m in s["methods"] else "–" for m in methods]
+                  + [_fmt(s["methods"][m]["tau"]) if m in s["methods"] else "–" for m in spec])
+
+
+def speedup_table(summary: dict) -> str:
+    keys = list(dict.fromkeys(k for s in summary.values() for k in s["speedups"]))
+    return _table(summary, [speedup_label(k) for k in keys],
+                  lambda s: [_fmt(s["speedups"].get(k)) + ("x" if s["speedups"].get(k) else "") for k in keys])
+
+
+def agreement_table(summary: dict) -> str:
+    keys = list(dict.fromkeys(k for s in summary.values() for k in s["agreement"]))
+    return _table(summary, [" = ".join(label(m) for m in k.split("/")) for k in keys],
+                  lambda s: [("%d/%d" % s["agreement"][k]) if s["agreement"].get(k) else "–" for k in keys])
+
+
+def tables(summary: dict) -> str:
+    """The three per-benchmark tables, each under its heading (a wide run, e.g. two weight formats,
+    stays readable)."""
+    parts = [("Throughput and acceptance", throughput_table(summary)), ("Speedups", speedup_table(summary))]
+    if any(v for s in summary.values() for v in s["agreement"].values()):
+        parts.append(("Identical outputs (prompts whose tokens are the same, of those run by both)",
+                      agreement_table(summary)))
+    return "\n\n".join(f"## {title}\n\n{table}" for title, table in parts)
 
 
 def histogram_table(summary: dict, block_size: int) -> str:
@@ -126,7 +144,7 @@ def replay_note(summary: dict) -> str:
 
 
 def markdown(summary: dict, info: dict) -> str:
-    return (header(info) + "\n## Throughput, acceptance, speedups\n\n" + main_table(summary) + replay_note(summary)
+    return (header(info) + "\n" + tables(summary) + replay_note(summary)
             + "\n\n## Acceptance length histogram (share of verify steps producing 1..B tokens)\n\n"
             + histogram_table(summary, info["block_size"]) + "\n")
 

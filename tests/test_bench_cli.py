@@ -71,12 +71,12 @@ def test_cli_all_methods(tiny_pair, prompt_dir, tmp_path, capsys):
     turn0 = next(r for r in mt if r["turn"] == 0)
     turn1 = next(r for r in mt if r["turn"] == 1)
     assert turn1["prompt_len"] > turn0["prompt_len"] + 10
-    # printed last: the markdown table, whose numbers come from these rows
+    # printed last: the markdown tables (throughput, speedups, identical outputs) from these rows
     table = captured.out.strip().splitlines()
     summary = metrics.summarize(rows, 4)
-    line = next(t for t in table if t.startswith("| gsm8k |"))
+    throughput, _, agreement = (t for t in table if t.startswith("| gsm8k |"))
     same, n = summary["gsm8k"]["agreement"]["our_spec/stock"]
-    assert f"{same}/{n}" in line and f'{summary["gsm8k"]["methods"]["stock"]["tau"]:.2f}' in line
+    assert f"{same}/{n}" in agreement and f'{summary["gsm8k"]["methods"]["stock"]["tau"]:.2f}' in throughput
     assert table[-1].startswith("| all |")
     md = (out / "report.md").read_text()
     assert "Fidelity tier: correctness" in md and "fp32" in md

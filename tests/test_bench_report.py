@@ -118,10 +118,12 @@ def test_write_all_files(tmp_path, rng):
     assert md == text
     assert "Fidelity tier: scale" in md and "fixed tau 6.49" in md and "torch" in md
     ours = summary["gsm8k"]["speedups"]["our_spec/hf_ar"]
-    table_line = next(line for line in md.splitlines() if line.startswith("| gsm8k |"))
-    assert f"{ours:.2f}x" in table_line
+    # the first three gsm8k rows: throughput, speedups, identical outputs (the histogram's follow)
+    throughput, speedups, agreement = [line for line in md.splitlines() if line.startswith("| gsm8k |")][:3]
+    assert f"{summary['gsm8k']['methods']['our_spec']['tokens_per_s']:.1f}" in throughput
+    assert f"{ours:.2f}x" in speedups
     n_same, n = summary["gsm8k"]["agreement"]["our_spec/stock"]
-    assert f"{n_same}/{n}" in table_line
+    assert f"{n_same}/{n}" in agreement
 
 
 def test_formats_pair_with_baselines_and_with_the_first_format(rng):
@@ -141,6 +143,10 @@ def test_formats_pair_with_baselines_and_with_the_first_format(rng):
     assert s["speedups"]["our_ar@split12/our_ar@bf16"] == pytest.approx(tpot["our_ar@bf16"] / tpot["our_ar@split12"])
     assert report.speedup_label("our_spec@split12/hf_static") == "ours / HF static (split12)"
     assert report.speedup_label("our_ar@split12/our_ar@bf16") == "our AR (split12) / our AR (bf16)"
-    table = report.main_table(metrics.summarize(rows, BS))
-    assert table.splitlines()[0].startswith("| benchmark | prompts | HF static tok/s | our AR (bf16) tok/s")
-    assert f"{s['speedups']['our_spec@split12/our_spec@bf16']:.2f}x" in table
+    summary = metrics.summarize(rows, BS)
+    throughput = report.throughput_table(summary)
+    assert throughput.splitlines()[0].startswith("| benchmark | prompts | HF static tok/s | our AR (bf16) tok/s")
+    assert "our spec (split12) / our spec (bf16)" in report.speedup_table(summary).splitlines()[0]
+    assert f"{s['speedups']['our_spec@split12/our_spec@bf16']:.2f}x" in report.speedup_table(summary)
+    text = report.tables(summary)
+    assert text.index("## Throughput and acceptance") < text.index("## Speedups") < text.index("## Identical")

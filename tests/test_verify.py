@@ -192,3 +192,37 @@ def test_arbiter_sides_with_the_unbroken_side_and_keeps_the_verdict(pair):
     assert bad.arbiter_sides_with_stock == len(scored) and bad.arbiter_sides_with_ours == 0
     assert all(m["arbiter_ours_minus_stock"] < 0 for m in scored)
     assert bad.summary()["arbiter_sides_with_stock"] == len(scored)
+    # At every position, not only the disagreements: negated logits never share fp32's argmax and sit
+    # twice their size away from it; stock (fp32, the unbroken weights) is fp32 to rounding.
+    error = bad.arbiter_error
+    assert list(error) == ["stock", "prefill", "decode", "verify"]
+    assert all(e["positions"] == bad.tokens for e in error.values())
+    assert error["stock"]["same_argmax"] == bad.tokens and error["stock"]["rms_error"] < 1e-4
+    for path in ("prefill", "decode", "verify"):
+        assert error[path]["same_argmax"] == 0 and error[path]["rms_error"] > 0.1, (path, error[path])
+    assert bad.summary()["arbiter_error"] == error
+
+
+def test_arbiter_error_of_an_exact_engine_is_rounding_only(pair):
+    """The unbroken fp32 engine: every path agrees with the fp32 arbiter's argmax at every position."""
+    import copy
+
+    report = token_force(pair.engine, pair.stock, [pair.random_prompt(8)], 12, arbiter=copy.deepcopy(pair.target))
+    assert report.passed and report.tokens > 0
+    for side, e in report.arbiter_error.items():
+        assert e["positions"] == report.tokens and e["same_argmax"] == report.tokens, (side, e)
+        assert e["rms_error"] < 1e-4, (side, e)
+
+
+def test_arbiter_error_tally_by_hand():
+    from specpilot.verify.arbiter_error import ArbiterErrorTally
+
+    tally = ArbiterErrorTally()
+    reference = torch.tensor([[0.0, 1.0, 2.0], [3.0, 0.0, 0.0]])
+    tally.add("ours", reference + torch.tensor([[0.0, 0.0, 3.0], [0.0, 4.0, 0.0]]), reference)
+    tally.add("ours", torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[1.0, 0.0, 0.0]]))
+    e = tally.summary()["ours"]
+    # squared errors 9 + 16 (first add) + 1 + 1 (second) over 9 values; argmax kept on row 1 only
+    assert e == {"rms_error": pytest.approx((27 / 9) ** 0.5), "same_argmax": 1, "positions": 3}
+    with pytest.raises(ValueError, match="ours: logits"):
+        tally.add("ours", torch.zeros(2, 3), torch.zeros(2, 4))

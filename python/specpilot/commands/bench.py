@@ -201,5 +201,5 @@ def run(args) -> int:
     _, summary = report.write_all(rows, info, out)
     _save_traces(rows, info, out)
     print(f"specpilot bench: wrote {out}/rows.jsonl, report.md, report.png", file=sys.stderr)
-    print(report.main_table(summary))
+    print(report.tables(summary))
     return 0

@@ -13,8 +13,9 @@ def configure(parser):
     parser.add_argument("--limit", type=int, default=None, help="first N prompts")
     parser.add_argument("--block-size", type=int, default=None, help="default: the drafter's")
     parser.add_argument("--arbiter", choices=("none", "fp32"), default="none",
-                        help="fp32: also load the target in fp32 and report which side it takes at each "
-                             "disagreement (diagnostic; the verdict is unchanged)")
+                        help="fp32: also load the target in fp32; report which side it takes at each "
+                             "disagreement, and stock's and each of our paths' logit error against it at "
+                             "every position (diagnostic; the verdict is unchanged)")
     parser.add_argument("--arbiter-device", default=None,
                         help="where the fp32 arbiter runs (default: --device); cpu keeps its fp32 copy of the "
                              "target (4 bytes a weight) out of GPU memory")
@@ -60,6 +61,9 @@ def print_report(report):
     if report.arbiter:
         print(f"{report.arbiter} arbiter over {len(report.tolerated_list) + len(report.mismatch_list)} disagreements: "
               f"sides with ours {report.arbiter_sides_with_ours}, with stock {report.arbiter_sides_with_stock}")
+        print(f"{report.arbiter} arbiter at every generated position (logit RMS error against it; argmax the same as its):")
+        for side, e in report.arbiter_error.items():
+            print(f"  {side:8s} RMS error {e['rms_error']:.4g}, same argmax {e['same_argmax']}/{e['positions']}")
 
 
 def _arbiter_note(item) -> str:

@@ -16,7 +16,9 @@ speculative decoding output is compared with stock's tokens (identical-prefix le
 
 Arbiter (optional, diagnostic only: it never changes the verdict): the same target in fp32 scores
 each position where ours and stock disagree, telling which side the exact-er arithmetic takes
-(a bf16 engine that is merely rounded differently sides with fp32 about as often as stock does).
+(a bf16 engine that is merely rounded differently sides with fp32 about as often as stock does),
+and every generated position of stock and of each of our paths (arbiter_error.py: RMS logit error
+against fp32, and how often the argmax is fp32's).
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import torch
 
 from specpilot.engine.cache import KVCache
 
+from .arbiter_error import ArbiterErrorTally
 from .stock import StockPair, hf_logits, run_stock
 
 BF16_REL_EPS = 1e-2
@@ -46,13 +49,14 @@ class ForcingReport:
     arbiter: str = ""                       # "" or the arbiter's dtype; then, over all disagreements:
     arbiter_sides_with_ours: int = 0        # the arbiter's argmax is our token
     arbiter_sides_with_stock: int = 0       # the arbiter's argmax is stock's token
+    arbiter_error: dict = field(default_factory=dict)    # side -> {rms_error, same_argmax, positions}: every position
 
     def summary(self) -> dict:
         keys = ("prompts", "tokens", "mismatches", "tolerated", "passed", "spec_identical", "eps_rule")
         out = {k: getattr(self, k) for k in keys}
         if self.arbiter:
             out.update(arbiter=self.arbiter, arbiter_sides_with_ours=self.arbiter_sides_with_ours,
-                       arbiter_sides_with_stock=self.arbiter_sides_with_stock)
+                       arbiter_sides_with_stock=self.arbiter_sides_with_stock, arbiter_error=self.arbiter_error)
         return out
 
     def to_dict(self) -> dict:
@@ -63,12 +67,6 @@ def eps_for(dtype: torch.dtype, top_logit: float) -> float:
     if dtype == torch.float32:
         return 0.0
     return BF16_REL_EPS * max(1.0, abs(top_logit))
-
-
-@torch.inference_mode()
-def forced_argmax(target, sequence) -> list:
-    """Our target's argmax at every position of one full sequence (one forward, fresh cache)."""
-    return forced_logits(target, sequence).argmax(-1).tolist()
 
 
 @torch.inference_mode()
@@ -84,38 +82,39 @@ def forced_logits(target, sequence) -> torch.Tensor:
     return logits[0]
 
 
-def _prefill_choice(engine, prompt):
-    """(runner, device, [our choice of the first token]) after a prefill of the prompt into the engine's cache."""
+def _prefill_logits(engine, prompt):
+    """(runner, device, [our logits for the first new token]) after a prefill of the prompt into the
+    engine's cache."""
     runner, device = engine.runner, engine.target.device
     logits, _ = runner.prefill(torch.tensor([list(map(int, prompt))], device=device), with_features=False)
-    return runner, device, [int(logits[0, -1].argmax())]
+    return runner, device, [logits[0, -1].clone()]
 
 
 @torch.inference_mode()
-def forced_decode_argmax(engine, prompt, tokens) -> list:
-    """Our argmax for each of `tokens` through the engine's AR path: prefill the prompt, then one
-    one-token decode step (graphed on CUDA) per token, fed stock's token, not our choice."""
-    runner, device, choices = _prefill_choice(engine, prompt)
+def forced_decode_logits(engine, prompt, tokens) -> torch.Tensor:
+    """Our logits [T, V] for each of `tokens` through the engine's AR path: prefill the prompt, then
+    one one-token decode step (graphed on CUDA) per token, fed stock's token, not our choice."""
+    runner, device, rows = _prefill_logits(engine, prompt)
     for j, token in enumerate(tokens[:-1]):
         logits, _ = runner.target_step(torch.tensor([[int(token)]], device=device), len(prompt) + j,
                                        with_features=False)
-        choices.append(int(logits[0, -1].argmax()))
-    return choices
+        rows.append(logits[0, -1].clone())                    # a graph's output buffer is reused
+    return torch.stack(rows)
 
 
 @torch.inference_mode()
-def forced_verify_argmax(engine, prompt, tokens, block_size: int) -> list:
-    """Our argmax for each of `tokens` through the engine's verify step: prefill the prompt, then
-    stock's tokens block_size at a time (graphed on CUDA; a short last block eagerly, as in the
-    speculative loop), each row's logits choosing the next token."""
-    runner, device, choices = _prefill_choice(engine, prompt)
+def forced_verify_logits(engine, prompt, tokens, block_size: int) -> torch.Tensor:
+    """Our logits [T, V] for each of `tokens` through the engine's verify step: prefill the prompt,
+    then stock's tokens block_size at a time (graphed on CUDA; a short last block eagerly, as in
+    the speculative loop), each row's logits choosing the next token."""
+    runner, device, rows = _prefill_logits(engine, prompt)
     fed = list(map(int, tokens[:-1]))
     for start in range(0, len(fed), block_size):
         block = fed[start:start + block_size]
         logits, _ = runner.target_step(torch.tensor([block], device=device), len(prompt) + start,
                                        with_features=False, graphed=len(block) == block_size)
-        choices += logits[0].argmax(-1).tolist()
-    return choices
+        rows.extend(logits[0].clone())
+    return torch.stack(rows)
 
 
 def _common_prefix(a, b) -> int:
@@ -137,18 +136,28 @@ def token_force(engine, stock: StockPair, prompts, max_new_tokens: int, stop_ids
     report = ForcingReport(eps_rule="eps=0 (fp32)" if dtype == torch.float32 else
                            f"eps={BF16_REL_EPS}*max(1,|top logit|) ({str(dtype).replace('torch.', '')})",
                            arbiter=str(arbiter.dtype).replace("torch.", "") if arbiter is not None else "")
+    tally = ArbiterErrorTally()
     for index, prompt in enumerate(prompts):
         name = ids[index] if ids is not None else index
         ref = run_stock(stock, prompt, max_new_tokens, stop_ids, 0.0, block_size)
         sequence = list(prompt) + ref.tokens
         n = len(prompt)
         verify_block = block_size or (engine.drafter.block_size if engine.drafter is not None else 1)
+        generated = slice(n - 1, len(sequence) - 1)                  # the positions that chose stock's tokens
         with engine.runner.kernel_ctx(len(sequence)):   # the linears' prefill kernels (split12: "dense")
-            prefill = forced_argmax(target, sequence)[n - 1:len(sequence) - 1]          # our choice per stock token
-        paths = {"prefill": prefill,
-                 "decode": forced_decode_argmax(engine, prompt, ref.tokens),
-                 "verify": forced_verify_argmax(engine, prompt, ref.tokens, verify_block)}
+            prefill = forced_logits(target, sequence)[generated]
+        logits = {"prefill": prefill,                                  # [T, V] each: our logits per stock token
+                  "decode": forced_decode_logits(engine, prompt, ref.tokens),
+                  "verify": forced_verify_logits(engine, prompt, ref.tokens, verify_block)}
+        paths = {path: rows.argmax(-1).tolist() for path, rows in logits.items()}
         stock_logits = arbiter_logits = None
+        if arbiter is not None:                                        # scores every position, not only ties
+            arbiter_logits = forced_logits(arbiter, sequence)[generated].float()
+            stock_logits = hf_logits(stock, sequence)
+            tally.add("stock", stock_logits[generated], arbiter_logits)
+            for path, rows in logits.items():
+                tally.add(path, rows, arbiter_logits)
+        del logits
         row = {"id": name, "prompt_len": n, "tokens": len(ref.tokens), "mismatches": 0, "tolerated": 0}
         disagreements = [(path, j, mine, theirs) for path, ours in paths.items()
                          for j, (mine, theirs) in enumerate(zip(ours, ref.tokens)) if mine != theirs]
@@ -160,9 +169,7 @@ def token_force(engine, stock: StockPair, prompts, max_new_tokens: int, stop_ids
             item = {"prompt": name, "path": path, "position": j, "ours": mine, "stock": theirs, "margin": margin,
                     "eps": eps}
             if arbiter is not None:
-                if arbiter_logits is None:
-                    arbiter_logits = forced_logits(arbiter, sequence).float()
-                _arbitrate(report, item, arbiter_logits[n - 1 + j])
+                _arbitrate(report, item, arbiter_logits[j])
             if margin < eps:
                 report.tolerated_list.append(item)
                 row["tolerated"] += 1
@@ -181,6 +188,7 @@ def token_force(engine, stock: StockPair, prompts, max_new_tokens: int, stop_ids
         report.tolerated += row["tolerated"]
         report.per_prompt.append(row)
     report.passed = report.mismatches == 0
+    report.arbiter_error = tally.summary()
     return report
 
 
