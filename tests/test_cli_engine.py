@@ -42,9 +42,23 @@ def test_verify_arbiter_on_its_own_device(pair, capsys):
     main(["verify", "--target", str(t), "--drafter", str(d), "--prompts", str(prompts), "--limit", "1",
           "--max-new-tokens", "8", "--device", "cpu", "--dtype", "bf16", "--arbiter", "fp32",
           "--arbiter-device", "cpu"])
-    out = last_json(capsys.readouterr().out)
+    printed = capsys.readouterr().out
+    out = last_json(printed)
     assert out["arbiter"] == "float32" and out["prompts"] == 1
     assert out["arbiter_sides_with_ours"] + out["arbiter_sides_with_stock"] <= out["tolerated"] + out["mismatches"]
+    assert list(out["arbiter_error"]) == ["stock", "prefill", "decode", "verify"]
+    assert all(e["positions"] == out["tokens"] for e in out["arbiter_error"].values())
+    assert "arbiter at every generated position" in printed and "stock's error" in printed
+
+
+def test_verify_reads_the_arbiter_error():
+    from specpilot.commands.verify import _error_reading
+
+    error = lambda stock, decode: {"stock": {"rms_error": stock}, "prefill": {"rms_error": stock},
+                                   "decode": {"rms_error": decode}}
+    assert "as close to the arbiter as stock (worst: decode, 1.040x" in _error_reading(error(0.025, 0.026))
+    assert "decode path is 1.20x stock's error" in _error_reading(error(0.025, 0.030))
+    assert "nothing to compare" in _error_reading({})
 
 
 def test_generate_spec_and_ar_agree(pair, capsys):

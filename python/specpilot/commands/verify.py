@@ -64,6 +64,22 @@ def print_report(report):
         print(f"{report.arbiter} arbiter at every generated position (logit RMS error against it; argmax the same as its):")
         for side, e in report.arbiter_error.items():
             print(f"  {side:8s} RMS error {e['rms_error']:.4g}, same argmax {e['same_argmax']}/{e['positions']}")
+        print(_error_reading(report.arbiter_error))
+
+
+def _error_reading(error: dict) -> str:
+    """One line: is our worst path about as far from the arbiter as stock is (rounded differently),
+    or further (a precision loss to look for)? The verdict does not depend on it."""
+    stock = error.get("stock", {}).get("rms_error")
+    ours = {side: e["rms_error"] for side, e in error.items() if side != "stock"}
+    if not stock or not ours:
+        return "  (nothing to compare)"
+    side = max(ours, key=ours.get)
+    ratio = ours[side] / stock
+    if ratio <= 1.05:
+        return (f"  our paths are as close to the arbiter as stock (worst: {side}, {ratio:.3f}x stock's error): "
+                "disagreements come from rounding, not lost precision")
+    return f"  our {side} path is {ratio:.2f}x stock's error against the arbiter: look for lost precision there"
 
 
 def _arbiter_note(item) -> str:
