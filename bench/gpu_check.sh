@@ -2,7 +2,7 @@
 # The H200 check: from a clean tree on a bare machine (no network), build the extension with CUDA
 # (sm_90a), run the GPU tests, run the kernel / engine / agent benchmarks, print a short table last.
 # Logs and JSON go to $OUT (the device tool's folder) or out/gpu_check.
-# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|split12|gemv|skinny|engine|ab|agents|bench_zoo|bench_8b|scale_8b|five_8b ...]
+# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|split12|gemv|skinny|engine|ab|defaults_ab|agents|bench_zoo|bench_8b|scale_8b|five_8b ...]
 # (default: all but prebuilt, in order). `prebuilt` replaces `build` when device time is short: it stages
 # the package in /tmp/sp with the extension that scripts/prebuild_cuda_ext.sh made on a CPU machine
 # (carried in .prebuilt/), so the device compiles nothing: `bash bench/gpu_check.sh prebuilt tests ...`;
@@ -66,6 +66,17 @@ for step in $steps; do
     skinny)  run_step skinny timeout 400 python3 -m specpilot.bench.skinny_kernels --sweep --split12 --out "$OUT/skinny.json" ;;
     engine)  run_step engine python3 -m specpilot.bench.gpu_engine --out "$OUT" ;;
     ab)      run_step ab python3 -m specpilot.bench.engine_ab --preset qwen3-8b --out "$OUT/engine_ab.json" ;;
+    # The defaults chosen on H100s since session 16, A/B'd again where the issues measure (an H200):
+    # early launch and the step kernels (loop_ab), the split12 decode-bound grid (knob_ab), the split12
+    # drafter and the fused split12 GEMV (engine_ab). ~8 min; each A/B has its own time limit.
+    defaults_ab) run_step loop_early timeout 150 python3 -m specpilot.bench.loop_ab --knob early_launch \
+                   --out "$OUT/loop_early.json"
+                 run_step loop_steps timeout 150 python3 -m specpilot.bench.loop_ab --knob step_kernels \
+                   --out "$OUT/loop_steps.json"
+                 run_step knob_grid timeout 120 python3 -m specpilot.bench.knob_ab --knob split12_decode_grid \
+                   --split12 --out "$OUT/knob_grid.json"
+                 run_step ab_formats timeout 150 python3 -m specpilot.bench.engine_ab --preset qwen3-8b \
+                   --configs 8,11,16,11,13 --out "$OUT/ab_formats.json" ;;
     agents)  run_step agents python3 -m specpilot.bench.gpu_agents --out "$OUT" --total-budget ${AGENTS_BUDGET:-280} ;;
     # Real-acceptance tier: the zoo pair on its held-out prompts (all methods, side by side).
     bench_zoo) run_step bench_zoo python3 -m specpilot bench --target "$SPECPILOT_ZOO/code-tiny" \
@@ -104,7 +115,7 @@ done
 
 echo
 echo "== tables"
-for name in split12 gemv skinny engine ab agents bench_zoo bench_8b hf_8b five_8b; do
+for name in split12 gemv skinny engine ab loop_early loop_steps knob_grid ab_formats agents bench_zoo bench_8b hf_8b five_8b; do
   [ -f "$OUT/$name.log" ] && { echo "-- $name"; grep -E '^\|' "$OUT/$name.log" | tail -25; }
 done
 echo "== summary"
