@@ -143,8 +143,18 @@ def replay_note(summary: dict) -> str:
             + "; ".join(notes)) if notes else ""
 
 
+def scale_outputs_note(summary: dict, info: dict) -> str:
+    """Why a scale-tier run's identical-output counts say little about correctness."""
+    if info["tier"] != "scale" or not any(v for s in summary.values() for v in s["agreement"].values()):
+        return ""
+    return ("\n\nIdentical outputs at scale: random weights give flat logits, so two correct bf16 computations "
+            "break some near-tie within a long output and fork from there"
+            + (", and replay overrides our spec's drafts" if info.get("replay") else "")
+            + ". The correctness check is `specpilot verify` (token forcing against stock).")
+
+
 def markdown(summary: dict, info: dict) -> str:
-    return (header(info) + "\n" + tables(summary) + replay_note(summary)
+    return (header(info) + "\n" + tables(summary) + scale_outputs_note(summary, info) + replay_note(summary)
             + "\n\n## Acceptance length histogram (share of verify steps producing 1..B tokens)\n\n"
             + histogram_table(summary, info["block_size"]) + "\n")
 

@@ -118,6 +118,8 @@ def test_write_all_files(tmp_path, rng):
     assert md == text
     assert "Fidelity tier: scale" in md and "fixed tau 6.49" in md and "torch" in md
     ours = summary["gsm8k"]["speedups"]["our_spec/hf_ar"]
+    assert "Identical outputs at scale" in md and "replay overrides" in md      # a scale-tier run says why
+    assert report.scale_outputs_note(summary, _info("real")) == ""
     # the first three gsm8k rows: throughput, speedups, identical outputs (the histogram's follow)
     throughput, speedups, agreement = [line for line in md.splitlines() if line.startswith("| gsm8k |")][:3]
     assert f"{summary['gsm8k']['methods']['our_spec']['tokens_per_s']:.1f}" in throughput
