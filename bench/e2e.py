@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 
 from . import datasets, hf_baseline, random_pair
+from .metrics import base_and_format
 from .rows import MethodRun, make_row
 from .traces import Trace
 
@@ -88,11 +89,6 @@ def our_method(base: str, weights: str, formats: tuple[str, ...]) -> str:
     """The row name of one of our methods: "our_spec", or "our_spec@split12" when a run compares
     several weight formats."""
     return base if len(formats) == 1 else f"{base}@{weights}"
-
-
-def base_method(name: str) -> str:
-    """"our_spec@split12" -> "our_spec"."""
-    return name.split("@", 1)[0]
 
 
 def build_runners(cfg: BenchConfig, stop_ids: list[int]) -> Runners:
@@ -232,7 +228,7 @@ def run_benchmark(name: str, samples: list[datasets.Sample], tokenizer, runners:
             if progress:
                 progress(name, k + 1, len(samples), turn, rows)
             if turn + 1 < len(sample.turns):
-                ref = next(m for base in REFERENCE_ORDER for m in outs if base_method(m) == base)
+                ref = next(m for base in REFERENCE_ORDER for m in outs if base_and_format(m)[0] == base)
                 answer = carried_answer(tokenizer, outs[ref].tokens, max_new_tokens, f"{name} {sample.id}")
                 messages.append({"role": "assistant", "content": answer})
             index += 1
@@ -261,7 +257,7 @@ def carried_answer(tokenizer, tokens, max_new_tokens: int, where: str = "") -> s
 def _transcript(runners: Runners, method: str, outs: dict, ids, max_new_tokens):
     """Replay only: the target's greedy tokens for this prompt, from the same weight format (its
     our_ar's if that ran, else an untimed generate_ar)."""
-    if base_method(method) != "our_spec" or not runners.needs_transcript:
+    if base_and_format(method)[0] != "our_spec" or not runners.needs_transcript:
         return None
     twin = method.replace("our_spec", "our_ar", 1)
     if twin in outs:

@@ -139,11 +139,12 @@ def _run_info(args, cfg, runners, names, random_target) -> dict:
 
 def _save_traces(rows, info, out: Path):
     """traces_<method>.json of the measured acceptance, replayable with --replay (not after a replay)."""
-    from specpilot.bench import e2e, traces
+    from specpilot.bench import metrics, traces
 
     if info["replay"]:
         return
-    spec = [m for m in dict.fromkeys(r["method"] for r in rows) if e2e.base_method(m) in ("our_spec", "stock")]
+    spec = [m for m in dict.fromkeys(r["method"] for r in rows)
+            if metrics.base_and_format(m)[0] in ("our_spec", "stock")]
     for m in spec:
         source = f"{m} on {Path(info['target']).name} ({info['tier']} tier, {', '.join(info['benchmarks'])})"
         trace = traces.from_rows(rows, m, source, info["block_size"])
