@@ -223,24 +223,11 @@ def kernel_sized_pair(family: str, seed: int):
     return target, drafter
 
 
-def margin_at(target, ids) -> tuple:
-    """(top-2 margin, top logit) of the kernels-off target's last logits for `ids` [1, n] (eager)."""
-    from specpilot.engine.cache import KVCache
-
-    c = target.config
-    n = ids.shape[1]
-    cache = KVCache(c.num_layers, 1, c.num_kv_heads, n, c.head_dim, "cuda", torch.bfloat16)
-    with kernels(False), torch.inference_mode():
-        logits, _ = target(ids, torch.arange(n, device="cuda"), cache, n, logits_rows=1)
-    top = logits[0, -1].float().topk(2).values
-    return float(top[0] - top[1]), float(top[0])
-
-
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
 def test_engine_with_kernels_on_vs_off(ops, family):
     """Prefill logits and features (target) and draft logits close with the kernels on and off; 32
-    greedy AR tokens (CUDA graphs) equal, except where the kernels-off model has a near-tie (top-2
-    margin below verify/forcing.py's bf16 eps) at the first fork."""
+    greedy AR tokens (CUDA graphs) equal, except at a first fork that bf16 rounding explains
+    (assert_forks_only_within_rounding)."""
     from specpilot.engine import Engine
 
     seed = fresh_seed()
@@ -261,17 +248,40 @@ def test_engine_with_kernels_on_vs_off(ops, family):
     for got, want in zip(out[True][:3], out[False][:3]):
         assert not got.isnan().any()
         assert (got - want).abs().max().item() <= 0.04 * want.abs().max().item()
-    assert_forks_only_at_a_near_tie(target, prompt[0].tolist(), out[True][3], out[False][3])
+    assert_forks_only_within_rounding(target, prompt[0].tolist(), out[True][3], out[False][3])
 
 
-def assert_forks_only_at_a_near_tie(target, prompt: list, on_tokens: list, off_tokens: list):
-    """Greedy tokens with a kernel on vs off: equal, or the first fork is where the off model's top-2
-    margin is below verify/forcing.py's bf16 eps (a near-tie either side may break either way)."""
-    from specpilot.verify.forcing import eps_for
+def fp32_twin_on_cpu(target):
+    """The same weights as `target`, in fp32 on the CPU (exact fp32 sums, no TF32): the arbiter."""
+    from specpilot.models.random_ckpt import random_target
+
+    twin = random_target(target.config, device="cpu", dtype=torch.float32)
+    with torch.no_grad():
+        for (_, mine), (_, theirs) in zip(twin.named_parameters(), target.named_parameters(), strict=True):
+            mine.copy_(theirs.float().cpu())
+    return twin
+
+
+def assert_forks_only_within_rounding(target, prompt: list, on_tokens: list, off_tokens: list):
+    """Greedy tokens with a kernel on vs off: equal, or the first fork is between two tokens that the
+    fp32 twin ranks closer than bf16 rounding moves a logit: 4 sqrt(2) x the kernels-off model's RMS
+    logit error against the twin over the prefix (two independent roundings, 4 sigma). A bug picks a
+    token the twin ranks far apart.
+
+    The rule it replaces (the kernels-off model's own top-2 margin below verify/forcing.py's bf16 eps)
+    was flaky on random weights: a fork's margin can sit just above eps (session 21 measured such forks
+    in stock itself, against fp32 at every position)."""
+    from specpilot.verify.forcing import forced_logits
 
     if on_tokens == off_tokens:
         return
     j = next(i for i, (a, b) in enumerate(zip(on_tokens, off_tokens)) if a != b)
-    margin, top = margin_at(target, torch.tensor([prompt + off_tokens[:j]], device="cuda"))
-    assert margin < eps_for(torch.bfloat16, top), (
-        f"tokens fork at step {j} ({on_tokens[j]} on vs {off_tokens[j]} off) with margin {margin:.4f}")
+    sequence = prompt + off_tokens[:j]
+    with kernels(False):
+        rounded = forced_logits(target, sequence)[len(prompt) - 1:].float().cpu()   # rows choosing tokens 0..j
+    exact = forced_logits(fp32_twin_on_cpu(target), sequence)[len(prompt) - 1:].float()
+    noise = 4 * 2 ** 0.5 * float((rounded - exact).square().mean().sqrt())
+    gap = abs(float(exact[-1, on_tokens[j]] - exact[-1, off_tokens[j]]))
+    print(f"fork at step {j}: fp32 ranks the two tokens {gap:.4f} apart, rounding noise {noise:.4f}")
+    assert gap <= noise, (f"tokens fork at step {j} ({on_tokens[j]} on vs {off_tokens[j]} off) where fp32 ranks "
+                          f"them {gap:.4f} apart, beyond bf16 rounding noise {noise:.4f}")

@@ -12,7 +12,7 @@ import torch
 
 from conftest import refused_in_subprocess, requires_gpu, switched
 from test_engine_helpers import fresh_seed
-from test_fused_ops_gpu import assert_forks_only_at_a_near_tie, kernel_sized_pair
+from test_fused_ops_gpu import assert_forks_only_within_rounding, kernel_sized_pair
 
 pytestmark = requires_gpu
 
@@ -148,7 +148,7 @@ def fused_gemv(on: bool):
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
 def test_engine_ar_with_fused_gemv_on_vs_off(ops, family, monkeypatch):
     """The fused path really runs in the graphed AR step, its one-token logits are close to the
-    cuBLAS path's, and 48 greedy AR tokens are equal except at a bf16 near-tie of the cuBLAS model."""
+    cuBLAS path's, and 48 greedy AR tokens are equal except at a first fork that bf16 rounding explains."""
     from specpilot.engine import Engine
     from specpilot.models import gemv_fusion
 
@@ -174,4 +174,4 @@ def test_engine_ar_with_fused_gemv_on_vs_off(ops, family, monkeypatch):
     got, want = out[True][1], out[False][1]
     assert not got.isnan().any()
     assert (got - want).abs().max().item() <= 0.04 * want.abs().max().item()
-    assert_forks_only_at_a_near_tie(target, prompt[0].tolist(), out[True][0], out[False][0])
+    assert_forks_only_within_rounding(target, prompt[0].tolist(), out[True][0], out[False][0])
