@@ -38,3 +38,34 @@ def test_cost_cli_prints_a_table_and_one_json_line(tmp_path, capsys):
 def test_cost_cli_names_a_bad_folder(tmp_path, capsys):
     assert cli.main(["cost", "--target", str(tmp_path / "missing")]) == 2
     assert "config.json" in capsys.readouterr().err
+
+
+def test_step_bounds_by_hand():
+    """decode 1 + 2 = 3 us; verify 4 x 2 = 8 us; draft 1 us (ceilings); measured twice each."""
+    from specpilot.cost.gaps import step_bounds
+
+    def row(step, ceiling, count=1, kind="linear"):
+        return {"step": step, "kind": kind, "count": count, "ceiling_s": ceiling, "measured_s": 2 * ceiling}
+
+    rows = [row("decode", 1e-6), row("decode", 2e-6), row("verify", 4e-6, count=2), row("draft", 1e-6),
+            row("spec", 5.0, kind="knob")]                       # the block-size knob is not a component
+    b = step_bounds(rows, tau=3.0)
+    assert b["steps"]["decode"] == {"measured_s": 6e-6, "ceiling_s": 3e-6}
+    assert abs(b["verify_over_ar_at_ceiling"] - 8 / 3) < 1e-12
+    assert abs(b["draft_over_verify_at_ceiling"] - 1 / 8) < 1e-12
+    assert abs(b["spec_over_ar_at_ceiling"] - 3.0 * 3 / 9) < 1e-12
+    assert abs(b["spec_over_ar_measured"] - 3.0 * 6 / 18) < 1e-12
+    assert step_bounds([row("decode", 1e-6)], tau=None) == {"steps": {"decode": {"measured_s": 2e-6, "ceiling_s": 1e-6}}}
+
+
+def test_cost_cli_prints_the_ceiling_bounds_of_a_pair(tmp_path, capsys):
+    t, d = tiny_target(tmp_path / "t"), tiny_drafter(tmp_path / "d", block_size=8)
+    assert cli.main(["cost", "--target", str(t), "--drafter", str(d), "--tau", "3", "--quick", "--device", "cpu",
+                     "--context", "32"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    bounds = json.loads(out[-1])["bounds"]
+    assert set(bounds["steps"]) == {"decode", "draft", "verify"}
+    assert 0 < bounds["spec_over_ar_at_ceiling"] <= 3.0 * bounds["steps"]["decode"]["ceiling_s"] / \
+        bounds["steps"]["verify"]["ceiling_s"]
+    line = next(x for x in out if x.startswith("# every component at its ceiling"))
+    assert f"spec / AR <= {bounds['spec_over_ar_at_ceiling']:.2f}x at tau 3.0" in line

@@ -8,6 +8,11 @@ where the op is built, split12_linear with the kernel the engine picks for the r
 ceiling: max(bytes / copy bandwidth, flops / matmul rate, one launch).
 lost per token = (measured - ceiling) * count / tokens the step produces.
 An AR decode step produces `batch` tokens; a draft + verify step `batch * tau` (tau is stated).
+
+bounds: each step's components summed, timed alone and at their ceilings, and the ratios with
+every component at its ceiling: draft / verify at least, spec / AR at most, for any kernels that
+keep the model's bytes and flops. A target that asks for a smaller draft / verify or a larger
+spec / AR cannot be met with this pair, format and tau on this device.
 """
 import functools
 from dataclasses import dataclass, field
@@ -29,12 +34,14 @@ class CostReport:
     deployment: dict
     ceilings: Ceilings
     rows: list = field(default_factory=list)   # dicts, ranked by lost_per_token_s
+    bounds: dict = field(default_factory=dict)  # step_bounds(rows, tau)
 
     def actionable(self, ops=None) -> list:
         return [r for r in self.rows if r["actionable"] and (not ops or r["op"] in ops)]
 
     def to_dict(self) -> dict:
-        return {"deployment": self.deployment, "ceilings": self.ceilings.to_dict(), "rows": self.rows}
+        return {"deployment": self.deployment, "ceilings": self.ceilings.to_dict(), "rows": self.rows,
+                "bounds": self.bounds}
 
 
 def _elem(device: str) -> int:
@@ -135,7 +142,7 @@ def cost_report(target_dir, drafter_dir=None, batch: int = 1, block_size: int | 
                   "block_size": block_size, "tau": tau, "tau_source": "stated" if drafter else None,
                   "context": context, "device": device, "device_name": ceil.device_name, "weights": weights,
                   "measured_dtype": ceil.dtype, "linear_impl": meas.linear_label(ceil.dtype)}
-    return CostReport(deployment, ceil, rows)
+    return CostReport(deployment, ceil, rows, step_bounds(rows, tau))
 
 
 def _drafter_block_size(drafter_dir) -> int:
@@ -176,6 +183,27 @@ def _row(c, ceil: Ceilings, meas: _Measurer, target, drafter, batch, context, to
             "lost_per_token_s": lost, "tokens_per_step": tokens_per_step, "actionable": agent_op is not None}
 
 
+def step_bounds(rows, tau: float | None) -> dict:
+    """steps: step -> {measured_s, ceiling_s}, its components summed (counts included). With a drafter,
+    the ratios at the ceilings: verify / AR and draft / verify (at least these), and spec / AR at tau
+    tokens per draft + verify step against one per AR step (at most this; batch cancels); spec / AR
+    also from the components timed alone (no overlap between kernels, eager launches)."""
+    steps = {}
+    for r in rows:
+        if r["kind"] != "knob":
+            step = steps.setdefault(r["step"], {"measured_s": 0.0, "ceiling_s": 0.0})
+            step["measured_s"] += r["measured_s"] * r["count"]
+            step["ceiling_s"] += r["ceiling_s"] * r["count"]
+    out = {"steps": steps}
+    if "verify" in steps:
+        decode, verify, draft = (steps[s] for s in ("decode", "verify", "draft"))
+        out.update(verify_over_ar_at_ceiling=verify["ceiling_s"] / decode["ceiling_s"],
+                   draft_over_verify_at_ceiling=draft["ceiling_s"] / verify["ceiling_s"],
+                   spec_over_ar_at_ceiling=tau * decode["ceiling_s"] / (verify["ceiling_s"] + draft["ceiling_s"]),
+                   spec_over_ar_measured=tau * decode["measured_s"] / (verify["measured_s"] + draft["measured_s"]))
+    return out
+
+
 def _knob_row(rows, block_size, tau) -> dict:
     """The draft + verify step as a whole: what the block size trades (longer blocks, more accepted)."""
     spec = [r for r in rows if r["step"] in ("draft", "verify")]
@@ -203,4 +231,16 @@ def format_table(report: CostReport, limit: int = 30) -> str:
         lines.append(f"{i:>3} {r['step']:<7} {r['name']:<15} {shape:<18} {r['count']:>4} {r['measured_s'] * 1e6:>9.2f} "
                      f"{r['ceiling_s'] * 1e6:>9.2f} {r['bound']:<9} {r['lost_per_token_s'] * 1e6:>11.2f} {share:>6} "
                      f"{'yes' if r['actionable'] else ''}")
-    return "\n".join(lines)
+    return "\n".join(lines + _bounds_lines(report.bounds, d["tau"]))
+
+
+def _bounds_lines(bounds: dict, tau) -> list:
+    steps = bounds.get("steps", {})
+    lines = ["# steps, components summed (timed alone / at the ceilings): " + ", ".join(
+        f"{name} {s['measured_s'] * 1e3:.3f} / {s['ceiling_s'] * 1e3:.3f} ms" for name, s in steps.items())]
+    if "spec_over_ar_at_ceiling" in bounds:
+        lines.append(f"# every component at its ceiling: verify / AR >= {bounds['verify_over_ar_at_ceiling']:.3f}, "
+                     f"draft / verify >= {bounds['draft_over_verify_at_ceiling']:.3f}, spec / AR <= "
+                     f"{bounds['spec_over_ar_at_ceiling']:.2f}x at tau {tau} "
+                     f"(components timed alone: {bounds['spec_over_ar_measured']:.2f}x)")
+    return lines
