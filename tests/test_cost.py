@@ -24,6 +24,10 @@ def test_cost_report_ranks_gaps_and_lists_each_gemm(tmp_path):
         assert row["ceiling_s"] > 0 and row["measured_s"] >= 0
         assert row["lost_per_token_s"] >= 0
     assert any(row["op"] == "engine.block_size" for row in r.actionable())
+    from specpilot.cost.shapes import untimed_kernels
+
+    launches = {row["step"]: row["shape"] for row in r.rows if row["kind"] == "launches"}
+    assert launches["decode"] == [untimed_kernels("decode", "split12", 2)]     # the tiny target's 2 layers
 
 
 def test_cost_cli_prints_a_table_and_one_json_line(tmp_path, capsys):

@@ -16,7 +16,7 @@ class Ceilings:
     device_name: str
     copy_bandwidth: float     # bytes/s (read + write)
     matmul_flops: float       # flop/s of the measured dtype
-    launch_s: float           # seconds per tiny op (the floor of any component)
+    launch_s: float           # seconds per tiny op, in a CUDA graph on the GPU (the floor of any component)
     dtype: str
 
     def to_dict(self) -> dict:

@@ -4,8 +4,13 @@ generated token. `cost_report(...)` is the API the agents read; `specpilot cost`
 measured: the live implementation timed on the device (on the GPU: our one-token GEMV (gemv_fusion)
 at M = 1, our skinny GEMM (skinny_linear) at 2..16 rows, bf16 matmul above, or, for split12 weights
 where the op is built, split12_linear with the kernel the engine picks for the row count
-(engine/linear_kernels.py); fp32 matmul on the CPU).
+(engine/linear_kernels.py); attention by our decode / verify kernel where it takes the call, SDPA
+otherwise; fp32 matmul and SDPA on the CPU). On the GPU each is timed as graph replays (timer.py)
+cycling through enough copies of its weights or KV cache to exceed twice the L2, so that they
+stream from HBM as a step's once-read operands do.
 ceiling: max(bytes / copy bandwidth, flops / matmul rate, one launch).
+launches: the step's kernels that no component times (shapes.UNTIMED_KERNELS, counted on the engine),
+at the launch floor each (a tiny op in a CUDA graph on the GPU), against one launch.
 lost per token = (measured - ceiling) * count / tokens the step produces.
 An AR decode step produces `batch` tokens; a draft + verify step `batch * tau` (tau is stated).
 
@@ -15,6 +20,7 @@ keep the model's bytes and flops. A target that asks for a smaller draft / verif
 spec / AR cannot be met with this pair, format and tau on this device.
 """
 import functools
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -27,6 +33,7 @@ from specpilot.models import gemv_fusion, skinny_linear
 
 SPLIT12_BYTES_PER_WEIGHT = 1.5  # 8-bit low byte + 4-bit code (escapes are a fraction of a percent)
 SPLIT12_OP_MAX_M = 32           # the CUDA split12_linear takes M <= 32 (kCudaMaxM); larger M: bf16 matmul
+MAX_COPIES = 64                 # of one operand, for the L2 rotation
 
 
 @dataclass
@@ -66,6 +73,18 @@ class _Measurer:
         except Exception:
             return False
 
+    def copies(self, nbytes: float) -> int:
+        """How many copies of an operand of nbytes a timing cycles through: on the GPU enough to exceed
+        twice the L2 (each is then read from HBM, as a step reads each weight once); one on the CPU."""
+        if self.device != "cuda":
+            return 1
+        l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+        return max(1, min(MAX_COPIES, math.ceil(2 * l2 / max(1.0, nbytes))))
+
+    def _time_each(self, call, operands) -> float:
+        """Seconds of one call(operand), cycling through `operands` (one graph of them all on the GPU)."""
+        return time_call(lambda: [call(o) for o in operands], self.device, self.reps) / len(operands)
+
     @functools.lru_cache(maxsize=None)
     def linear(self, m: int, n: int, k: int) -> float:
         x = torch.randn(m, k, device=self.device, dtype=self.dtype)
@@ -74,16 +93,18 @@ class _Measurer:
             from specpilot.formats.split12 import ops as split12_ops
             from specpilot.kernels.variants.split12_args import pack  # packs on the weight's device
 
-            p = pack(torch.randn(n, k, device=self.device, dtype=torch.bfloat16))
+            planes = [pack(torch.randn(n, k, device=self.device, dtype=torch.bfloat16))
+                      for _ in range(self.copies(1.5 * n * k))]
             out = torch.empty(m, n, device=self.device, dtype=torch.bfloat16)
             kernel = kernel_for_shape(m, k)  # what the engine's Split12Linear runs for m rows
-            return time_call(lambda: split12_ops.split12_linear(x, p, out, kernel=kernel), self.device, self.reps)
-        w = torch.randn(n, k, device=self.device, dtype=self.dtype)
-        if m == 1 and self.one_token_gemv(w):      # what the engine's one-token steps run
-            return time_call(lambda: gemv_fusion.linear(x, w), self.device, self.reps)
-        if skinny_linear.takes_weight(x, w):       # what the engine's verify / draft steps run
-            return time_call(lambda: skinny_linear.matmul(x, w), self.device, self.reps)
-        return time_call(lambda: F.linear(x, w), self.device, self.reps)
+            return self._time_each(lambda p: split12_ops.split12_linear(x, p, out, kernel=kernel), planes)
+        weights = [torch.randn(n, k, device=self.device, dtype=self.dtype)
+                   for _ in range(self.copies(n * k * x.element_size()))]
+        if m == 1 and self.one_token_gemv(weights[0]):      # what the engine's one-token steps run
+            return self._time_each(lambda w: gemv_fusion.linear(x, w), weights)
+        if skinny_linear.takes_weight(x, weights[0]):       # what the engine's verify / draft steps run
+            return self._time_each(lambda w: skinny_linear.matmul(x, w), weights)
+        return self._time_each(lambda w: F.linear(x, w), weights)
 
     def linear_label(self, dtype: str) -> str:
         if self.split12:
@@ -105,10 +126,22 @@ class _Measurer:
         return gemv_fusion.enabled() and gemv_fusion.available() and gemv_fusion.weight_ok(w)
 
     @functools.lru_cache(maxsize=None)
-    def attention(self, batch: int, q_len: int, heads: int, context: int, head_dim: int) -> float:
+    def attention(self, batch: int, q_len: int, heads: int, kv_heads: int, context: int, head_dim: int) -> float:
+        """q_len new rows attending over `context` cached keys (causal within the rows): our kernel where
+        it takes the call (the engine's), else SDPA with the KV heads repeated (a stand-in)."""
+        from specpilot.kernels import decode_attention as kernel
+
         q = torch.randn(batch, heads, q_len, head_dim, device=self.device, dtype=self.dtype)
-        kv = torch.randn(batch, heads, context, head_dim, device=self.device, dtype=self.dtype)
-        return time_call(lambda: F.scaled_dot_product_attention(q, kv, kv), self.device, self.reps)
+        nbytes = 2 * batch * kv_heads * context * head_dim * q.element_size()
+        caches = [(torch.randn(batch, kv_heads, context, head_dim, device=self.device, dtype=self.dtype),
+                   torch.randn(batch, kv_heads, context, head_dim, device=self.device, dtype=self.dtype))
+                  for _ in range(self.copies(nbytes))]
+        if kernel.supports(q, caches[0][0]):
+            last = torch.arange(context - q_len, context, device=self.device)
+            return self._time_each(lambda kv: kernel.decode_attention(q, kv[0], kv[1], last, head_dim ** -0.5), caches)
+        groups = heads // kv_heads
+        caches = [(k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)) for k, v in caches]
+        return self._time_each(lambda kv: F.scaled_dot_product_attention(q, kv[0], kv[1]), caches)
 
     @functools.lru_cache(maxsize=None)
     def accept(self, m: int, vocab: int) -> float:
@@ -130,7 +163,7 @@ def cost_report(target_dir, drafter_dir=None, batch: int = 1, block_size: int | 
         if block_size < 2 or not 1.0 <= tau <= block_size:
             raise ValueError(f"need block_size >= 2 and 1 <= tau <= block_size, got {block_size}, {tau}")
     feats = drafter_target_layers(drafter_dir) if drafter_dir else 0
-    comps = step_components(target, drafter, feats, batch, block_size or 1, context)
+    comps = step_components(target, drafter, feats, batch, block_size or 1, context, weights)
     ceil = ceilings or measure_ceilings(device, quick=quick)
     meas = _Measurer(device, weights, reps=3 if device == "cpu" else 20)
     tokens = {"decode": float(batch), "draft": batch * (tau or 1.0), "verify": batch * (tau or 1.0)}
@@ -163,11 +196,11 @@ def _row(c, ceil: Ceilings, meas: _Measurer, target, drafter, batch, context, to
         measured = meas.linear(c.m, c.n, c.k)
     elif c.kind == "attention":
         nbytes, flops = c.extra[0] * elem / 2, 4.0 * batch * shape.heads * (c.m // batch) * context * shape.head_dim
-        measured = meas.attention(batch, max(1, c.m // batch), shape.heads, context, shape.head_dim)
+        measured = meas.attention(batch, max(1, c.m // batch), shape.heads, shape.kv_heads, context, shape.head_dim)
     elif c.kind == "accept":
         nbytes, flops = c.m * c.n * elem, 0.0
         measured = meas.accept(c.m, c.n)
-    else:  # launches: eager launch floor per kernel vs one graph launch
+    else:  # launches: the untimed kernels at the launch floor each, against one launch
         nbytes, flops = 0.0, 0.0
         measured = c.extra[0] * ceil.launch_s
     bounds = {"bandwidth": nbytes / ceil.copy_bandwidth, "compute": flops / ceil.matmul_flops, "launch": ceil.launch_s}

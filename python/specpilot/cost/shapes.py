@@ -17,7 +17,7 @@ class Component:
     n: int = 0
     k: int = 0
     count: int = 1   # instances per step
-    extra: tuple = ()  # kind-specific: attention (kv_bytes,), launches (n_launches,)
+    extra: tuple = ()  # kind-specific: attention (kv_bytes,), launches (kernels not timed as components,)
 
 
 @dataclass(frozen=True)
@@ -60,8 +60,23 @@ def drafter_target_layers(drafter_dir) -> int:
     return max(1, len(ids))
 
 
+# The kernels a graphed step runs besides the components listed here (norms, q/k norm + rope, the
+# SwiGLU gate, the embedding and position gathers, the drafter's context K/V): (per layer, per step),
+# counted on the engine's defaults by bench/probes/step_kernel_counts.py (H100, session 22). The bf16
+# one-token GEMVs carry the norms and the gate inside; the split12 one-token path runs them as kernels
+# of their own. The CPU engine runs eager torch ops, more of them: there this is a floor.
+UNTIMED_KERNELS = {("decode", "bf16"): (0, 4), ("decode", "split12"): (3, 5),
+                   ("verify", "bf16"): (4, 6), ("verify", "split12"): (4, 6),
+                   ("draft", "bf16"): (7, 16), ("draft", "split12"): (7, 16)}
+
+
+def untimed_kernels(step: str, weights: str, layers: int) -> int:
+    per_layer, per_step = UNTIMED_KERNELS[(step, weights)]
+    return per_layer * layers + per_step
+
+
 def step_components(target: ModelShape, drafter: ModelShape | None, n_target_feats: int, batch: int,
-                    block_size: int, context: int) -> list:
+                    block_size: int, context: int, weights: str = "bf16") -> list:
     """Components of an AR decode step, and with a drafter, of a draft and a verify step."""
     out = []
 
@@ -74,16 +89,16 @@ def step_components(target: ModelShape, drafter: ModelShape | None, n_target_fea
     layers("decode", target, batch)
     out.append(Component("decode", "lm_head", "linear", batch, target.vocab, target.hidden))
     out.append(Component("decode", "sample", "accept", batch, target.vocab))
-    out.append(Component("decode", "launches", "launches", extra=(target.layers * 14 + 6,)))
+    out.append(Component("decode", "launches", "launches", extra=(untimed_kernels("decode", weights, target.layers),)))
     if drafter is None:
         return out
     mb = batch * block_size
     out.append(Component("draft", "fc", "linear", batch, drafter.hidden, n_target_feats * target.hidden))
     layers("draft", drafter, mb, "draft.")
     out.append(Component("draft", "draft.lm_head", "linear", batch * (block_size - 1), target.vocab, target.hidden))
-    out.append(Component("draft", "launches", "launches", extra=(drafter.layers * 14 + 8,)))
+    out.append(Component("draft", "launches", "launches", extra=(untimed_kernels("draft", weights, drafter.layers),)))
     layers("verify", target, mb)
     out.append(Component("verify", "lm_head", "linear", mb, target.vocab, target.hidden))
     out.append(Component("verify", "accept", "accept", mb, target.vocab))
-    out.append(Component("verify", "launches", "launches", extra=(target.layers * 14 + 8,)))
+    out.append(Component("verify", "launches", "launches", extra=(untimed_kernels("verify", weights, target.layers),)))
     return out
