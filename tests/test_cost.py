@@ -14,12 +14,14 @@ def test_cost_report_ranks_gaps_and_lists_each_gemm(tmp_path):
     assert lost == sorted(lost, reverse=True)
     assert r.ceilings.device == "cpu" and r.ceilings.copy_bandwidth > 0 and r.ceilings.launch_s > 0
     gemv = {tuple(row["shape"]) for row in r.actionable(["split12_gemv"])}
-    # qkv (2 + 2*1 heads of 32), o, gate_up, down, lm_head of the tiny target at M = 1, and the
-    # drafter's fc (two target layers' features in) at M = batch
-    assert gemv == {(128, 64), (64, 64), (192, 64), (64, 96), (64, 128)}
-    names = {(row["step"], row["name"]) for row in r.rows}
-    assert {("verify", "qkv"), ("draft", "fc"), ("draft", "draft.down"), ("verify", "accept"),
-            ("decode", "attention"), ("verify", "launches")} <= names
+    # qkv (2 + 2*1 heads of 32), o, gate_up, down, lm_head of the tiny target at M = 1; the drafter's
+    # fc runs at the block's 8 rows (the graphed draft step pads the context to the block)
+    assert gemv == {(128, 64), (64, 64), (192, 64), (64, 96)}
+    shapes = {(row["step"], row["name"]): row["shape"] for row in r.rows}
+    assert {("verify", "qkv"), ("draft", "draft.down"), ("verify", "accept"), ("decode", "attention"),
+            ("verify", "launches")} <= set(shapes)
+    assert shapes[("draft", "fc")] == [8, 64, 128]           # two target layers' features in
+    assert shapes[("draft", "draft.ctx_kv")] == [8, 64, 64]  # the context's K and V (1 KV head of 32)
     for row in r.rows:
         assert row["ceiling_s"] > 0 and row["measured_s"] >= 0
         assert row["lost_per_token_s"] >= 0

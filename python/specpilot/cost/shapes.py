@@ -61,13 +61,15 @@ def drafter_target_layers(drafter_dir) -> int:
 
 
 # The kernels a graphed step runs besides the components listed here (norms, q/k norm + rope, the
-# SwiGLU gate, the embedding and position gathers, the drafter's context K/V): (per layer, per step),
-# counted on the engine's defaults by bench/probes/step_kernel_counts.py (H100, session 22). The bf16
-# one-token GEMVs carry the norms and the gate inside; the split12 one-token path runs them as kernels
-# of their own. The CPU engine runs eager torch ops, more of them: there this is a floor.
+# SwiGLU gate, the embedding and position gathers): (per layer, per step), from the kernels that
+# bench/probes/step_kernel_counts.py counted on the engine's defaults (H100, session 22) less those
+# the components stand for: a layer's linears and its attention's split + combine kernels; the
+# drafter's "qkv" is its q and block-K/V kernels. The bf16 one-token GEMVs carry the norms and the
+# gate inside; the split12 one-token path runs them as kernels of their own. The CPU engine runs
+# eager torch ops, more of them: there this is a floor.
 UNTIMED_KERNELS = {("decode", "bf16"): (0, 4), ("decode", "split12"): (3, 5),
                    ("verify", "bf16"): (4, 6), ("verify", "split12"): (4, 6),
-                   ("draft", "bf16"): (7, 16), ("draft", "split12"): (7, 16)}
+                   ("draft", "bf16"): (5, 16), ("draft", "split12"): (5, 16)}
 
 
 def untimed_kernels(step: str, weights: str, layers: int) -> int:
@@ -93,7 +95,11 @@ def step_components(target: ModelShape, drafter: ModelShape | None, n_target_fea
     if drafter is None:
         return out
     mb = batch * block_size
-    out.append(Component("draft", "fc", "linear", batch, drafter.hidden, n_target_feats * target.hidden))
+    # The graphed draft step pads the newly committed context rows to the block (engine/steps.py
+    # draft_step): fc and each layer's context K/V projection run at mb rows.
+    out.append(Component("draft", "fc", "linear", mb, drafter.hidden, n_target_feats * target.hidden))
+    out.append(Component("draft", "draft.ctx_kv", "linear", mb, 2 * drafter.kv_heads * drafter.head_dim,
+                         drafter.hidden, drafter.layers))
     layers("draft", drafter, mb, "draft.")
     out.append(Component("draft", "draft.lm_head", "linear", batch * (block_size - 1), target.vocab, target.hidden))
     out.append(Component("draft", "launches", "launches", extra=(untimed_kernels("draft", weights, drafter.layers),)))
