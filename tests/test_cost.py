@@ -75,3 +75,13 @@ def test_cost_cli_prints_the_ceiling_bounds_of_a_pair(tmp_path, capsys):
         bounds["steps"]["verify"]["ceiling_s"]
     line = next(x for x in out if x.startswith("# every component at its ceiling"))
     assert f"spec / AR <= {bounds['spec_over_ar_at_ceiling']:.2f}x at tau 3.0" in line
+
+
+def test_cost_cli_draws_the_steps(tmp_path, capsys):
+    t, d = tiny_target(tmp_path / "t"), tiny_drafter(tmp_path / "d", block_size=8)
+    png = tmp_path / "cost.png"
+    assert cli.main(["cost", "--target", str(t), "--drafter", str(d), "--quick", "--device", "cpu",
+                     "--context", "32", "--plot", str(png)]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert f"# plot: {png}" in out and json.loads(out[-1])["bounds"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000

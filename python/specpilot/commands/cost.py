@@ -15,6 +15,8 @@ def configure(parser):
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None)
     parser.add_argument("--quick", action="store_true", help="smaller ceiling probes (CPU)")
     parser.add_argument("--limit", type=int, default=30, help="rows to print")
+    parser.add_argument("--plot", default=None, metavar="FILE.png",
+                        help="also draw each step's components, timed alone and at their ceilings")
 
 
 def run(args) -> int:
@@ -25,5 +27,9 @@ def run(args) -> int:
     report = cost_report(args.target, args.drafter, batch=args.batch, block_size=args.block_size, tau=args.tau,
                          context=args.context, device=args.device, weights=args.weights, quick=args.quick)
     print(format_table(report, args.limit))
+    if args.plot:
+        from specpilot.cost.plot import plot_steps
+
+        print(f"# plot: {plot_steps(report.to_dict(), args.plot)}")
     print(json.dumps(report.to_dict()))
     return 0
