@@ -2,7 +2,7 @@
 # The H200 check: from a clean tree on a bare machine (no network), build the extension with CUDA
 # (sm_90a), run the GPU tests, run the kernel / engine / agent benchmarks, print a short table last.
 # Logs and JSON go to $OUT (the device tool's folder) or out/gpu_check.
-# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|split12|gemv|skinny|engine|ab|defaults_ab|agents|bench_zoo|bench_8b|scale_8b|five_8b ...]
+# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|split12|gemv|skinny|engine|ab|defaults_ab|cost_8b|agents|bench_zoo|bench_8b|scale_8b|five_8b ...]
 # (default: all but prebuilt, in order). `prebuilt` replaces `build` when device time is short: it stages
 # the package in /tmp/sp with the extension that scripts/prebuild_cuda_ext.sh made on a CPU machine
 # (carried in .prebuilt/), so the device compiles nothing: `bash bench/gpu_check.sh prebuilt tests ...`;
@@ -77,6 +77,14 @@ for step in $steps; do
                    --split12 --out "$OUT/knob_grid.json"
                  run_step ab_formats timeout 150 python3 -m specpilot.bench.engine_ab --preset qwen3-8b \
                    --configs 8,11,16,11,13 --out "$OUT/ab_formats.json" ;;
+    # The cost model on the Qwen3-8B pair's configs (no weights): each step against its ceilings on
+    # this card, both formats, with the picture (~1 min).
+    cost_8b) CFG=/tmp/specpilot_cfg8b
+             run_step cost_cfg python3 -m specpilot.bench.random_checkpoint --preset qwen3-8b --out "$CFG" --configs-only
+             for w in bf16 split12; do
+               run_step cost_$w python3 -m specpilot cost --target "$CFG/target" --drafter "$CFG/drafter" --tau 6.49 \
+                 --context 512 --weights $w --device cuda --plot "$OUT/cost_$w.png"
+             done ;;
     agents)  run_step agents python3 -m specpilot.bench.gpu_agents --out "$OUT" --total-budget ${AGENTS_BUDGET:-280} ;;
     # Real-acceptance tier: the zoo pair on its held-out prompts (all methods, side by side).
     bench_zoo) run_step bench_zoo python3 -m specpilot bench --target "$SPECPILOT_ZOO/code-tiny" \
@@ -117,6 +125,9 @@ echo
 echo "== tables"
 for name in split12 gemv skinny engine ab loop_early loop_steps knob_grid ab_formats agents bench_zoo bench_8b hf_8b five_8b; do
   [ -f "$OUT/$name.log" ] && { echo "-- $name"; grep -E '^\|' "$OUT/$name.log" | tail -25; }
+done
+for name in cost_bf16 cost_split12; do
+  [ -f "$OUT/$name.log" ] && { echo "-- $name"; grep -E '^# (steps|every)' "$OUT/$name.log"; }
 done
 echo "== summary"
 cat "$summary"

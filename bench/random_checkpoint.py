@@ -4,7 +4,8 @@
 
 Stock dflash and HF transformers need a folder to load; our engine's `random:<preset>` targets do
 not. The folder holds DIR/target (config, sharded safetensors, a byte-level tokenizer) and
-DIR/drafter. Prints the two paths and the seconds it took.
+DIR/drafter. Prints the two paths and the seconds it took. --configs-only writes the two config.json
+files alone: all that `specpilot cost` reads.
 """
 import argparse
 import time
@@ -13,7 +14,7 @@ import time
 def main(argv=None) -> int:
     import torch
 
-    from specpilot.models.random_ckpt import TARGET_PRESETS, write_pair
+    from specpilot.models.random_ckpt import TARGET_PRESETS, write_configs, write_pair
 
     p = argparse.ArgumentParser(prog="python -m specpilot.bench.random_checkpoint", description=__doc__.split("\n")[0])
     p.add_argument("--preset", required=True, choices=sorted(TARGET_PRESETS))
@@ -23,8 +24,13 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cpu", help="where the random weights are drawn (cuda is much faster)")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--configs-only", action="store_true", help="write the config.json files, no weights")
     args = p.parse_args(argv)
     layers = args.drafter_layers or (5 if "8b" in args.preset else 2)
+    if args.configs_only:
+        tdir, ddir, _, _ = write_configs(args.out, args.preset, drafter_layers=layers, block_size=args.block_size)
+        print(f"target  {tdir}\ndrafter {ddir}\n(configs only)")
+        return 0
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     start = time.time()
     tdir, ddir = write_pair(args.out, args.preset, drafter_layers=layers, block_size=args.block_size,

@@ -303,6 +303,23 @@ def test_random_checkpoint_writes_a_loadable_sharded_pair(tmp_path, rng, capsys)
     assert drafter.config.num_layers == 2 and tok.vocab_size >= 258
 
 
+def test_random_checkpoint_configs_only_is_what_the_cost_model_reads(tmp_path, capsys):
+    """--configs-only writes the 8B pair's two config.json files and no weights; the cost model's
+    shapes read them (Qwen3-8B: 36 layers, 5-layer drafter on 5 target layers, block 16)."""
+    from specpilot.bench import random_checkpoint
+    from specpilot.cost.gaps import _drafter_block_size
+    from specpilot.cost.shapes import ModelShape, drafter_target_layers
+
+    out = tmp_path / "cfg"
+    assert random_checkpoint.main(["--preset", "qwen3-8b", "--out", str(out), "--configs-only"]) == 0
+    assert "(configs only)" in capsys.readouterr().out
+    assert sorted(p.name for p in out.rglob("*")) == ["config.json", "config.json", "drafter",
+                                                      "generation_config.json", "target"]
+    target, drafter = ModelShape.from_dir(out / "target"), ModelShape.from_dir(out / "drafter")
+    assert (target.layers, target.vocab, drafter.layers) == (36, 151936, 5)
+    assert drafter_target_layers(out / "drafter") == 5 and _drafter_block_size(out / "drafter") == 16
+
+
 def test_knob_ab_names_every_knob_it_can_set_and_refuses_others(capsys):
     """bench/knob_ab: the --knob choices are exactly the setters it knows (each returns the previous
     value, so the A/B can restore it), and an unknown knob is refused with the choices named."""

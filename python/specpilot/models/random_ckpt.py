@@ -178,25 +178,35 @@ def write_byte_tokenizer(folder: Path, vocab_size: int) -> tuple:
     return eos, mask
 
 
-def write_pair(out, target_cfg="tiny-qwen3", drafter_layers: int = 2, block_size: int = 16, seed: int = 0,
-               dtype=torch.float32, max_shard_bytes=None, layer_ids=None, device="cpu", **drafter_extra):
-    """Writes out/target and out/drafter; returns (target_dir, drafter_dir). `device` is where the
-    random weights are drawn (cuda: seconds for an 8B shape instead of minutes on the CPU); the
-    values depend on the device's generator, so a seed names a checkpoint only per device."""
+def write_configs(out, target_cfg="tiny-qwen3", drafter_layers: int = 2, block_size: int = 16, layer_ids=None,
+                  **drafter_extra) -> tuple:
+    """Writes out/target/{config,generation_config}.json and out/drafter/config.json (all that
+    `specpilot cost` reads); returns (target_dir, drafter_dir, target config, drafter config). The
+    specials are the byte tokenizer's: <|endoftext|> at vocab - 2, <|mask|> at vocab - 1."""
     cfg = TARGET_PRESETS[target_cfg] if isinstance(target_cfg, str) else target_cfg
     out = Path(out)
     tdir, ddir = out / "target", out / "drafter"
     tdir.mkdir(parents=True, exist_ok=True)
     ddir.mkdir(parents=True, exist_ok=True)
-    eos, mask = write_byte_tokenizer(tdir, cfg.vocab_size) if cfg.vocab_size >= 258 else (cfg.vocab_size - 2,
-                                                                                           cfg.vocab_size - 1)
+    eos, mask = cfg.vocab_size - 2, cfg.vocab_size - 1
     dcfg = drafter_config_for(cfg, drafter_layers, block_size, layer_ids, mask_token_id=mask, **drafter_extra)
-    target = random_target(cfg, device, dtype, seed)
-    drafter = random_drafter(dcfg, target, seed + 1)
     (tdir / "config.json").write_text(json.dumps(hf_target_config(cfg, eos), indent=2))
     (tdir / "generation_config.json").write_text(json.dumps({"eos_token_id": eos, "pad_token_id": eos,
                                                               "do_sample": False}))
-    save_safetensors(hf_names.target_to_hf(target.state_dict(), cfg), tdir, max_shard_bytes)
     (ddir / "config.json").write_text(json.dumps(hf_drafter_config(dcfg, cfg), indent=2))
+    return tdir, ddir, cfg, dcfg
+
+
+def write_pair(out, target_cfg="tiny-qwen3", drafter_layers: int = 2, block_size: int = 16, seed: int = 0,
+               dtype=torch.float32, max_shard_bytes=None, layer_ids=None, device="cpu", **drafter_extra):
+    """Writes out/target and out/drafter; returns (target_dir, drafter_dir). `device` is where the
+    random weights are drawn (cuda: seconds for an 8B shape instead of minutes on the CPU); the
+    values depend on the device's generator, so a seed names a checkpoint only per device."""
+    tdir, ddir, cfg, dcfg = write_configs(out, target_cfg, drafter_layers, block_size, layer_ids, **drafter_extra)
+    if cfg.vocab_size >= 258:
+        write_byte_tokenizer(tdir, cfg.vocab_size)
+    target = random_target(cfg, device, dtype, seed)
+    drafter = random_drafter(dcfg, target, seed + 1)
+    save_safetensors(hf_names.target_to_hf(target.state_dict(), cfg), tdir, max_shard_bytes)
     save_safetensors(hf_names.drafter_to_hf(drafter.state_dict(), dcfg), ddir, max_shard_bytes)
     return tdir, ddir
