@@ -39,3 +39,15 @@ def test_a_linear_that_fits_in_l2_is_timed_from_hbm():
     floor = nbytes / measure_ceilings("cuda").copy_bandwidth
     t = meas.linear(1, n, k)
     assert t >= 0.9 * floor, f"{t * 1e6:.1f} us against a {floor * 1e6:.1f} us HBM floor: served from L2"
+
+
+def test_the_cost_models_untimed_kernel_counts_match_the_engines_graphs():
+    """Per layer, the engine's graphed AR / verify / draft steps launch the kernels the cost model times
+    as components plus cost/shapes.UNTIMED_KERNELS: a change to the engine's fusions must update both."""
+    from specpilot.bench.kernel_counts import TIMED_PER_LAYER, counts
+    from specpilot.cost.shapes import UNTIMED_KERNELS
+
+    for weights in ("bf16", "split12"):
+        for step, (per_layer, _, names) in counts(weights).items():
+            expected = TIMED_PER_LAYER[step] + UNTIMED_KERNELS[("decode" if step == "ar" else step, weights)][0]
+            assert per_layer == expected, f"{weights} {step}: {per_layer} kernels per layer, the model has {expected}: {names}"

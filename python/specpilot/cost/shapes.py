@@ -62,7 +62,7 @@ def drafter_target_layers(drafter_dir) -> int:
 
 # The kernels a graphed step runs besides the components listed here (norms, q/k norm + rope, the
 # SwiGLU gate, the embedding and position gathers): (per layer, per step), from the kernels that
-# bench/probes/step_kernel_counts.py counted on the engine's defaults (H100, session 22) less those
+# bench/kernel_counts.py counted on the engine's defaults (H100, session 22) less those
 # the components stand for: a layer's linears and its attention's split + combine kernels; the
 # drafter's "qkv" is its q and block-K/V kernels. The bf16 one-token GEMVs carry the norms and the
 # gate inside; the split12 one-token path runs them as kernels of their own. The CPU engine runs
