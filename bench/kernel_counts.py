@@ -65,11 +65,12 @@ def counts(weights: str) -> dict:
     """step -> (kernels per layer, kernels per step besides the layers, kernels by name at the deeper model)."""
     shallow, deep, deep_drafter = step_kernels(2, 1, weights), step_kernels(4, 1, weights), step_kernels(4, 2, weights)
     out = {}
-    for step, (a, b, layers) in {"ar": (shallow, deep, 2), "verify": (shallow, deep, 2),
-                                 "draft": (deep, deep_drafter, 1)}.items():
+    # step -> (the two runs, and the depth each profiled: the target's, or for the draft the drafter's)
+    for step, (a, b, depth_a, depth_b) in {"ar": (shallow, deep, 2, 4), "verify": (shallow, deep, 2, 4),
+                                           "draft": (deep, deep_drafter, 1, 2)}.items():
         n_a, n_b = sum(a[step].values()), sum(b[step].values())
-        per_layer = (n_b - n_a) // layers
-        out[step] = (per_layer, n_a - per_layer * (2 if step != "draft" else 1), b[step])
+        per_layer = (n_b - n_a) // (depth_b - depth_a)
+        out[step] = (per_layer, n_a - per_layer * depth_a, b[step])
     return out
 
 

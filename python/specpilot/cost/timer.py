@@ -5,16 +5,16 @@ import time
 
 import torch
 
-SLEEP_CYCLES = 2_000_000   # ~1 ms of GPU spin before each timed replay (torch.cuda._sleep)
+HOLD_S = 1e-3   # the stream is held this long before each timed replay (far longer than queueing one)
 
 
 def time_call(fn, device: str, reps: int = 10, warmup: int = 2, batch: int = 1) -> float:
     """Median seconds of one call of fn (batch calls per sample, for ops near the launch floor).
 
     On the GPU the batch calls are captured in one CUDA graph, and each timed replay is queued behind
-    a short spin kernel: the events then time the device's work only, as the engine's graphed steps
-    run it, not the host's dispatch of a Python op (tens of us, more than many kernels here). An fn
-    that cannot be captured is timed eagerly."""
+    a 1 ms stream hold: the events then time the device's work only, as the engine's graphed steps
+    run it, not the host's dispatch of a Python op (tens of us, more than many kernels here). The hold
+    is the agents' gate's (stream_order.hold_stream). An fn that cannot be captured is timed eagerly."""
     for _ in range(warmup):
         fn()
     if device == "cuda":
@@ -29,6 +29,8 @@ def time_call(fn, device: str, reps: int = 10, warmup: int = 2, batch: int = 1) 
 
 
 def _graph_samples(fn, reps: int, batch: int) -> list:
+    from specpilot.agents.stream_order import hold_stream
+
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     try:
@@ -45,7 +47,7 @@ def _graph_samples(fn, reps: int, batch: int) -> list:
     samples = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(SLEEP_CYCLES)
+        hold_stream(HOLD_S)
         start.record()
         run()
         end.record()
