@@ -1,137 +1,159 @@
-"""Side-by-side step times of the engine's kernel choices on one random-weight target (H200):
+"""Engine-step A/B: the speculative loop's step times under several EngineConfigs, interleaved.
 
-    python -m specpilot.bench.engine_ab --preset qwen3-8b [--out FILE.json]
+    python -m specpilot.bench.engine_ab --preset qwen3-8b --configs default,weights=split12 [--e2e]
+    python -m specpilot.bench.engine_ab --configs default,early_launch=false --e2e --reps 3
 
-Builds the target + 5-layer drafter once, then for each configuration captures fresh CUDA graphs and
-times the AR step, the 16-token verify step and the draft step (bench.gpu_engine.time_steps, 512
-tokens of context). Configurations: the unfused eager elementwise path with SDPA (cuDNN), fused
-elementwise kernels with SDPA, fused kernels with our decode-attention kernel for every call, and
-fused kernels with "auto" attention (the default: our kernel where it was measured faster), and the
-same with torch's linears routed to cuBLASLt instead of cuBLAS; last, "auto" with the fused one-token
-GEMVs (models/gemv_fusion.py: norm / SwiGLU gate fused into the AR step's linears; late because a
-new kernel that faults must not cost the other rows), then also the skinny tensor-core GEMM for the
-verify and draft linears (models/skinny_linear.py); last, the same with split12 weights (every
-layer's linears and the LM head swapped for Split12Linear, bench.gpu_engine_split12's shared
-planes: the fused split12 GEMV at T = 1, or split12_linear after separate norm / gate kernels;
-the mma.sync tensor-core kernel or the split12 skinny GEMM for verify; row 12 with the T = 1
-linears on split12 kernel variant 5, the register-fed kernel the streamed one replaced; row 13 row 11
-with the norm / gate prologue fused into the streamed GEMV, split12_gemv_m1 (measured slower than
-row 11, so off by default: gemv_fusion.set_fused_split12_gemv); rows 14 and 15 are 11 and 13 on kernel
-variant 6, the streamed kernel's 4-stage ring (its depth before 2 won); row 16 is 11 with the drafter's
-linears on split12 as well. The swaps cannot be undone, so they run last (e.g. --configs 8,11,13,11,13,16).
-All in one process, so the ratios are side by side. Prints a markdown table last.
+A configuration is `default` or `field=value[+field=value...]` over EngineConfig's fields, plus the
+weight format `weights=bf16|split12` (bench/ab_configs.py). The random-weight scale pair of the preset
+is built once per weight format; each rep then runs every configuration in turn (A, B, A, B, ...) on a
+fresh Engine, so drift on a shared machine hits all sides alike. Per configuration: the graphed AR,
+verify16 and draft step times at --context tokens of context (bench/step_times.py) and, with --e2e,
+whole greedy generations (AR, and spec replaying --tau over the AR transcript: host time included).
+Writes one JSONL row per (rep, configuration) to --out; prints a markdown table (medians over reps).
 """
+from __future__ import annotations
+
 import argparse
+import gc
 import json
+import statistics
+from pathlib import Path
 
-import torch
+STEP_KEYS = ("ar_ms", "verify_ms", "draft_ms", "e2e_ar_ms_per_token", "e2e_spec_ms_per_step", "e2e_spec_tokens_per_s")
 
-# (name, fused elementwise kernels, attention backend, cuBLAS library for the linears, fused GEMVs,
-#  skinny GEMM for the verify / draft linears, weights[:split12 kernel variant, default the shipped one])
-CONFIGS = (("unfused + SDPA cudnn", False, "cudnn", "cublas", False, False, "bf16"),
-           ("fused + SDPA cudnn", True, "cudnn", "cublas", False, False, "bf16"),
-           ("fused + specpilot attention", True, "specpilot", "cublas", False, False, "bf16"),
-           ("fused + auto attention", True, "auto", "cublas", False, False, "bf16"),
-           ("fused + auto attention, cuBLASLt", True, "auto", "cublaslt", False, False, "bf16"),
-           ("fused + auto attention + fused GEMV (AR)", True, "auto", "cublas", True, False, "bf16"),
-           ("fused + specpilot attention + fused GEMV (AR)", True, "specpilot", "cublas", True, False, "bf16"),
-           ("fused + specpilot attention + fused GEMV (AR) + skinny GEMM (verify, draft)", True, "specpilot",
-            "cublas", True, True, "bf16"),
-           ("fused + auto attention + fused GEMV (AR), split12 weights", True, "auto", "cublas", True, False,
-            "split12"),
-           ("fused + auto attention, split12 weights (split12_linear at T = 1)", True, "auto", "cublas", False,
-            False, "split12"),
-           ("fused + specpilot attention + skinny GEMM (verify, draft), split12 weights (split12_linear at T = 1)",
-            True, "specpilot", "cublas", False, True, "split12"),
-           ("the same, split12 kernel variant 5 (T = 1 register-fed, without the streamed kernel)",
-            True, "specpilot", "cublas", False, True, "split12:5"),
-           ("fused + specpilot attention + fused GEMV (AR) + skinny GEMM (verify, draft), split12 weights",
-            True, "specpilot", "cublas", True, True, "split12"),
-           ("11 with split12 kernel variant 6 (the streamed T = 1 kernel's 4-stage ring)",
-            True, "specpilot", "cublas", False, True, "split12:6"),
-           ("13 with split12 kernel variant 6 (the streamed T = 1 kernel's 4-stage ring)",
-            True, "specpilot", "cublas", True, True, "split12:6"),
-           ("11 with the drafter's linears on split12 too (its layers and fc)",
-            True, "specpilot", "cublas", False, True, "split12+drafter"))
+
+def engine_config_class():
+    """EngineConfig, or a clear exit where this tree has none. MERGE: drop the guard after the merge."""
+    try:
+        from specpilot.config import EngineConfig
+    except ImportError as e:
+        raise SystemExit(f"engine_ab: specpilot.config.EngineConfig is not importable ({e})") from None
+    return EngineConfig
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Per configuration (in first-seen order): the median of each timed key over its reps."""
+    order, by_config = [], {}
+    for r in rows:
+        if r["config"] not in by_config:
+            order.append(r["config"])
+            by_config[r["config"]] = []
+        by_config[r["config"]].append(r)
+    out = []
+    for name in order:
+        reps = by_config[name]
+        s = {"config": name, "weights": reps[0]["weights"], "reps": len(reps), "floor_ms": reps[0]["floor_ms"]}
+        for key in STEP_KEYS:
+            values = [r[key] for r in reps if r.get(key) is not None]
+            if values:
+                s[key] = statistics.median(values)
+        out.append(s)
+    return out
+
+
+def table(summary: list[dict]) -> str:
+    """Markdown: step times, their ratios, AR over the weight floor and AR against the first row."""
+    e2e = any("e2e_spec_tokens_per_s" in s for s in summary)
+    head = ["config", "weights", "reps", "AR ms", "verify16 ms", "draft ms", "verify/AR", "draft/verify",
+            "AR/floor", "AR vs first"] + (["e2e AR ms/token", "e2e spec ms/step", "e2e spec tok/s"] if e2e else [])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    first_ar = summary[0]["ar_ms"] if summary else None
+    for s in summary:
+        ar, verify, draft = s["ar_ms"], s["verify_ms"], s.get("draft_ms")
+        cells = [s["config"], s["weights"], str(s["reps"]), f"{ar:.3f}", f"{verify:.3f}",
+                 f"{draft:.3f}" if draft else "–", f"{verify / ar:.3f}", f"{draft / verify:.3f}" if draft else "–",
+                 f"{ar / s['floor_ms']:.3f}", f"{first_ar / ar:.3f}x"]
+        if e2e:
+            cells += [f"{s[k]:.3f}" if k in s else "–" for k in STEP_KEYS[3:5]]
+            cells.append(f"{s['e2e_spec_tokens_per_s']:.1f}" if "e2e_spec_tokens_per_s" in s else "–")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
-    from specpilot.formats.split12 import ops as split12_ops
-    from specpilot.models import fused_ops, gemv_fusion, skinny_linear
-    from specpilot.models.attention_backend import set_attention_backend
-    from specpilot.models.random_ckpt import TARGET_PRESETS
-
-    from .gpu_engine import HBM_BYTES_PER_S, fresh_engine_steps, scale_pair, weight_bytes
-
-    p = argparse.ArgumentParser(prog="python -m specpilot.bench.engine_ab", description=__doc__.split("\n")[0])
-    p.add_argument("--preset", default="qwen3-8b", choices=sorted(TARGET_PRESETS))
-    p.add_argument("--iters", type=int, default=30)
-    p.add_argument("--out", default=None)
-    p.add_argument("--configs", default="", help="1-based indices into CONFIGS to run, e.g. 4,6 (default: all)")
+    p = argparse.ArgumentParser(prog="python -m specpilot.bench.engine_ab", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--preset", default="qwen3-8b")
+    p.add_argument("--configs", default="default", help="comma-separated: default or field=value[+field=value]")
+    p.add_argument("--reps", type=int, default=2, help="rounds over all configurations")
+    p.add_argument("--iters", type=int, default=30, help="graph replays per step time")
+    p.add_argument("--context", type=int, default=512, help="tokens in the cache when the steps are timed")
+    p.add_argument("--e2e", action="store_true", help="also whole replayed generations (host time included)")
+    p.add_argument("--prompt-tokens", type=int, default=128, help="--e2e: prompt length (random ids)")
+    p.add_argument("--tokens", type=int, default=512, help="--e2e: new tokens per generation")
+    p.add_argument("--tau", type=float, default=6.49, help="--e2e: replayed tokens per spec step")
+    p.add_argument("--out", default=None, help="JSONL file, one row per (rep, configuration)")
     args = p.parse_args(argv)
-    chosen = [CONFIGS[int(i) - 1] for i in args.configs.split(",") if i.strip()] or list(CONFIGS)
-    kinds = [c[6].partition(":")[0] for c in chosen]   # bf16, split12 or split12+drafter
-    swapped = [i for i, kind in enumerate(kinds) if kind != "bf16"]
-    if swapped and "bf16" in kinds[swapped[0]:]:
-        raise SystemExit("engine_ab: the split12 configurations swap the target's weights for good; run them last")
-    if "split12+drafter" in kinds and "split12" in kinds[kinds.index("split12+drafter"):]:
-        raise SystemExit("engine_ab: the split12 drafter configuration swaps the drafter's weights for good; run it last")
-    target, drafter = scale_pair(args.preset)
-    floor = weight_bytes(target) / HBM_BYTES_PER_S * 1e3
-    rows, failed, split12_done, drafter_done = [], [], False, False
-    for name, fused, attention, blas, gemv, skinny, weights in chosen:
-        weights, _, variant = weights.partition(":")
-        weights, _, drafter_too = weights.partition("+")
-        if weights == "split12" and not split12_done:
-            split12_done = True
-            from .gpu_engine_split12 import shared_plane_split12
+    from .ab_configs import parse_configs
 
-            print("split12 bits/weight", shared_plane_split12(target), flush=True)
-        if drafter_too and not drafter_done:
-            drafter_done = True
-            from .gpu_engine_split12 import split12_drafter
+    config_cls = engine_config_class()
+    try:
+        configs = parse_configs(args.configs, config_cls)
+    except (ValueError, TypeError) as e:
+        raise SystemExit(f"engine_ab: --configs: {e}") from None
+    if args.reps < 1:
+        raise SystemExit(f"engine_ab: --reps={args.reps} must be >= 1")
 
-            print("split12 drafter bits/weight", split12_drafter(drafter), flush=True)
-        previous = fused_ops.set_fused_kernels(fused), set_attention_backend(attention)
-        previous_gemv = gemv_fusion.set_fused_gemv(gemv)
-        previous_split12_gemv = gemv_fusion.set_fused_split12_gemv(gemv and weights == "split12")
-        previous_skinny = skinny_linear.set_skinny_gemm(skinny)
-        previous_variant = split12_ops.kernel_variant(int(variant) if variant else split12_ops.SHIPPED_VARIANT)
-        previous_blas = torch.backends.cuda.preferred_blas_library()    # (called with a name it returns the new one)
-        torch.backends.cuda.preferred_blas_library(blas)
-        try:
-            steps = fresh_engine_steps(target, drafter, args.iters)
-        except RuntimeError as e:                 # recorded, and the table still prints
-            print(f"{name}: FAILED {str(e)[:300]}", flush=True)
-            failed.append(name)
-            break                                 # a CUDA fault poisons the context for later configs
-        rows.append({"config": name, **steps})
-        print(name, json.dumps({k: round(v, 4) for k, v in steps.items()}), flush=True)
-        fused_ops.set_fused_kernels(previous[0])
-        set_attention_backend(previous[1])
-        torch.backends.cuda.preferred_blas_library(previous_blas)
-        gemv_fusion.set_fused_gemv(previous_gemv)
-        gemv_fusion.set_fused_split12_gemv(previous_split12_gemv)
-        skinny_linear.set_skinny_gemm(previous_skinny)
-        split12_ops.kernel_variant(previous_variant)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"preset": args.preset, "floor_ms": floor, "rows": rows, "failed": failed}, f, indent=1)
-    if not rows:
-        print("every configuration failed")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("engine_ab: needs a CUDA GPU")
+    from specpilot.engine import Engine
+
+    from .scale_models import HBM_BYTES_PER_S, scale_pair, to_split12, weight_bytes
+    from .step_times import replayed_generation, step_times
+
+    pairs = {}
+    for weights in dict.fromkeys(c.weights for c in configs):
+        pairs[weights] = scale_pair(args.preset)
+        if weights == "split12":
+            print("split12 bits/weight", to_split12(*pairs[weights]), flush=True)
+    seq_len = 1 << (max(args.context, args.prompt_tokens + args.tokens) + 64).bit_length()
+    prompt = torch.randint(0, 256, (args.prompt_tokens,), generator=torch.Generator().manual_seed(0)).tolist()
+    gpu = torch.cuda.get_device_name()
+    out = open(args.out, "w") if args.out else None
+    rows, failed, first_tokens = [], None, {}
+    try:
+        for rep in range(args.reps):
+            for c in configs:
+                target, drafter = pairs[c.weights]
+                row = {"bench": "engine_ab", "preset": args.preset, "config": c.name, "weights": c.weights,
+                       "overrides": {k: str(v) for k, v in c.overrides.items()}, "rep": rep, "gpu": gpu,
+                       "context": args.context, "floor_ms": weight_bytes(target) / HBM_BYTES_PER_S * 1e3}
+                engine = Engine(target, drafter, max_seq_len=seq_len, config=c.engine_config(config_cls))
+                try:
+                    row.update(step_times(engine, drafter.block_size, args.iters, args.context))
+                    if args.e2e:
+                        row.update(replayed_generation(engine, prompt, args.tokens, args.tau))
+                        row.update(replay_tau=args.tau, new_tokens=args.tokens)
+                except RuntimeError as e:            # recorded; a CUDA fault poisons the context, so stop
+                    failed = f"{c.name}: {str(e)[:300]}"
+                    break
+                finally:
+                    del engine
+                    gc.collect()
+                    torch.cuda.empty_cache()
+                tokens = row.pop("e2e_tokens", None)
+                if tokens is not None:                # same tokens as this weight format's first config?
+                    row["e2e_same_tokens"] = first_tokens.setdefault(c.weights, tokens) == tokens
+                rows.append(row)
+                print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+                if out:
+                    out.write(json.dumps(row) + "\n")
+                    out.flush()
+            if failed:
+                break
+    finally:
+        if out:
+            out.close()
+    if rows:
+        print(f"\n{args.preset}, random weights, {args.context} tokens of context, CUDA graphs, {gpu}; "
+              f"{args.reps} rep(s) interleaved, medians; floor = weights / {HBM_BYTES_PER_S / 1e12:.1f} TB/s")
+        print(table(summarize(rows)))
+    if failed:
+        print(f"FAILED {failed}")
         return 1
-    base = rows[0]
-    print(f"\n{args.preset}, random weights, bf16, 512 tokens of context, CUDA graphs, {torch.cuda.get_device_name()}; "
-          f"weight floor {floor:.3f} ms at the H200's {HBM_BYTES_PER_S / 1e12:.1f} TB/s (AR/floor is the H200's only)")
-    print("| config | AR ms | verify16 ms | draft ms | verify/AR | draft/verify | AR/floor | AR vs first |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['config']} | {r['ar_ms']:.3f} | {r['verify_ms']:.3f} | {r['draft_ms']:.3f} | "
-              f"{r['verify_ms'] / r['ar_ms']:.2f} | {r['draft_ms'] / r['verify_ms']:.2f} | {r['ar_ms'] / floor:.2f} | "
-              f"{base['ar_ms'] / r['ar_ms']:.2f}x |")
-    for name in failed:
-        print(f"| {name} | FAILED | | | | | | |")
-    return 1 if failed else 0
+    return 0
 
 
 if __name__ == "__main__":

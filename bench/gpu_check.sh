@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The H200 check: from a clean tree on a bare machine (no network), build the extension with CUDA
+# The GPU check: from a clean tree on a bare machine (no network), build the extension with CUDA
 # (sm_90a), run the GPU tests, run the kernel / engine / agent benchmarks, print a short table last.
 # Logs and JSON go to $OUT (the device tool's folder) or out/gpu_check.
 # Usage: bash bench/gpu_check.sh [build|prebuilt|tests|split12|gemv|skinny|engine|ab|defaults_ab|cost_8b|agents|bench_zoo|bench_8b|scale_8b|five_8b ...]
@@ -64,19 +64,26 @@ for step in $steps; do
     split12) run_step split12 python3 -m specpilot.bench.split12_kernels --out "$OUT/split12.json" ;;
     gemv)    run_step gemv python3 -m specpilot.bench.gemv_kernels --out "$OUT/gemv.json" ;;
     skinny)  run_step skinny timeout 400 python3 -m specpilot.bench.skinny_kernels --sweep --split12 --out "$OUT/skinny.json" ;;
-    engine)  run_step engine python3 -m specpilot.bench.gpu_engine --out "$OUT" ;;
-    ab)      run_step ab python3 -m specpilot.bench.engine_ab --preset qwen3-8b --out "$OUT/engine_ab.json" ;;
-    # The defaults chosen on H100s since session 16, A/B'd again where the issues measure (an H200):
-    # early launch and the step kernels (loop_ab), the split12 decode-bound grid (knob_ab), the split12
-    # drafter and the fused split12 GEMV (engine_ab). ~8 min; each A/B has its own time limit.
-    defaults_ab) run_step loop_early timeout 150 python3 -m specpilot.bench.loop_ab --knob early_launch \
-                   --out "$OUT/loop_early.json"
-                 run_step loop_steps timeout 150 python3 -m specpilot.bench.loop_ab --knob step_kernels \
-                   --out "$OUT/loop_steps.json"
-                 run_step knob_grid timeout 120 python3 -m specpilot.bench.knob_ab --knob split12_decode_grid \
-                   --split12 --out "$OUT/knob_grid.json"
-                 run_step ab_formats timeout 150 python3 -m specpilot.bench.engine_ab --preset qwen3-8b \
-                   --configs 8,11,16,11,13 --out "$OUT/ab_formats.json" ;;
+    # The engine on the zoo pair (bf16 token forcing against stock), then the scale pair's step times
+    # in both weight formats, interleaved (bench/engine_ab.py).
+    engine)  if [ -n "${SPECPILOT_ZOO:-}" ] && [ -d "$SPECPILOT_ZOO/code-tiny" ]; then
+               run_step force_zoo python3 -m specpilot verify --target "$SPECPILOT_ZOO/code-tiny" \
+                 --drafter "$SPECPILOT_ZOO/code-tiny-dflash-b16" --prompts "$SPECPILOT_ZOO/prompts/humaneval.jsonl" \
+                 --limit 8 --max-new-tokens 128 --device cuda --dtype bf16
+               tail -1 "$OUT/force_zoo.log" | tee -a "$summary"
+             fi
+             run_step engine python3 -m specpilot.bench.engine_ab --preset qwen3-8b \
+               --configs default,weights=split12 --out "$OUT/engine.jsonl" ;;
+    # Each default against its alternative, one EngineConfig field at a time, with whole replayed
+    # generations (host time between steps counts for the loop's mechanisms).
+    # MERGE: the field names below are checked against EngineConfig by tests/test_bench_engine_ab.py.
+    ab)      run_step ab timeout 400 python3 -m specpilot.bench.engine_ab --preset qwen3-8b --e2e \
+               --configs default,early_launch=false,step_kernels=false --out "$OUT/ab.jsonl" ;;
+    # The defaults chosen on H100s, A/B'd again where the issues measure (an H200): the split12
+    # decode-bound grid and the fused split12 GEMV, with split12 weights. ~5 min.
+    defaults_ab) run_step defaults_ab timeout 400 python3 -m specpilot.bench.engine_ab --preset qwen3-8b \
+                   --configs weights=split12,weights=split12+split12_decode_grid=false,weights=split12+fused_split12_gemv=true \
+                   --out "$OUT/defaults_ab.jsonl" ;;
     # The cost model on the Qwen3-8B pair's configs (no weights): each step against its ceilings on
     # this card, both formats, with the picture (~1 min).
     cost_8b) CFG=/tmp/specpilot_cfg8b
@@ -123,7 +130,7 @@ done
 
 echo
 echo "== tables"
-for name in split12 gemv skinny engine ab loop_early loop_steps knob_grid ab_formats agents bench_zoo bench_8b hf_8b five_8b; do
+for name in split12 gemv skinny engine ab defaults_ab agents bench_zoo bench_8b hf_8b five_8b; do
   [ -f "$OUT/$name.log" ] && { echo "-- $name"; grep -E '^\|' "$OUT/$name.log" | tail -25; }
 done
 for name in cost_bf16 cost_split12; do

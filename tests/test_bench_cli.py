@@ -319,18 +319,3 @@ def test_random_checkpoint_configs_only_is_what_the_cost_model_reads(tmp_path, c
     assert (target.layers, target.vocab, drafter.layers) == (36, 151936, 5)
     assert drafter_target_layers(out / "drafter") == 5 and _drafter_block_size(out / "drafter") == 16
 
-
-def test_knob_ab_names_every_knob_it_can_set_and_refuses_others(capsys):
-    """bench/knob_ab: the --knob choices are exactly the setters it knows (each returns the previous
-    value, so the A/B can restore it), and an unknown knob is refused with the choices named."""
-    from specpilot.bench import knob_ab
-
-    assert all(callable(knob_ab.knob_setter(name)) for name in knob_ab.KNOBS)
-    with pytest.raises(SystemExit):
-        knob_ab.main(["--knob", "no_such_knob"])
-    assert ("choose from 'attention_pdl', 'cluster_merge', 'cluster_merge_multi_token', 'fused_rope', "
-            "'fused_split12_gemv', 'gemv_pdl'" in capsys.readouterr().err)
-    from specpilot.kernels.decode_attention import set_fused_rope
-
-    previous = set_fused_rope(False)
-    assert set_fused_rope(previous) is False
