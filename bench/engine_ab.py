@@ -14,6 +14,7 @@ Writes one JSONL row per (rep, configuration) to --out; prints a markdown table 
 from __future__ import annotations
 
 import argparse
+import datetime
 import gc
 import json
 import statistics
@@ -119,6 +120,7 @@ def main(argv=None) -> int:
                 target, drafter = pairs[c.weights]
                 row = {"bench": "engine_ab", "preset": args.preset, "config": c.name, "weights": c.weights,
                        "overrides": {k: str(v) for k, v in c.overrides.items()}, "rep": rep, "gpu": gpu,
+                       "date": datetime.date.today().isoformat(),
                        "context": args.context, "floor_ms": weight_bytes(target) / HBM_BYTES_PER_S * 1e3}
                 engine = Engine(target, drafter, max_seq_len=seq_len, config=c.engine_config(config_cls))
                 try:
