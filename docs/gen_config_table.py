@@ -1,0 +1,97 @@
+"""The README's configuration table, generated from EngineConfig so that it cannot drift:
+
+    python docs/gen_config_table.py            # print the table
+    python docs/gen_config_table.py --write    # replace it in README.md, between the markers
+    python docs/gen_config_table.py --check    # exit 1 if README.md's table is not the generated one
+
+One row per dataclass field: its name, type, default and what it chooses. The description is the
+field's `metadata["doc"]` when given, else the comment at the end of its line in the class source.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import re
+import sys
+import typing
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+START, END = "<!-- config-table:start -->", "<!-- config-table:end -->"
+
+
+def _line_comments(cls) -> dict:
+    """field name -> the comment ending its line in the class body ('' where there is none)."""
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
+    comments = {}
+    for line in source.splitlines():
+        m = re.match(r"\s+(\w+)\s*:[^#]*#\s*(.+)$", line)
+        if m:
+            comments[m.group(1)] = m.group(2).strip()
+    return comments
+
+
+def _type_name(kind) -> str:
+    if isinstance(kind, type):
+        return kind.__name__
+    return str(kind).replace("typing.", "")
+
+
+def _default(field) -> str:
+    if field.default is not dataclasses.MISSING:
+        return repr(field.default)
+    if field.default_factory is not dataclasses.MISSING:
+        return repr(field.default_factory())
+    return "(required)"
+
+
+def config_table(cls) -> str:
+    """Markdown table of `cls`'s dataclass fields."""
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{cls!r} is not a dataclass")
+    hints, comments = typing.get_type_hints(cls), _line_comments(cls)
+    lines = ["| field | type | default | what it chooses |", "|---|---|---|---|"]
+    for f in dataclasses.fields(cls):
+        doc = f.metadata.get("doc") or comments.get(f.name) or ""
+        lines.append(f"| `{f.name}` | `{_type_name(hints.get(f.name, f.type))}` | `{_default(f)}` | "
+                     f"{doc.replace('|', '/')} |")
+    return "\n".join(lines)
+
+
+def replace_table(text: str, table: str) -> str:
+    """`text` with everything between the two markers replaced by `table`."""
+    if text.count(START) != 1 or text.count(END) != 1 or text.index(START) > text.index(END):
+        raise ValueError(f"the README needs exactly one {START} ... {END} pair")
+    head, rest = text.split(START)
+    return head + START + "\n" + table + "\n" + END + rest.split(END, 1)[1]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--write", action="store_true", help="replace the table in README.md")
+    p.add_argument("--check", action="store_true", help="exit 1 if README.md's table is stale")
+    args = p.parse_args(argv)
+    from specpilot.config import EngineConfig
+
+    table = config_table(EngineConfig)
+    if not (args.write or args.check):
+        print(table)
+        return 0
+    text = README.read_text(encoding="utf-8")
+    new = replace_table(text, table)
+    if args.check:
+        if new != text:
+            print("README.md's configuration table is stale: python docs/gen_config_table.py --write", file=sys.stderr)
+            return 1
+        return 0
+    README.write_text(new, encoding="utf-8")
+    print(f"wrote the configuration table into {README}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,89 @@
+"""The README's Python example, run as written on a tiny random pair (CPU, fp32): greedy speculative
+decoding gives the target's own tokens, and what it prints is what the results hold."""
+import contextlib
+import io
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def python_blocks(text: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
+def test_readme_has_one_python_example_and_the_command_that_makes_its_pair():
+    text = README.read_text()
+    assert len(python_blocks(text)) == 1
+    assert "python -m specpilot.bench.random_checkpoint --preset tiny-qwen3 --out tiny-pair" in text
+
+
+def test_readme_example_runs_and_is_lossless(tmp_path, monkeypatch):
+    pytest.importorskip("specpilot.config", reason="EngineConfig arrives with the restructure")  # MERGE
+    import torch
+
+    from specpilot.bench import random_checkpoint
+
+    torch.set_num_threads(1)
+    monkeypatch.chdir(tmp_path)
+    assert random_checkpoint.main(["--preset", "tiny-qwen3", "--out", "tiny-pair"]) == 0
+    code = python_blocks(README.read_text())[0]
+    namespace, printed = {"__name__": "readme_example"}, io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(code, str(README), "exec"), namespace)
+    ar, spec = namespace["ar"], namespace["spec"]
+    assert len(ar.tokens) == 32 and spec.tokens == ar.tokens
+    assert spec.steps == len(spec.acceptance_lengths) >= 1
+    assert all(1 <= a <= 16 for a in spec.acceptance_lengths)
+    assert printed.getvalue() == (f"32 tokens in {spec.steps} verify steps, tau {spec.tau:.2f}\n"
+                                  f"{namespace['tokenizer'].decode(spec.tokens)}\n")
+
+
+def _gen_config_table():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_config_table", README.parent / "docs" / "gen_config_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_config_table_has_one_row_per_field_with_type_default_and_doc():
+    import dataclasses
+    import typing
+
+    gen = _gen_config_table()
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        cuda_graphs: bool = True                 # capture each step in a CUDA graph
+        attention: typing.Literal["auto", "sdpa"] = "auto"
+        splits: tuple = dataclasses.field(default_factory=tuple, metadata={"doc": "key splits | per call"})
+
+    assert gen.config_table(Config).splitlines() == [
+        "| field | type | default | what it chooses |", "|---|---|---|---|",
+        "| `cuda_graphs` | `bool` | `True` | capture each step in a CUDA graph |",
+        "| `attention` | `Literal['auto', 'sdpa']` | `'auto'` |  |",
+        "| `splits` | `tuple` | `()` | key splits / per call |"]
+    with pytest.raises(TypeError, match="is not a dataclass"):
+        gen.config_table(int)
+
+
+def test_config_table_goes_between_the_readme_markers():
+    gen = _gen_config_table()
+    text = README.read_text()
+    new = gen.replace_table(text, "| a | b |")
+    assert f"{gen.START}\n| a | b |\n{gen.END}" in new
+    assert new.replace("| a | b |", "X") == gen.replace_table(text, "X")   # only the table changed
+    with pytest.raises(ValueError, match="exactly one"):
+        gen.replace_table("no markers", "| a |")
+
+
+def test_readme_config_table_is_the_generated_one():
+    """MERGE: after the restructure lands run `python docs/gen_config_table.py --write` once."""
+    config = pytest.importorskip("specpilot.config", reason="EngineConfig arrives with the restructure")  # MERGE
+    gen = _gen_config_table()
+    text = README.read_text()
+    assert gen.replace_table(text, gen.config_table(config.EngineConfig)) == text
