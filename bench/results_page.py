@@ -53,6 +53,11 @@ def bench_section(folder: Path) -> str:
     if speedups:
         lines += ["", "| speedup | x |", "|---|---|"]
         lines += [f"| {speedup_label(k)} | {v:.2f}x |" for k, v in speedups.items()]
+    agreement = {k: v for k, v in pooled["agreement"].items() if v}
+    if agreement:
+        lines += ["", "| identical outputs | prompts |", "|---|---|"]
+        lines += [f"| {' = '.join(label(m) for m in k.split('/'))} | {same}/{both} |"
+                  for k, (same, both) in agreement.items()]
     return "\n".join(lines)
 
 

@@ -17,7 +17,8 @@ def _bench_run(folder):
     rows = []
     for i, bench in enumerate(("gsm8k", "humaneval")):
         # decode times per new token: HF 10 ms, our AR 5 ms, our spec 1 ms (prompt 0) and 2 ms (prompt 1)
-        rows.append(make_row(bench, f"s{i}", 0, 0, "hf_static", 7, MethodRun([1, 2, 3, 4], 0.1, 0.040)))
+        hf_tokens = [1, 2, 3, 4 + i]                  # HF forks from ours on the second prompt
+        rows.append(make_row(bench, f"s{i}", 0, 0, "hf_static", 7, MethodRun(hf_tokens, 0.1, 0.040)))
         rows.append(make_row(bench, f"s{i}", 0, 0, "our_ar", 7, MethodRun([1, 2, 3, 4], 0.1, 0.020)))
         rows.append(make_row(bench, f"s{i}", 0, 0, "our_spec", 7,
                              MethodRun([1, 2, 3, 4], 0.1, 0.004 * (i + 1), acceptance_lengths=[4, 2][i:i + 1])))
@@ -49,6 +50,7 @@ def test_page_from_a_bench_run_and_engine_steps(tmp_path):
     assert "| our AR | 2 | 200.0 | – |" in text
     assert "| our spec | 2 | 666.7 | 3.00 |" in text
     assert "| ours / HF static | 6.67x |" in text and "| ours / our AR | 3.33x |" in text
+    assert "| our AR = HF static | 1/2 |" in text
     assert "## Engine steps: qwen3-8b (2026-12-06)" in text
     assert "| default | bf16 | 2 | 5.575 | 5.950 | 1.380 |" in text
     assert "| weights=split12 | split12 | 2 | 4.595 | 5.950 | 1.380 |" in text

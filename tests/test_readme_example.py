@@ -87,3 +87,21 @@ def test_readme_config_table_is_the_generated_one():
     gen = _gen_config_table()
     text = README.read_text()
     assert gen.replace_table(text, gen.config_table(config.EngineConfig)) == text
+
+
+def test_public_api_names_load_lazily():
+    import subprocess
+    import sys
+
+    import specpilot
+
+    assert set(specpilot.__all__) == {"Engine", "EngineConfig", "load_pair", "__version__"}
+    from specpilot.engine import Engine
+
+    assert specpilot.Engine is Engine and callable(specpilot.load_pair)
+    with pytest.raises(AttributeError, match="has no attribute 'Engin'"):
+        specpilot.Engin
+    # `import specpilot` alone does not import torch (the names load on first use)
+    code = "import sys, specpilot; print(specpilot.__version__, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == [specpilot.__version__, "False"]
