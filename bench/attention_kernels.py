@@ -1,5 +1,5 @@
 """Decode / verify attention on the GPU: our split-KV kernel vs SDPA (cuDNN, efficient), per layer.
-`python -m specpilot.bench.attention_kernels --out attn.json [--splits 8,16,32]`
+`python -m specpilot.bench.attention_kernels --out attn.jsonl [--splits 8,16,32]`
 
 Per shape (Qwen3-8B: Hq 32, Hkv 8, D 128; the zoo target: Hq 8, Hkv 2, D 64) and per (T, span,
 context): each implementation is called the way the engine calls it (`layers.attend` on a cache
@@ -11,11 +11,11 @@ row fails. Prints one markdown table (lines start with '|'), then writes every n
 Targets (issue 3): T=1 at span 1024 (context ~600) <= 6 us, T=16 <= 12 us (Qwen3-8B shape).
 """
 import argparse
-import json
 import math
 
 import torch
 
+from .jsonl import write_rows
 from .timing import time_graph
 
 REPS = 20  # graph replays per timing
@@ -139,7 +139,7 @@ def print_table(rows, splits_list):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="JSON file for every number")
+    parser.add_argument("--out", required=True, help="JSONL file, one row per shape")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"subset of {','.join(SHAPES)}")
     parser.add_argument("--splits", default="", help="extra split counts to time besides the default, e.g. 8,16,32")
     parser.add_argument("--seed", type=int, default=0)
@@ -154,8 +154,7 @@ def main(argv=None) -> int:
     rows = [bench_case(shape, t, span, ctx, splits_list, g)
             for shape in args.shapes.split(",") for t, span, ctx in CASES]
     print_table(rows, splits_list)
-    with open(args.out, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(0), "rows": rows}, f, indent=1)
+    write_rows(args.out, "attention_kernels", rows, gpu=torch.cuda.get_device_name(0))
     return 0 if all(r["check"]["ok"] for r in rows) else 1
 
 

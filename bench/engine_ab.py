@@ -14,11 +14,12 @@ Writes one JSONL row per (rep, configuration) to --out; prints a markdown table 
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
 import statistics
-from pathlib import Path
+from contextlib import nullcontext
+
+from .jsonl import row_writer
 
 STEP_KEYS = ("ar_ms", "verify_ms", "draft_ms", "e2e_ar_ms_per_token", "e2e_spec_ms_per_step", "e2e_spec_tokens_per_s")
 
@@ -112,16 +113,16 @@ def main(argv=None) -> int:
     seq_len = 1 << (max(args.context, args.prompt_tokens + args.tokens) + 64).bit_length()
     prompt = torch.randint(0, 256, (args.prompt_tokens,), generator=torch.Generator().manual_seed(0)).tolist()
     gpu = torch.cuda.get_device_name()
-    out = open(args.out, "w") if args.out else None
+    writer = (row_writer(args.out, "engine_ab", preset=args.preset, gpu=gpu, context=args.context) if args.out
+              else nullcontext(lambda row: None))
     rows, failed, first_tokens = [], None, {}
-    try:
+    with writer as write:
         for rep in range(args.reps):
             for c in configs:
                 target, drafter = pairs[c.weights]
-                row = {"bench": "engine_ab", "preset": args.preset, "config": c.name, "weights": c.weights,
-                       "overrides": {k: str(v) for k, v in c.overrides.items()}, "rep": rep, "gpu": gpu,
-                       "date": datetime.date.today().isoformat(),
-                       "context": args.context, "floor_ms": weight_bytes(target) / HBM_BYTES_PER_S * 1e3}
+                row = {"config": c.name, "weights": c.weights, "rep": rep,
+                       "overrides": {k: str(v) for k, v in c.overrides.items()},
+                       "floor_ms": weight_bytes(target) / HBM_BYTES_PER_S * 1e3}
                 engine = Engine(target, drafter, max_seq_len=seq_len, config=c.engine_config(config_cls))
                 try:
                     row.update(step_times(engine, drafter.block_size, args.iters, args.context))
@@ -139,15 +140,10 @@ def main(argv=None) -> int:
                 if tokens is not None:                # same tokens as this weight format's first config?
                     row["e2e_same_tokens"] = first_tokens.setdefault(c.weights, tokens) == tokens
                 rows.append(row)
+                write(row)
                 print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
-                if out:
-                    out.write(json.dumps(row) + "\n")
-                    out.flush()
             if failed:
                 break
-    finally:
-        if out:
-            out.close()
     if rows:
         print(f"\n{args.preset}, random weights, {args.context} tokens of context, CUDA graphs, {gpu}; "
               f"{args.reps} rep(s) interleaved, medians; floor = weights / {HBM_BYTES_PER_S / 1e12:.1f} TB/s")

@@ -2,19 +2,19 @@
 Qwen3-8B shapes, inside one CUDA graph over weight copies totalling > 256 MB (so weights come from
 HBM, as in a decode step), replayed; us per call = replay time / calls.
 
-    python -m specpilot.bench.gemv_kernels [--out FILE.json]
+    python -m specpilot.bench.gemv_kernels [--out FILE.jsonl]
 
 Columns: torch, gemv_m1 launched plainly, and with PDL (each launch may start its weight loads while
 the previous one finishes, as in the engine's chain of GEMVs); GB/s counts weight bytes only.
 Correctness first: each gemv_m1 output against torch's within bf16 output rounding (exit 1 if not).
 """
 import argparse
-import json
 import math
 
 import torch
 import torch.nn.functional as F
 
+from .jsonl import write_rows
 from .timing import time_graph
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),
@@ -64,8 +64,7 @@ def main(argv=None) -> int:
               f"{best / us['torch']:.2f} | {r['gbps']['torch']:.0f} | {2 * r['n'] * r['k'] / best / 1e3:.0f} | "
               f"{'yes' if r['close_to_torch'] else 'NO'} |")
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(0), "rows": rows}, f, indent=1)
+        write_rows(args.out, "gemv_kernels", rows, gpu=torch.cuda.get_device_name(0))
     return 0 if ok else 1
 
 

@@ -2,7 +2,7 @@
 # The GPU check: from a clean tree on a bare machine (no network), build the extension with CUDA
 # (sm_90a), run the GPU tests, run the kernel / engine / agent benchmarks, print a short table last.
 # Logs and JSON go to $OUT (the device tool's folder) or out/gpu_check.
-# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|split12|gemv|skinny|engine|ab|defaults_ab|cost_8b|agents|bench_zoo|bench_8b|scale_8b|five_8b ...]
+# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|split12|gemv|skinny|engine|ab|defaults_ab|cost_8b|agents|bench_zoo|bench_8b|scale_8b|five_8b|results ...]
 # (default: all but prebuilt, in order). `prebuilt` replaces `build` when device time is short: it stages
 # the package in /tmp/sp with the extension that scripts/prebuild_cuda_ext.sh made on a CPU machine
 # (carried in .prebuilt/), so the device compiles nothing: `bash bench/gpu_check.sh prebuilt tests ...`;
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-out/gpu_check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-steps=${*:-build tests split12 gemv skinny engine ab agents bench_zoo bench_8b}
+steps=${*:-build tests split12 gemv skinny engine ab agents bench_zoo bench_8b results}
 summary="$OUT/summary.txt"
 : > "$summary"
 
@@ -61,9 +61,9 @@ for step in $steps; do
               else run_step build build_here || exit 1; fi ;;
     tests)   run_step tests python3 -m pytest -q -m gpu tests
              tail -1 "$OUT/tests.log" | tee -a "$summary" ;;
-    split12) run_step split12 python3 -m specpilot.bench.split12_kernels --out "$OUT/split12.json" ;;
-    gemv)    run_step gemv python3 -m specpilot.bench.gemv_kernels --out "$OUT/gemv.json" ;;
-    skinny)  run_step skinny timeout 400 python3 -m specpilot.bench.skinny_kernels --sweep --split12 --out "$OUT/skinny.json" ;;
+    split12) run_step split12 python3 -m specpilot.bench.split12_kernels --out "$OUT/split12.jsonl" ;;
+    gemv)    run_step gemv python3 -m specpilot.bench.gemv_kernels --out "$OUT/gemv.jsonl" ;;
+    skinny)  run_step skinny timeout 400 python3 -m specpilot.bench.skinny_kernels --sweep --split12 --out "$OUT/skinny.jsonl" ;;
     # The engine on the zoo pair (bf16 token forcing against stock), then the scale pair's step times
     # in both weight formats, interleaved (bench/engine_ab.py).
     engine)  if [ -n "${SPECPILOT_ZOO:-}" ] && [ -d "$SPECPILOT_ZOO/code-tiny" ]; then
@@ -124,6 +124,11 @@ for step in $steps; do
                run_step five_8b python3 -m specpilot bench --target "$R8/target" --drafter "$R8/drafter" \
                  --weights ${SCALE_WEIGHTS:-bf16,split12} --methods hf_static,our_ar,our_spec --replay 6.49 \
                  --limit ${FIVE_LIMIT:-1} --max-new-tokens 2048 --datasets "$SPECPILOT_DATASETS" --out "$OUT/five_8b" ;;
+    # docs/results.md's form of whatever of the engine and bench steps ran in this $OUT.
+    results) runs=(); for r in engine.jsonl bench_zoo bench_8b hf_8b five_8b; do [ -e "$OUT/$r" ] && runs+=("$OUT/$r"); done
+             if [ ${#runs[@]} -gt 0 ]; then
+               run_step results python3 -m specpilot.bench.results_page "${runs[@]}" --out "$OUT/results.md"
+             fi ;;
     *)       echo "unknown step $step"; exit 2 ;;
   esac
 done

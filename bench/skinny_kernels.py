@@ -2,7 +2,7 @@
 at a few token rows, Qwen3-8B shapes, inside one CUDA graph over weight copies totalling > 256 MB (so
 weights come from HBM, as in a verify step), replayed; us per call = replay time / calls.
 
-    python -m specpilot.bench.skinny_kernels [--rows 16,8,2] [--sweep] [--split12] [--out FILE.json]
+    python -m specpilot.bench.skinny_kernels [--rows 16,8,2] [--sweep] [--split12] [--out FILE.jsonl]
 
 GB/s counts bf16 weight bytes only. --sweep also times several grid sizes (persistent CTAs) at the
 first row count. --split12 also times split12_skinny_gemm (csrc/cuda/split12_skinny.cu) on the same
@@ -12,7 +12,6 @@ Correctness first: each output against torch's within bf16 output rounding plus 
 (exit 1 if not, or if a split12 output differs).
 """
 import argparse
-import json
 import math
 
 import torch
@@ -21,6 +20,7 @@ import torch.nn.functional as F
 from specpilot.kernels.variants.split12_args import contract_args, pack
 
 from .gemv_kernels import REPS, ROTATE_BYTES, SHAPES  # the same shapes, measured the same way
+from .jsonl import write_rows
 from .timing import time_graph
 
 SWEEP = (32, 64, 96, 128, 132)
@@ -111,8 +111,7 @@ def main(argv=None) -> int:
               f"{us['skinny'] / us['torch']:.2f} | {gb['torch']:.0f} | {gb['skinny']:.0f} | {r['ctas']} | "
               f"{'yes' if r['close'] else 'NO'} |" + s12)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(0), "rows": rows}, f, indent=1)
+        write_rows(args.out, "skinny_kernels", rows, gpu=torch.cuda.get_device_name(0))
     return 0 if ok else 1
 
 

@@ -1,4 +1,4 @@
-"""split12 kernel benchmark on the GPU (`python -m specpilot.bench.split12_kernels --out r.json`).
+"""split12 kernel benchmark on the GPU (`python -m specpilot.bench.split12_kernels --out r.jsonl`).
 
 For Qwen3-8B shapes and M in {1, 16}: torch bf16 `x @ W.T`, our bf16 kernel (split12's reduction
 order) and our split12 kernel, each of ours on CUDA cores ("simt", the CPU's order) and on tensor
@@ -10,7 +10,6 @@ CUDA events over CUDA-graph replays that rotate through enough weight copies tha
 then writes every number to --out.
 """
 import argparse
-import json
 import math
 import time
 
@@ -19,6 +18,7 @@ import torch
 from specpilot import _ext
 from specpilot.formats.split12 import ops
 
+from .jsonl import write_rows
 from .timing import time_graph
 
 REPS = 5   # graph replays per timing
@@ -206,7 +206,7 @@ def print_table(rows, copy_bw):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="JSON file for every number")
+    parser.add_argument("--out", required=True, help="JSONL file, one row per shape and M")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"subset of {','.join(SHAPES)}")
     parser.add_argument("--ms", default="1,16", help="token counts M (1..32)")
     parser.add_argument("--variants", default="0,1,2,3,4,5",
@@ -230,11 +230,9 @@ def main(argv=None) -> int:
     for name in names:
         rows += bench_shape(name, *SHAPES[name], Ms, copy_bw, g, variants)
     print_table(rows, copy_bw)
-    result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "copy_bw_gbps": copy_bw / 1e9,
-              "rows": rows, "all_exact": all(r["exact"] for r in rows)}
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    return 0 if result["all_exact"] else 1
+    write_rows(args.out, "split12_kernels", rows, gpu=torch.cuda.get_device_name(0), torch=torch.__version__,
+               copy_bw_gbps=copy_bw / 1e9)
+    return 0 if all(r["exact"] for r in rows) else 1
 
 
 if __name__ == "__main__":

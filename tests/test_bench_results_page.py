@@ -1,10 +1,12 @@
 """bench/results_page: docs/results.md generated from a bench run folder and engine_ab JSONL, with the
 numbers computed from the rows (not copied), card / tier / date named, and bad input refused."""
+import datetime
 import json
 
 import pytest
 
 from specpilot.bench import results_page
+from specpilot.bench.jsonl import row_writer
 from specpilot.bench.rows import MethodRun, make_row
 
 INFO = {"date": "2026-12-06 10:00 UTC", "tier": "scale", "device": "cuda:0 (NVIDIA H100 80GB HBM3)",
@@ -28,11 +30,12 @@ def _bench_run(folder):
 
 
 def _engine_rows(path):
-    rows = [{"bench": "engine_ab", "preset": "qwen3-8b", "config": c, "weights": w, "rep": rep,
-             "gpu": "NVIDIA H100 80GB HBM3", "date": "2026-12-06", "context": 512, "floor_ms": 3.81,
-             "ar_ms": ar + rep * 0.01, "verify_ms": 5.95, "draft_ms": 1.38}
-            for rep in range(2) for c, w, ar in (("default", "bf16", 5.57), ("weights=split12", "split12", 4.59))]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    """As engine_ab writes them: each row stamped by row_writer."""
+    with row_writer(path, "engine_ab", preset="qwen3-8b", gpu="NVIDIA H100 80GB HBM3", context=512) as write:
+        for rep in range(2):
+            for c, w, ar in (("default", "bf16", 5.57), ("weights=split12", "split12", 4.59)):
+                write({"config": c, "weights": w, "rep": rep, "floor_ms": 3.81, "ar_ms": ar + rep * 0.01,
+                       "verify_ms": 5.95, "draft_ms": 1.38})
     return path
 
 
@@ -51,7 +54,8 @@ def test_page_from_a_bench_run_and_engine_steps(tmp_path):
     assert "| our spec | 2 | 666.7 | 3.00 |" in text
     assert "| ours / HF static | 6.67x |" in text and "| ours / our AR | 3.33x |" in text
     assert "| our AR = HF static | 1/2 |" in text
-    assert "## Engine steps: qwen3-8b (2026-12-06)" in text
+    assert f"## Engine steps: qwen3-8b ({datetime.date.today().isoformat()})" in text
+    assert "- Card: NVIDIA H100 80GB HBM3; tier: scale" in text
     assert "| default | bf16 | 2 | 5.575 | 5.950 | 1.380 |" in text
     assert "| weights=split12 | split12 | 2 | 4.595 | 5.950 | 1.380 |" in text
 
