@@ -14,7 +14,9 @@ excused only under verdict.py's rule (margin below k x the run's measured noise,
 the referee also scores every forced position of stock and of each of our paths (arbiter_error.py:
 RMS logit error, which is the noise; verdict.AgreementTally: how often each argmax is the referee's).
 passed = no unexcused forced-path mismatch, no unexcused speculative-output disagreement, excused
-positions within the cap, and every path's referee agreement not worse than stock's.
+positions within the cap, every path's referee agreement not worse than stock's and its RMS error
+within verdict.PRECISION_FACTOR of stock's, and (fp32 runs) stock's acceptance lengths wherever our
+output is stock's.
 """
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ from .arbiter_error import ArbiterErrorTally
 from .referee import Referee, load_referee, scored_logits
 from .spec_checks import spec_disagreements
 from .stock import StockPair, hf_logits, run_stock
-from .verdict import REFEREE_K, AgreementTally, Rule, disagreement, distinct_contexts, excuse_cap, judge
+from .verdict import (PRECISION_FACTOR, REFEREE_K, AgreementTally, Rule, disagreement, distinct_contexts, excuse_cap,
+                      judge, noise_and_imprecise)
 
 PATHS = ("prefill", "decode", "verify")
 
@@ -180,8 +183,9 @@ def token_force(engine, stock: StockPair, prompts, max_new_tokens: int, stop_ids
 def _decide(report: ForcingReport, run_dtype, tally, agreement, forced_items, spec_items, rows) -> None:
     """The noise, the rule, every record judged, the cap, the agreement test: report.passed and why not."""
     report.referee_error = tally.summary()
+    imprecise = {}
     if report.referee != "none":
-        report.noise = max(e["rms_error"] for e in report.referee_error.values())
+        report.noise, imprecise = noise_and_imprecise(report.referee_error)
     rule = Rule(report.referee, run_dtype, report.noise)
     report.rule = rule.describe()
     forced_ok, report.mismatch_list = judge(forced_items, rule)
@@ -216,6 +220,9 @@ def _decide(report: ForcingReport, run_dtype, tally, agreement, forced_items, sp
         if not a["ok"]:
             reasons.append(f"{path} path agrees with the referee less often than stock ({a['ours_agree']} vs "
                            f"{a['stock_agree']} of {a['positions']}; sign test p={a['p']:.2g})")
+    for path, ratio in imprecise.items():
+        reasons.append(f"{path} path's RMS logit error against the referee is {ratio:.3g}x stock's "
+                       f"(> {PRECISION_FACTOR:g}x: lost precision, not rounding)")
     if not report.prompts:
         reasons.append("no prompts were verified")
     report.reasons, report.passed = reasons, not reasons

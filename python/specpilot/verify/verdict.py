@@ -16,6 +16,12 @@ Ulp fallback (no referee fits in memory, or --referee none): the scorer is stock
 run's precision, and a disagreement is excused iff margin <= ULP_FALLBACK ulps of the run dtype at
 the larger of the two logits (bf16 at logit 8.5: 2 x 0.0625; fp32: ~2e-6 at 10).
 
+Precision: a path whose RMS error against the referee exceeds PRECISION_FACTOR x stock's is not
+rounding differently but computing less exactly: it fails, and it does not set the noise (else a
+broken path would excuse its own disagreements). Measured ratios of honest paths: 0.74-1.00 (fp32
+on the CPU, the zoo pair), 1.00-1.02 (bf16 on an H100, the zoo pair and random 8B pairs); 2x is a
+lost bit.
+
 Cap: at most max(1, 1% of the generated tokens) excused positions (distinct contexts) per run.
 
 Agreement: per forced path, our argmax must agree with the referee's at least as often as stock's
@@ -35,6 +41,7 @@ REFEREE_K = 4.0
 ULP_FALLBACK = 2
 EXCUSE_CAP_FRACTION = 0.01
 AGREEMENT_ALPHA = 1e-3
+PRECISION_FACTOR = 2.0
 
 
 def excuse_cap(tokens: int) -> int:
@@ -92,6 +99,17 @@ def distinct_contexts(items: list) -> int:
     """Excused positions counted once per context (prompt, transcript, position): the three forced
     paths and a spec fork at one position of stock's transcript are one near-tie."""
     return len({(i["prompt"], i["context"], i["position"]) for i in items})
+
+
+def noise_and_imprecise(error: dict) -> tuple:
+    """error: side -> {rms_error, ...} with side "stock" and our paths. -> (noise, {path: ratio to
+    stock's error} for the paths beyond PRECISION_FACTOR)."""
+    stock = error["stock"]["rms_error"]
+    ratios = {side: e["rms_error"] / stock if stock > 0 else (math.inf if e["rms_error"] > 0 else 1.0)
+              for side, e in error.items() if side != "stock"}
+    imprecise = {side: r for side, r in ratios.items() if r > PRECISION_FACTOR}
+    noise = max([stock] + [error[side]["rms_error"] for side in ratios if side not in imprecise])
+    return noise, imprecise
 
 
 def sign_test_p(losses: int, wins: int) -> float:
