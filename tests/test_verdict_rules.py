@@ -107,7 +107,12 @@ def test_referee_kind_and_placement(monkeypatch):
     monkeypatch.setattr(referee_mod, "_host_available_bytes", lambda: 10 << 30)
     assert referee_mod.place(1 << 30, "cpu") == "cpu"
     assert referee_mod.place(100 << 30, "cpu") is None
-    assert referee_mod.place(100 << 30, "cpu", "cuda") == "cuda"          # asked for: no second guess
+    if torch.cuda.is_available():
+        assert referee_mod.place(100 << 30, "cpu", "cuda") == "cuda"      # asked for: no second guess
+    else:
+        with pytest.raises(ValueError, match="no CUDA GPU"):
+            referee_mod.place(1, "cpu", "cuda")
+    assert referee_mod.place(100 << 30, "cpu", "cpu") == "cpu"
     with pytest.raises(ValueError, match="'gpu'"):
         referee_mod.place(1, "cpu", "gpu")
     with pytest.raises(ValueError, match="'fp16'"):

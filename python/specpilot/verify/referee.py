@@ -68,6 +68,8 @@ def place(need: int, run_device: str, device: str = "auto") -> str | None:
     """'cuda', 'cpu', or None (fits nowhere) for a referee of `need` weight bytes."""
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"referee device {device!r}: use auto, cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("referee device 'cuda' requested but torch sees no CUDA GPU")
     if device != "auto":
         return device
     if run_device == "cuda" and torch.cuda.is_available():
