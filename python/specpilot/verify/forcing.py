@@ -195,9 +195,9 @@ def _decide(report: ForcingReport, run_dtype, tally, agreement, forced_items, sp
     report.excused, report.excuse_cap = distinct_contexts(report.excused_list), excuse_cap(report.tokens)
     report.agreement = agreement.summary()
     for row in rows:
-        mine = lambda items: sum(i["prompt"] == row["id"] for i in items)  # noqa: E731
-        row.update(mismatches=mine(report.mismatch_list), spec_mismatches=mine(report.spec_mismatch_list),
-                   excused=mine(report.excused_list))
+        mine = lambda items: [i for i in items if i["prompt"] == row["id"]]  # noqa: E731
+        row.update(mismatches=len(mine(report.mismatch_list)), spec_mismatches=len(mine(report.spec_mismatch_list)),
+                   excused=distinct_contexts(mine(report.excused_list)))
     report.per_prompt = rows
     report.spec_identical = sum(r["spec_identical"] for r in rows)
     report.ar_identical = sum(r["ar_identical"] for r in rows)
