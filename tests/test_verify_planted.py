@@ -241,3 +241,13 @@ def test_zoo_pair_cli_verify_passes_honest_and_fails_a_stale_draft_context(tmp_p
     assert main(args) == 1
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-2].startswith("verdict: FAIL: ") and "acceptance lengths" in lines[-2], lines[-2]
+
+
+def test_cli_verify_with_early_launch_stops_a_host_side_fault(pair, cli_prompts, monkeypatch, capsys):
+    """The CLI's default loop (fused, early launch): the device advances each step itself, so a host
+    accept rule that disagrees is caught by the loop's own check and verify exits with the error."""
+    plant(monkeypatch, "accept_all")
+    monkeypatch.setattr(fused_steps, "_early_launch", True)
+    rc = main(["verify", "--target", str(pair.target_dir), "--drafter", str(pair.drafter_dir), "--prompts",
+               str(cli_prompts), "--max-new-tokens", str(NEW_TOKENS), "--device", "cpu", "--dtype", "fp32"])
+    assert rc == 2 and "fused spec step ran at position" in capsys.readouterr().err
