@@ -116,10 +116,21 @@ def varied_prompt(pair):
     return max(prompts, key=lambda p: len(set(pair.engine.generate_ar(p, NEW_TOKENS).tokens)))
 
 
+CLI_TEXTS = ["def add(a, b):\n    return", "import os\nimport sys\n", "class Stack:\n    def push(self, x):",
+             "for i in range(10):\n", "x = [1, 2, 3]\ny =", "hello world, this is"]
+
+
 @pytest.fixture(scope="module")
-def cli_prompts(tmp_path_factory):
+def cli_prompts(pair, tmp_path_factory):
+    """A one-prompt file for the CLI: of CLI_TEXTS, the one whose greedy output varies most."""
+    from specpilot.models import load_tokenizer
+    from specpilot.models.prompts import Prompt, encode_prompt
+
+    tok = load_tokenizer(pair.target_dir)
+    text = max(CLI_TEXTS, key=lambda t: len(set(pair.engine.generate_ar(
+        encode_prompt(tok, Prompt(id="p", text=t)), NEW_TOKENS).tokens)))
     path = tmp_path_factory.mktemp("planted_prompts") / "prompts.jsonl"
-    path.write_text(json.dumps({"id": "p", "prompt": "def add(a, b):\n    return"}) + "\n")
+    path.write_text(json.dumps({"id": "p", "prompt": text}) + "\n")
     return path
 
 
@@ -176,6 +187,8 @@ def test_cli_verify_fails_each_planted_fault(pair, cli_prompts, fault, monkeypat
     assert honest[-2].startswith("verdict: PASS" if fault != "drops_last_accepted" else "verdict: FAIL: 1 prompts"), \
         honest[-2]
     plant(monkeypatch, fault)
+    assert pair.engine.generate_spec(prompt, NEW_TOKENS).tokens != pair.engine.generate_ar(prompt, NEW_TOKENS).tokens, \
+        f"{fault} changed nothing on this prompt"
     rc = main(args)
     printed = capsys.readouterr().out
     lines = printed.strip().splitlines()
