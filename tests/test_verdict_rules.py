@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from conftest import requires_gpu
 
 from specpilot.verify import referee as referee_mod
 from specpilot.verify.spec_checks import first_fork, spec_disagreements
@@ -131,3 +132,18 @@ def test_a_referee_that_fits_nowhere_falls_back_and_says_so(tmp_path, monkeypatc
     monkeypatch.undo()
     real = referee_mod.load_referee(target_dir, torch.float32, "cpu")
     assert real.kind == "fp64" and next(real.model.parameters()).dtype == torch.float64
+
+
+@requires_gpu
+def test_referee_goes_on_the_gpu_when_it_fits_and_scores_as_on_the_host(tmp_path):
+    from specpilot.models.random_ckpt import write_pair
+
+    target_dir, _ = write_pair(tmp_path, "tiny-llama", layer_ids=[1, 2], block_size=4, seed=2)
+    gpu = referee_mod.load_referee(target_dir, torch.bfloat16, "cuda")
+    host = referee_mod.load_referee(target_dir, torch.bfloat16, "cuda", device="cpu")
+    assert (gpu.kind, gpu.device, host.device) == ("fp32", "cuda", "cpu") and "on cuda" in gpu.note
+    sequence = list(range(3, 40))
+    on_gpu, on_host = (referee_mod.scored_logits(r.model, sequence, 8) for r in (gpu, host))
+    assert on_gpu.device.type == "cpu" and on_gpu.dtype == torch.float32 and on_gpu.shape == on_host.shape
+    # fp32 on two devices: the same sums in other orders, ~1e-6 of logits of a few units
+    torch.testing.assert_close(on_gpu, on_host, rtol=0, atol=1e-4)
