@@ -1,12 +1,15 @@
 """Token forcing of the whole engine with a variant switched on: the last gate before integration.
 
-The engine provides `specpilot.verify.forcing.token_force` (docs/CONTRACTS.md). This module keeps
-the call behind one interface, `Forcer`: forcer(target_dir, drafter_dir, variant) -> ForcingOutcome.
-The variant is written into the registry (so the engine's dispatch, kernels/dispatch.py, picks it
-up: split12_linear with M = 1 on CUDA) before forcing and taken out again if forcing fails. The
-outcome says whether the dispatch really served the variant (`variant_dispatched`). Because the
-dispatch serves M = 1 only, greedy AR decode is compared with stock as well (`ar_against_stock`). Tests pass a fake forcer; with no engine, `engine_forcer()` is
-None and the loop records the winner as kernel-validated only (not integrated).
+The engine provides `specpilot.verify.forcing.token_force` (docs/CONTRACTS.md), the verdict of
+`specpilot verify`; this module keeps the call behind one interface, `Forcer`:
+forcer(target_dir, drafter_dir, variant) -> ForcingOutcome, and passes exactly when that verdict
+does (its forced paths, our speculative output against stock's and against our greedy AR output,
+which is the M = 1 path an integrated GEMV variant serves, and the referee's rule). The variant is
+written into the registry (so the engine's dispatch, kernels/dispatch.py, picks it up:
+split12_linear with M = 1 on CUDA) before forcing and taken out again if forcing fails. The
+outcome says whether the dispatch really served the variant (`variant_dispatched`). Tests pass a
+fake forcer; with no engine, `engine_forcer()` is None and the loop records the winner as
+kernel-validated only (not integrated).
 """
 from dataclasses import dataclass, field
 
@@ -27,6 +30,7 @@ def engine_forcer(device: str, n_prompts: int = 3, max_new_tokens: int = 48, blo
         from specpilot.engine import Engine
         from specpilot.models import load_drafter, load_target
         from specpilot.verify.forcing import token_force
+        from specpilot.verify.referee import load_referee
         from specpilot.verify.stock import load_stock
     except ImportError:
         return None
@@ -39,44 +43,18 @@ def engine_forcer(device: str, n_prompts: int = 3, max_new_tokens: int = 48, blo
             target = load_target(target_dir, device=device, dtype=dtype, weights="split12")
             engine = Engine(target, load_drafter(drafter_dir, target))
             stock = load_stock(target_dir, drafter_dir, device=device, dtype=dtype)
-            prompts = _prompts(target_dir, n_prompts)
-            report = token_force(engine, stock, prompts, max_new_tokens, block_size=block_size)
-            ar_rows = ar_against_stock(engine, stock, prompts, max_new_tokens, block_size)
+            referee = load_referee(target_dir, dtype, device)
+            report = token_force(engine, stock, _prompts(target_dir, n_prompts), max_new_tokens,
+                                 block_size=block_size, referee=referee)
         except Exception as e:
             return ForcingOutcome(False, f"token forcing raised {type(e).__name__}: {e}")
         summary = {k: _plain(v) for k, v in report.summary().items()}
         summary["variant_dispatched"] = _dispatched(variant, device)
-        bad_ar = [r for r in ar_rows if r["divergence"] and not r["divergence"]["tolerated"]]
-        summary.update(ar_prompts=len(ar_rows), ar_identical=sum(r["divergence"] is None for r in ar_rows),
-                       ar_mismatches=len(bad_ar))
-        passed = bool(report.passed) and not bad_ar
-        return ForcingOutcome(passed, ("token forcing passed " if passed else "token forcing failed ") + str(summary),
-                              summary)
+        verdict = "token forcing passed " if report.passed else \
+            "token forcing failed: " + "; ".join(report.reasons) + " "
+        return ForcingOutcome(bool(report.passed), verdict + str(summary), summary)
 
     return force
-
-
-def ar_against_stock(engine, stock, prompts, max_new_tokens: int, block_size=None) -> list:
-    """Greedy AR decode (M = 1 every step: the path an integrated GEMV variant serves; token_force's
-    forced pass and spec verify run M > 1) against stock's transcript, compared up to the first
-    divergence. A divergence passes only at a stock near-tie (top-2 margin < eps, token_force's rule)."""
-    from specpilot.verify.forcing import eps_for
-    from specpilot.verify.stock import hf_logits, run_stock
-
-    rows = []
-    for prompt in prompts:
-        ref = run_stock(stock, prompt, max_new_tokens, (), 0.0, block_size).tokens
-        ours = engine.generate_ar(list(prompt), max_new_tokens).tokens
-        n = min(len(ours), len(ref))
-        j = next((i for i in range(n) if ours[i] != ref[i]), n)
-        row = {"tokens": n, "identical_prefix": j, "divergence": None}
-        if j < n:
-            top2 = hf_logits(stock, list(prompt) + ref)[len(prompt) - 1 + j].topk(2).values.tolist()
-            margin, eps = top2[0] - top2[1], eps_for(engine.target.dtype, top2[0])
-            row["divergence"] = {"position": j, "ours": ours[j], "stock": ref[j], "margin": margin, "eps": eps,
-                                 "tolerated": margin < eps}
-        rows.append(row)
-    return rows
 
 
 def _dispatched(variant: dict, device: str):

@@ -32,12 +32,14 @@ class EngineKnobEvaluator:
 
         from specpilot.engine import Engine
         from specpilot.models import load_drafter, load_target
+        from specpilot.verify.referee import load_referee
         from specpilot.verify.stock import load_stock
 
         dtype = torch.bfloat16  # split12 weights are bf16 by definition (the engine requires it)
         target = load_target(target_dir, device=device, dtype=dtype, weights="split12")
         self.engine = Engine(target, load_drafter(drafter_dir, target))
         self.stock = load_stock(target_dir, drafter_dir, device=device, dtype=dtype)
+        self.referee = load_referee(target_dir, dtype, device)
         from specpilot.agents.forcing import _prompts
 
         self.prompts = _prompts(target_dir, n_prompts)
@@ -47,13 +49,14 @@ class EngineKnobEvaluator:
         from specpilot.agents.forcing import ForcingOutcome
         from specpilot.verify.forcing import token_force
 
-        report = token_force(self.engine, self.stock, self.prompts, self.max_new_tokens, block_size=block_size)
+        report = token_force(self.engine, self.stock, self.prompts, self.max_new_tokens, block_size=block_size,
+                             referee=self.referee)
         tokens = seconds = 0.0
         for p in self.prompts:
             r = self.engine.generate_spec(p, self.max_new_tokens, block_size=block_size)
             tokens += len(r.tokens)
             seconds += r.decode_s
         summary = {"prompts": report.prompts, "tokens": report.tokens, "mismatches": report.mismatches,
-                   "tolerated": report.tolerated}
+                   "spec_mismatches": report.spec_mismatches, "excused": report.excused, "reasons": report.reasons}
         return {"tokens_per_s": tokens / max(seconds, 1e-9),
                 "forcing": ForcingOutcome(bool(report.passed), f"token forcing {summary}", summary)}

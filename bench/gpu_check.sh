@@ -110,7 +110,7 @@ for step in $steps; do
                  --preset qwen3-8b --out "$R8" --device cuda
                run_step force_8b python3 -m specpilot verify --target "$R8/target" --drafter "$R8/drafter" \
                  --prompts "$SPECPILOT_DATASETS/gsm8k.jsonl" --limit ${FORCE_LIMIT:-2} --max-new-tokens 64 \
-                 --device cuda --dtype bf16 --arbiter fp32 --arbiter-device ${ARBITER_DEVICE:-cpu}
+                 --device cuda --dtype bf16 --referee-device ${REFEREE_DEVICE:-auto}
                tail -1 "$OUT/force_8b.log" | tee -a "$summary"
                run_step hf_8b python3 -m specpilot bench --target "$R8/target" --drafter "$R8/drafter" \
                  --weights ${SCALE_WEIGHTS:-bf16,split12} \

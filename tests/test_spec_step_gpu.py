@@ -1,6 +1,7 @@
 """The spec step's bookkeeping kernels (csrc/cuda/spec_step.cu) against engine/step_kernels.py's torch
 reference: the same integers (verify block, argmaxes, packed output, next control) for argmax ties,
-NaN rows, odd vocab sizes, replay on and off, tail blocks and the max_length cap. Skipped on CPU."""
+NaN rows, odd vocab sizes, replay on and off, tail blocks and the max_length cap. Skipped on CPU;
+on a GPU a build without the kernels fails."""
 import pytest
 import torch
 
@@ -10,6 +11,14 @@ from specpilot.engine import step_kernels
 from specpilot.engine.step_kernels import CONTROL
 
 pytestmark = requires_gpu
+
+
+@pytest.fixture(autouse=True)
+def spec_step_ops(cuda_build):
+    """On a GPU, a build without the spec_step kernels fails these tests (the cuda_build policy), never
+    skips them."""
+    if not step_kernels.available():
+        pytest.fail("specpilot._C has no spec_step kernels (csrc/cuda/spec_step.cu): rebuild with SPECPILOT_CUDA=1")
 
 
 def control(**values):
@@ -39,7 +48,6 @@ def run_both(fn, *tensors):
     return results
 
 
-@pytest.mark.skipif(not step_kernels.available(), reason="this build has no spec_step kernels")
 @pytest.mark.parametrize("vocab", [151936, 1001])
 @pytest.mark.parametrize("replay", [0, 1])
 @pytest.mark.parametrize("vs, max_length", [(16, 4096), (5, 4096), (16, 530)])
@@ -76,7 +84,6 @@ def test_kernels_equal_the_reference(vocab, replay, vs, max_length):
         assert kernel[5][0].item() == 7                        # matched
 
 
-@pytest.mark.skipif(not step_kernels.available(), reason="this build has no spec_step kernels")
 def test_kernel_refuses_a_wrong_control():
     logits = torch.zeros(3, 64, dtype=torch.bfloat16, device="cuda")
     block = torch.zeros(4, dtype=torch.long, device="cuda")

@@ -58,11 +58,12 @@ def run(args) -> int:
     engine = engine_for(target, drafter, prompts, args.max_new_tokens)
     stop = stop_ids_for(target, tok)
     engine.warmup()                              # CUDA: capture every graph up front (no-op on CPU)
-    results = []
+    results, ar_results = [], []
     for pid, ids in prompts:
         spec = engine.generate_spec(ids, args.max_new_tokens, stop)
         results.append(spec)
         ar = engine.generate_ar(ids, args.max_new_tokens, stop)
+        ar_results.append(ar)
         print(f"\n=== {pid} ({len(ids)} prompt tokens) ===")
         print(tok.decode(ids[-40:]) + "\033[1m" + tok.decode(spec.tokens) + "\033[0m")
         speedup = spec.tokens_per_s / ar.tokens_per_s if ar.tokens_per_s else 0.0
@@ -75,13 +76,10 @@ def run(args) -> int:
     print("\ntoken forcing against stock dflash_generate (HF transformers):")
     stock = load_stock(tdir, ddir, args.device, dtype)
     report = token_force(engine, stock, [ids for _, ids in prompts], args.max_new_tokens, stop_ids=stop,
-                         ids=[pid for pid, _ in prompts], spec_results=results)
+                         ids=[pid for pid, _ in prompts], spec_results=results, ar_results=ar_results)
     from specpilot.commands.verify import print_report
 
+    print(f"({time.perf_counter() - t0:.1f} s)")
     print_report(report)
-    verdict = "PASSED" if report.passed else "FAILED"
-    print(f"verdict: {verdict}: {report.tokens} stock tokens forced, {report.mismatches} mismatches, "
-          f"{report.tolerated} tolerated near-ties ({report.eps_rule}); our speculative output identical to "
-          f"stock on {report.spec_identical}/{report.prompts} prompts ({time.perf_counter() - t0:.1f} s)")
     print(json.dumps(report.summary()))
     return 0 if report.passed else 1

@@ -1,10 +1,14 @@
-"""`specpilot verify`: stock dflash_generate vs our engine on a prompt file; token forcing of
-stock's transcripts through our target. Exit 0 only if every prompt passes; the last line is one
-JSON object (prompts, tokens, mismatches, tolerated, passed, weights, ...). A split12 folder runs
-split12 (stock reads a bf16 unpack of it); --weights split12 packs a bf16 folder at load."""
+"""`specpilot verify`: stock dflash_generate vs our engine on a prompt file. Token forcing of stock's
+transcripts through our target, and our speculative output judged against stock's, our AR output's
+and the referee's (verify/forcing.py; the rule in verify/verdict.py). The human output ends with
+one verdict line ("verdict: PASS ..." or "verdict: FAIL: reasons"), then one JSON line. Exit 0 only
+on PASS. A split12 folder runs split12 (stock reads a bf16 unpack of it); --weights split12 packs a
+bf16 folder at load."""
 import json
 
 from specpilot.engine.cli_support import add_model_args, engine_for, load_pair, prompts_from_args
+
+SHOWN_RECORDS = 20      # per list in the human output; the JSON line has every record
 
 
 def configure(parser):
@@ -12,19 +16,18 @@ def configure(parser):
     parser.add_argument("--prompts", required=True, help="JSONL file: {id, prompt} or {id, turns} rows")
     parser.add_argument("--limit", type=int, default=None, help="first N prompts")
     parser.add_argument("--block-size", type=int, default=None, help="default: the drafter's")
-    parser.add_argument("--arbiter", choices=("none", "fp32"), default="none",
-                        help="fp32: also load the target in fp32; report which side it takes at each "
-                             "disagreement, and stock's and each of our paths' logit error against it at "
-                             "every position (diagnostic; the verdict is unchanged)")
-    parser.add_argument("--arbiter-device", default=None,
-                        help="where the fp32 arbiter runs (default: --device); cpu keeps its fp32 copy of the "
-                             "target (4 bytes a weight) out of GPU memory")
+    parser.add_argument("--referee", choices=("auto", "none"), default="auto",
+                        help="auto: the target at higher precision (fp32 for a bf16 run, fp64 for an fp32 run) "
+                             "judges every disagreement; none: the ulp fallback rule instead (said in the output)")
+    parser.add_argument("--referee-device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="auto: the GPU when its free memory holds the referee, else the host")
 
 
 def run(args) -> int:
     from specpilot.models import stop_ids_for
     from specpilot.models.loading import resolve_weights
     from specpilot.verify.forcing import token_force
+    from specpilot.verify.referee import load_referee
     from specpilot.verify.stock import load_stock
 
     weights = resolve_weights(args.target, args.dtype, args.weights)
@@ -32,59 +35,65 @@ def run(args) -> int:
     prompts = prompts_from_args(args, tok)
     engine = engine_for(target, drafter, prompts, args.max_new_tokens)
     stock = load_stock(args.target, args.drafter, args.device, args.dtype)
-    arbiter = None
-    if args.arbiter == "fp32":
-        from specpilot.models import load_target
-        arbiter = load_target(args.target, device=args.arbiter_device or args.device, dtype="fp32")
+    referee = load_referee(args.target, target.dtype, args.device, args.referee, args.referee_device)
     report = token_force(engine, stock, [ids for _, ids in prompts], args.max_new_tokens,
                          stop_ids=stop_ids_for(target, tok), block_size=args.block_size,
-                         ids=[pid for pid, _ in prompts], arbiter=arbiter)
+                         ids=[pid for pid, _ in prompts], referee=referee)
     print_report(report)
     print(json.dumps({**report.summary(), "weights": weights}))
     return 0 if report.passed else 1
 
 
-def print_report(report):
+def print_report(report) -> None:
+    """Per prompt, the referee and its noise, every excused / failed record (up to SHOWN_RECORDS a
+    list), the agreement with the referee per path, and the verdict line."""
     for row in report.per_prompt:
-        verdict = "ok" if row["mismatches"] == 0 else "FAIL"
-        print(f"{row['id']}: {row['tokens']} stock tokens, {row['mismatches']} mismatches, {row['tolerated']} "
-              f"tolerated; our spec output identical to stock for {row['spec_identical_prefix']}/"
-              f"{row['tokens']} tokens; tau stock {row['stock_tau']:.2f} ours {row['our_tau']:.2f}  [{verdict}]")
-    for item in report.tolerated_list:
-        print(f"  tolerated near-tie: prompt {item['prompt']} token {item['position']} ({item['path']} path): "
-              f"ours {item['ours']} "
-              f"stock {item['stock']}, stock margin {item['margin']:.3g} < eps {item['eps']:.3g}{_arbiter_note(item)}")
-    for item in report.mismatch_list:
-        print(f"  MISMATCH: prompt {item['prompt']} token {item['position']} ({item['path']} path): "
-              f"ours {item['ours']} "
-              f"stock {item['stock']}, stock margin {item['margin']:.3g} >= eps {item['eps']:.3g}{_arbiter_note(item)}")
-    if report.arbiter:
-        print(f"{report.arbiter} arbiter over {len(report.tolerated_list) + len(report.mismatch_list)} disagreements: "
-              f"sides with ours {report.arbiter_sides_with_ours}, with stock {report.arbiter_sides_with_stock}")
-        print(f"{report.arbiter} arbiter at every generated position (logit RMS error against it; argmax the same as its):")
-        for side, e in report.arbiter_error.items():
-            print(f"  {side:8s} RMS error {e['rms_error']:.4g}, same argmax {e['same_argmax']}/{e['positions']}")
-        print(_error_reading(report.arbiter_error))
+        bad = row["mismatches"] + row["spec_mismatches"]
+        spec = "identical to stock" if row["spec_identical"] else f"forks from stock at token {row['spec_fork']}"
+        ar = "identical to our AR output" if row["ar_identical"] else \
+            f"forks from our AR output at token {row['ar_fork']}"
+        print(f"{row['id']}: {row['tokens']} stock tokens, {row['mismatches']} forced mismatches, "
+              f"{row['spec_mismatches']} spec mismatches, {row['excused']} excused; our spec output {spec}, {ar}; "
+              f"tau stock {row['stock_tau']:.2f} ours {row['our_tau']:.2f}  [{'FAIL' if bad else 'ok'}]")
+    print(f"referee: {report.referee} ({report.referee_note})")
+    print(f"rule: {report.rule}")
+    if report.referee == "none":
+        print("  NOTE: no referee scored this run; the ulp fallback rule judged it and the agreement test did not run")
+    for side, e in report.referee_error.items():
+        print(f"  {side:8s} RMS logit error vs the referee {e['rms_error']:.3g}, same argmax {e['same_argmax']}/"
+              f"{e['positions']}")
+    for path, a in report.agreement.items():
+        print(f"  {path:8s} agrees with the referee at {a['ours_agree']}/{a['positions']} positions, stock at "
+              f"{a['stock_agree']} (only stock {a['only_stock']}, only ours {a['only_ours']}, p={a['p']:.2g})"
+              f"{'' if a['ok'] else '  FAIL'}")
+    for label, items in (("excused", report.excused_list), ("MISMATCH", report.mismatch_list),
+                         ("SPEC MISMATCH", report.spec_mismatch_list)):
+        for item in items[:SHOWN_RECORDS]:
+            print(f"  {label}: {_describe(item)}")
+        if len(items) > SHOWN_RECORDS:
+            print(f"  ... {len(items) - SHOWN_RECORDS} more {label.lower()} records in the JSON line")
+    if report.acceptance_mismatches:
+        judged = "judged: fp32 must match stock step for step" if report.acceptance_judged else \
+            "not judged: the drafter's own near-ties may differ below fp32"
+        print(f"acceptance lengths differ from stock's on {report.acceptance_mismatches} prompts with stock's output "
+              f"({judged})")
+    print(f"excused positions {report.excused} (cap {report.excuse_cap})")
+    print(verdict_line(report))
 
 
-def _error_reading(error: dict) -> str:
-    """One line: is our worst path about as far from the arbiter as stock is (rounded differently),
-    or further (a precision loss to look for)? The verdict does not depend on it."""
-    stock = error.get("stock", {}).get("rms_error")
-    ours = {side: e["rms_error"] for side, e in error.items() if side != "stock"}
-    if not stock or not ours:
-        return "  (nothing to compare)"
-    side = max(ours, key=ours.get)
-    ratio = ours[side] / stock
-    if ratio <= 1.05:
-        return (f"  our paths are as close to the arbiter as stock (worst: {side}, {ratio:.3f}x stock's error): "
-                "disagreements come from rounding, not lost precision")
-    return f"  our {side} path is {ratio:.2f}x stock's error against the arbiter: look for lost precision there"
+def verdict_line(report) -> str:
+    if report.passed:
+        return (f"verdict: PASS: {report.prompts} prompts, {report.tokens} tokens on 3 forced paths and our "
+                f"speculative output, {report.excused} excused (cap {report.excuse_cap}), referee {report.referee}")
+    return "verdict: FAIL: " + "; ".join(report.reasons)
 
 
-def _arbiter_note(item) -> str:
-    if "arbiter_choice" not in item:
-        return ""
-    side = "ours" if item["arbiter_choice"] == item["ours"] else "stock" if item["arbiter_choice"] == item["stock"] \
-        else f"neither ({item['arbiter_choice']})"
-    return f"; arbiter picks {side}, logit(ours)-logit(stock) {item['arbiter_ours_minus_stock']:+.3g}"
+def _describe(item: dict) -> str:
+    where = f"prompt {item['prompt']} token {item['position']} ({item['check']}"
+    where += f", {item['path']} path)" if "path" in item else ")"
+    versus = {"forced": "stock", "spec-vs-stock": "stock", "spec-vs-ar": "our AR", "spec-transcript": "referee"}
+    text = f"{where}: ours {item['ours']} vs {versus[item['check']]} {item['other']}"
+    if "note" in item:
+        return f"{text}: {item['note']}"
+    return (f"{text}, referee margin {item['margin']:.3g} {'<' if item['excused'] else '>='} {item['threshold']:.3g}"
+            f" (referee picks {item['referee_choice']})")

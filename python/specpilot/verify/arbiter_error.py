@@ -1,9 +1,8 @@
-"""How far each side's logits sit from the fp32 arbiter's, over every forced position.
-
-The arbiter's side count at the disagreements is a small sample (a few dozen near-ties). This tally
-uses every generated position of every path: the RMS of (logits - fp32 logits) over positions and
-vocabulary, and how often each side's argmax is fp32's. A bf16 engine that is merely rounded
-differently from stock shows about stock's numbers; a less exact one shows a larger error.
+"""How far each side's logits sit from the referee's (the target at a higher precision), over every
+forced position: the RMS of (logits - referee logits) over positions and vocabulary, and how often each
+side's argmax is the referee's. A bf16 engine that is merely rounded differently from stock shows about
+stock's numbers; a less exact one shows a larger error. The verdict's noise is the largest of these
+RMS errors (verdict.py).
 """
 from __future__ import annotations
 
@@ -15,9 +14,9 @@ class ArbiterErrorTally:
         self._squares, self._values, self._positions, self._same_argmax = {}, {}, {}, {}
 
     def add(self, side: str, logits: torch.Tensor, reference: torch.Tensor) -> None:
-        """logits [T, V] of one side and the arbiter's fp32 logits [T, V] at the same positions."""
+        """logits [T, V] of one side and the referee's logits [T, V] at the same positions."""
         if logits.shape != reference.shape:
-            raise ValueError(f"{side}: logits {tuple(logits.shape)} vs arbiter {tuple(reference.shape)}")
+            raise ValueError(f"{side}: logits {tuple(logits.shape)} vs referee {tuple(reference.shape)}")
         logits = logits.float().to(reference.device)
         self._squares[side] = self._squares.get(side, 0.0) + float((logits - reference).square().sum())
         self._values[side] = self._values.get(side, 0) + logits.numel()

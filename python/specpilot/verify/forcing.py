@@ -1,24 +1,22 @@
-"""Token forcing: the reward-hacking guard.
+"""Token forcing and the verdict of `specpilot verify` (the reward-hacking guard).
 
-For each prompt: run stock (dflash_generate on HF), keep its transcript, teacher-force prompt +
+For each prompt: run stock (dflash_generate on HF) and keep its transcript. Teacher-force prompt +
 transcript through OUR target three times and compare our argmax at every generated position with
-stock's token: once in one forward pass over the whole sequence (path "prefill": the multi-token
-kernels of prefill), once through the engine's own one-token decode step, token by token after a
-prefill of the prompt (path "decode": the AR step's kernels and CUDA graphs, e.g. gemv_fusion), and
-once through the engine's B-token verify step, stock's tokens fed a block at a time after a prefill
-of the prompt (path "verify": the kernels and graphs of the speculative loop's verify pass, e.g.
-the 2..16-row skinny GEMM, which a long one-forward pass does not use).
-A mismatch is tolerated only where stock's own top-2 logit margin at that
-position (HF forward over the same sequence) is below eps: a bf16 near-tie that either side may break
-either way. eps = 0 in fp32 (no tolerance), eps = 1e-2 * max(1, |top logit|) in bf16/fp16 (about one
-bf16 ulp of the logit). Every tolerated mismatch is listed with its margin. Separately, our own
-speculative decoding output is compared with stock's tokens (identical-prefix length).
+stock's token: in one forward pass over the whole sequence (path "prefill": the multi-token kernels
+of prefill), through the engine's one-token decode step, token by token after a prefill of the
+prompt (path "decode": the AR step's kernels and CUDA graphs), and through the engine's B-token
+verify step, stock's tokens fed a block at a time (path "verify": the speculative loop's verify
+kernels and graphs). Then judge what users get: our speculative output against stock's and against
+our own AR output, and past a fork our speculative transcript against the referee (spec_checks.py).
 
-Arbiter (optional, diagnostic only: it never changes the verdict): the same target in fp32 scores
-each position where ours and stock disagree, telling which side the exact-er arithmetic takes
-(a bf16 engine that is merely rounded differently sides with fp32 about as often as stock does),
-and every generated position of stock and of each of our paths (arbiter_error.py: RMS logit error
-against fp32, and how often the argmax is fp32's).
+Every disagreement is scored by the referee (referee.py: the target at a higher precision) and
+excused only under verdict.py's rule (margin below k x the run's measured noise, capped in number);
+the referee also scores every forced position of stock and of each of our paths (arbiter_error.py:
+RMS logit error, which is the noise; verdict.AgreementTally: how often each argmax is the referee's).
+passed = no unexcused forced-path mismatch, no unexcused speculative-output disagreement, excused
+positions within the cap, every path's referee agreement not worse than stock's and its RMS error
+within verdict.PRECISION_FACTOR of stock's, and (fp32 runs) stock's acceptance lengths wherever our
+output is stock's.
 """
 from __future__ import annotations
 
@@ -29,44 +27,51 @@ import torch
 from specpilot.engine.cache import KVCache
 
 from .arbiter_error import ArbiterErrorTally
+from .referee import Referee, load_referee, scored_logits
+from .spec_checks import spec_disagreements
 from .stock import StockPair, hf_logits, run_stock
+from .verdict import (PRECISION_FACTOR, REFEREE_K, AgreementTally, Rule, disagreement, distinct_contexts, excuse_cap,
+                      judge, noise_and_imprecise)
 
-BF16_REL_EPS = 1e-2
+PATHS = ("prefill", "decode", "verify")
 
 
 @dataclass
 class ForcingReport:
     prompts: int = 0
-    tokens: int = 0                         # positions compared (each on every path)
-    mismatches: int = 0                     # untolerated: each one fails the run
-    tolerated: int = 0                      # near-tie mismatches (details in tolerated_list)
-    passed: bool = True
-    eps_rule: str = ""
-    tolerated_list: list = field(default_factory=list)   # {prompt, path, position, ours, stock, margin, eps}
+    tokens: int = 0                         # stock's generated tokens (each forced on every path)
+    mismatches: int = 0                     # unexcused forced-path disagreements
+    spec_mismatches: int = 0                # unexcused disagreements of our speculative output
+    excused: int = 0                        # excused positions (distinct contexts)
+    excuse_cap: int = 0
+    passed: bool = False
+    reasons: list = field(default_factory=list)           # why it failed, one line each
+    referee: str = ""                       # "fp32", "fp64" or "none" (the ulp fallback)
+    referee_note: str = ""
+    referee_k: float = REFEREE_K
+    noise: float | None = None              # max RMS logit error vs the referee (stock, our paths)
+    rule: str = ""
+    spec_identical: int = 0                 # prompts where our spec output == stock's
+    ar_identical: int = 0                   # prompts where our spec output == our AR output
+    acceptance_mismatches: int = 0          # prompts with stock's output but not its acceptance lengths
+    acceptance_judged: bool = False         # fp32 runs: those fail (see _decide)
+    agreement: dict = field(default_factory=dict)         # path -> argmax agreement with the referee vs stock's
+    referee_error: dict = field(default_factory=dict)     # side -> {rms_error, same_argmax, positions}
+    excused_list: list = field(default_factory=list)      # every record: prompt, check, position, tokens, margin
     mismatch_list: list = field(default_factory=list)
-    spec_identical: int = 0                 # prompts where our spec output == stock's tokens
+    spec_mismatch_list: list = field(default_factory=list)
     per_prompt: list = field(default_factory=list)
-    arbiter: str = ""                       # "" or the arbiter's dtype; then, over all disagreements:
-    arbiter_sides_with_ours: int = 0        # the arbiter's argmax is our token
-    arbiter_sides_with_stock: int = 0       # the arbiter's argmax is stock's token
-    arbiter_error: dict = field(default_factory=dict)    # side -> {rms_error, same_argmax, positions}: every position
 
     def summary(self) -> dict:
-        keys = ("prompts", "tokens", "mismatches", "tolerated", "passed", "spec_identical", "eps_rule")
-        out = {k: getattr(self, k) for k in keys}
-        if self.arbiter:
-            out.update(arbiter=self.arbiter, arbiter_sides_with_ours=self.arbiter_sides_with_ours,
-                       arbiter_sides_with_stock=self.arbiter_sides_with_stock, arbiter_error=self.arbiter_error)
-        return out
+        """The JSON line: counts, the rule, the verdict and every excused / failed record."""
+        keys = ("prompts", "tokens", "mismatches", "spec_mismatches", "excused", "excuse_cap", "passed", "reasons",
+                "referee", "referee_k", "noise", "rule", "referee_note", "spec_identical", "ar_identical",
+                "acceptance_mismatches", "acceptance_judged", "agreement", "referee_error", "excused_list",
+                "mismatch_list", "spec_mismatch_list")
+        return {k: _json_safe(getattr(self, k)) for k in keys}
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def eps_for(dtype: torch.dtype, top_logit: float) -> float:
-    if dtype == torch.float32:
-        return 0.0
-    return BF16_REL_EPS * max(1.0, abs(top_logit))
 
 
 @torch.inference_mode()
@@ -117,87 +122,121 @@ def forced_verify_logits(engine, prompt, tokens, block_size: int) -> torch.Tenso
     return torch.stack(rows)
 
 
-def _common_prefix(a, b) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def token_force(engine, stock: StockPair, prompts, max_new_tokens: int, stop_ids=(), block_size=None,
-                ids=None, spec_results=None, arbiter=None) -> ForcingReport:
+                ids=None, spec_results=None, ar_results=None, referee: Referee | None = None) -> ForcingReport:
     """prompts: list of token-id lists. Greedy only (token forcing compares argmax choices).
-    spec_results: our generate_spec results for the same prompts and settings, if already run.
-    arbiter: the same target at higher precision (e.g. loaded in fp32), or None (see module doc)."""
+    spec_results / ar_results: our generate_spec / generate_ar results for the same prompts and
+    settings, if already run. referee: referee.load_referee(...) (None: loaded here from the target's
+    folder, placed automatically)."""
     target = engine.target
-    dtype = target.dtype
-    report = ForcingReport(eps_rule="eps=0 (fp32)" if dtype == torch.float32 else
-                           f"eps={BF16_REL_EPS}*max(1,|top logit|) ({str(dtype).replace('torch.', '')})",
-                           arbiter=str(arbiter.dtype).replace("torch.", "") if arbiter is not None else "")
-    tally = ArbiterErrorTally()
+    if referee is None:
+        referee = load_referee(target.source_dir, target.dtype, str(target.device.type))
+    tally, agreement = ArbiterErrorTally(), AgreementTally()
+    forced_items, spec_items, rows = [], [], []
+    report = ForcingReport(referee=referee.kind, referee_note=referee.note)
+    verify_block = block_size or (engine.drafter.block_size if engine.drafter is not None else 1)
     for index, prompt in enumerate(prompts):
         name = ids[index] if ids is not None else index
+        prompt = list(map(int, prompt))
         ref = run_stock(stock, prompt, max_new_tokens, stop_ids, 0.0, block_size)
-        sequence = list(prompt) + ref.tokens
-        n = len(prompt)
-        verify_block = block_size or (engine.drafter.block_size if engine.drafter is not None else 1)
+        sequence, n, t = prompt + ref.tokens, len(prompt), len(ref.tokens)
         generated = slice(n - 1, len(sequence) - 1)                  # the positions that chose stock's tokens
         with engine.runner.kernel_ctx(len(sequence)):   # the linears' prefill kernels (split12: "dense")
             prefill = forced_logits(target, sequence)[generated]
         logits = {"prefill": prefill,                                  # [T, V] each: our logits per stock token
                   "decode": forced_decode_logits(engine, prompt, ref.tokens),
                   "verify": forced_verify_logits(engine, prompt, ref.tokens, verify_block)}
-        paths = {path: rows.argmax(-1).tolist() for path, rows in logits.items()}
-        stock_logits = arbiter_logits = None
-        if arbiter is not None:                                        # scores every position, not only ties
-            arbiter_logits = forced_logits(arbiter, sequence)[generated].float()
-            stock_logits = hf_logits(stock, sequence)
-            tally.add("stock", stock_logits[generated], arbiter_logits)
-            for path, rows in logits.items():
-                tally.add(path, rows, arbiter_logits)
+        stock_logits = hf_logits(stock, sequence)[generated]
+        score = (lambda tokens: scored_logits(referee.model, prompt + tokens, len(tokens))) if referee.model \
+            is not None else (lambda tokens: hf_logits(stock, prompt + tokens)[n - 1:n - 1 + len(tokens)].cpu())
+        scores = score(ref.tokens)                                     # [T, V] the referee at stock's positions
+        if referee.model is not None:
+            tally.add("stock", stock_logits, scores)
+            for path, rows_ in logits.items():
+                tally.add(path, rows_, scores)
+                agreement.add(path, rows_.argmax(-1), stock_logits.argmax(-1), scores.argmax(-1))
+        for path, rows_ in logits.items():
+            for j, mine in enumerate(rows_.argmax(-1).tolist()):
+                if mine != ref.tokens[j]:
+                    forced_items.append(disagreement(scores[j], mine, ref.tokens[j], prompt=name, check="forced",
+                                                     path=path, position=j, context="stock", ours=mine,
+                                                     other=ref.tokens[j]))
         del logits
-        row = {"id": name, "prompt_len": n, "tokens": len(ref.tokens), "mismatches": 0, "tolerated": 0}
-        disagreements = [(path, j, mine, theirs) for path, ours in paths.items()
-                         for j, (mine, theirs) in enumerate(zip(ours, ref.tokens)) if mine != theirs]
-        for path, j, mine, theirs in disagreements:
-            if stock_logits is None:
-                stock_logits = hf_logits(stock, sequence)
-            top2 = stock_logits[n - 1 + j].topk(2).values.tolist()
-            margin, eps = top2[0] - top2[1], eps_for(dtype, top2[0])
-            item = {"prompt": name, "path": path, "position": j, "ours": mine, "stock": theirs, "margin": margin,
-                    "eps": eps}
-            if arbiter is not None:
-                _arbitrate(report, item, arbiter_logits[j])
-            if margin < eps:
-                report.tolerated_list.append(item)
-                row["tolerated"] += 1
-            else:
-                report.mismatch_list.append(item)
-                row["mismatches"] += 1
         spec = spec_results[index] if spec_results is not None else \
             engine.generate_spec(prompt, max_new_tokens, stop_ids=stop_ids, block_size=block_size)
-        row.update(spec_identical_prefix=_common_prefix(spec.tokens, ref.tokens), spec_tokens=len(spec.tokens),
-                   spec_identical=spec.tokens == ref.tokens, stock_tau=_mean(ref.acceptance_lengths),
-                   our_tau=spec.tau, stock_s=ref.seconds, our_decode_tokens_per_s=spec.tokens_per_s)
-        report.spec_identical += row["spec_identical"]
-        report.prompts += 1
-        report.tokens += len(ref.tokens)
-        report.mismatches += row["mismatches"]
-        report.tolerated += row["tolerated"]
-        report.per_prompt.append(row)
-    report.passed = report.mismatches == 0
-    report.arbiter_error = tally.summary()
+        ar = ar_results[index] if ar_results is not None else engine.generate_ar(prompt, max_new_tokens, stop_ids)
+        spec_scores = (lambda: scores) if spec.tokens == ref.tokens else (lambda: score(spec.tokens))
+        items, fork_stock, fork_ar = spec_disagreements(name, ref.tokens, spec.tokens, ar.tokens, spec_scores)
+        spec_items.extend(items)
+        rows.append({"id": name, "prompt_len": n, "tokens": t, "spec_tokens": len(spec.tokens),
+                     "spec_identical": fork_stock is None, "ar_identical": fork_ar is None,
+                     "spec_fork": fork_stock, "ar_fork": fork_ar,
+                     "acceptance_identical": spec.acceptance_lengths == ref.acceptance_lengths,
+                     "stock_tau": _mean(ref.acceptance_lengths), "our_tau": spec.tau, "stock_s": ref.seconds,
+                     "our_decode_tokens_per_s": spec.tokens_per_s})
+        report.tokens += t
+    report.prompts = len(rows)
+    _decide(report, target.dtype, tally, agreement, forced_items, spec_items, rows)
     return report
 
 
-def _arbitrate(report: ForcingReport, item: dict, logits: torch.Tensor) -> None:
-    """Notes on `item` the arbiter's choice and its logit(ours) - logit(stock); counts its side."""
-    choice = int(logits.argmax())
-    item.update(arbiter_choice=choice, arbiter_ours_minus_stock=float(logits[item["ours"]] - logits[item["stock"]]))
-    report.arbiter_sides_with_ours += choice == item["ours"]
-    report.arbiter_sides_with_stock += choice == item["stock"]
+def _decide(report: ForcingReport, run_dtype, tally, agreement, forced_items, spec_items, rows) -> None:
+    """The noise, the rule, every record judged, the cap, the agreement test: report.passed and why not."""
+    report.referee_error = tally.summary()
+    imprecise = {}
+    if report.referee != "none":
+        report.noise, imprecise = noise_and_imprecise(report.referee_error)
+    rule = Rule(report.referee, run_dtype, report.noise)
+    report.rule = rule.describe()
+    forced_ok, report.mismatch_list = judge(forced_items, rule)
+    spec_ok, report.spec_mismatch_list = judge(spec_items, rule)
+    report.excused_list = forced_ok + spec_ok
+    report.mismatches, report.spec_mismatches = len(report.mismatch_list), len(report.spec_mismatch_list)
+    report.excused, report.excuse_cap = distinct_contexts(report.excused_list), excuse_cap(report.tokens)
+    report.agreement = agreement.summary()
+    for row in rows:
+        mine = lambda items: [i for i in items if i["prompt"] == row["id"]]  # noqa: E731
+        row.update(mismatches=len(mine(report.mismatch_list)), spec_mismatches=len(mine(report.spec_mismatch_list)),
+                   excused=distinct_contexts(mine(report.excused_list)))
+    report.per_prompt = rows
+    report.spec_identical = sum(r["spec_identical"] for r in rows)
+    report.ar_identical = sum(r["ar_identical"] for r in rows)
+    # Same output, so the same verify inputs: in fp32 our drafter and stock's agree to ~1e-6, so the
+    # accepted counts are step for step stock's (a stale draft context, say, changes them, not the
+    # output). In bf16 / fp16 the drafter's own near-ties may differ: reported, not judged.
+    report.acceptance_mismatches = sum(r["spec_identical"] and not r["acceptance_identical"] for r in rows)
+    report.acceptance_judged = run_dtype == torch.float32
+    reasons = []
+    if report.acceptance_judged and report.acceptance_mismatches:
+        reasons.append(f"{report.acceptance_mismatches} prompts with stock's output but other acceptance lengths "
+                       "(fp32: must be stock's step for step)")
+    if report.mismatches:
+        reasons.append(f"{report.mismatches} forced-path mismatches beyond the rule")
+    if report.spec_mismatches:
+        reasons.append(f"{report.spec_mismatches} disagreements of our speculative output beyond the rule")
+    if report.excused > report.excuse_cap:
+        reasons.append(f"{report.excused} excused positions exceed the cap of {report.excuse_cap}")
+    for path, a in report.agreement.items():
+        if not a["ok"]:
+            reasons.append(f"{path} path agrees with the referee less often than stock ({a['ours_agree']} vs "
+                           f"{a['stock_agree']} of {a['positions']}; sign test p={a['p']:.2g})")
+    for path, ratio in imprecise.items():
+        reasons.append(f"{path} path's RMS logit error against the referee is {ratio:.3g}x stock's "
+                       f"(> {PRECISION_FACTOR:g}x: lost precision, not rounding)")
+    if not report.prompts:
+        reasons.append("no prompts were verified")
+    report.reasons, report.passed = reasons, not reasons
+
+
+def _json_safe(value):
+    """An infinite margin (a length difference: no excuse possible) as None, so the line is strict JSON."""
+    if isinstance(value, float) and value == float("inf"):
+        return None
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    return value
 
 
 def _mean(xs) -> float:

@@ -1,0 +1,146 @@
+"""The verdict's rules: when a disagreement is excused, how many may be, and the argmax-agreement test.
+
+A disagreement is two candidate tokens a, b at one position (ours vs stock on a forced path, our
+speculative output vs stock's or vs our AR output at their first fork, or our speculative token vs
+the referee's argmax past a fork). Its margin is the referee's |l[a] - l[b]|.
+
+Referee rule: excused iff margin < REFEREE_K x noise, where noise is the larger of stock's and our
+worst path's RMS logit error against the referee over this run's forced positions. Why k = 4: a flip
+between two tokens needs the difference of their two rounding errors to exceed the margin; if each
+logit's error is ~noise and the two are independent, that difference has a spread of sqrt(2) x
+noise, so k = 4 is ~2.8 of its sigmas: an honest rounding flip is excused with >99% probability,
+and a real error larger than the run's own rounding is not. In an fp32 run (fp64 referee) the noise
+is ~1e-6 of logits ~10: effectively exact.
+
+Ulp fallback (no referee fits in memory, or --referee none): the scorer is stock's target at the
+run's precision, and a disagreement is excused iff margin <= ULP_FALLBACK ulps of the run dtype at
+the larger of the two logits (bf16 at logit 8.5: 2 x 0.0625; fp32: ~2e-6 at 10).
+
+Precision: a path whose RMS error against the referee exceeds PRECISION_FACTOR x stock's is not
+rounding differently but computing less exactly: it fails, and it does not set the noise (else a
+broken path would excuse its own disagreements). Measured ratios of honest paths: 0.74-1.00 (fp32
+on the CPU, the zoo pair), 1.00-1.02 (bf16 on an H100, the zoo pair and random 8B pairs); 2x is a
+lost bit.
+
+Cap: at most max(1, 1% of the generated tokens) excused positions (distinct contexts) per run.
+
+Agreement: per forced path, our argmax must agree with the referee's at least as often as stock's
+does. Tested on the positions where exactly one of the two agrees (a paired sign test, McNemar): the
+path fails when it loses more of them than stock and a 50/50 split would give that many losses with
+probability < AGREEMENT_ALPHA. A literal "count >= stock's count" would fail an honest bf16 run about
+every other time two similar small counts of near-tie misses come out one apart; each of those
+positions is in any case a disagreement judged by the margin rule and counted against the cap.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+REFEREE_K = 4.0
+ULP_FALLBACK = 2
+EXCUSE_CAP_FRACTION = 0.01
+AGREEMENT_ALPHA = 1e-3
+PRECISION_FACTOR = 2.0
+
+
+def excuse_cap(tokens: int) -> int:
+    return max(1, int(EXCUSE_CAP_FRACTION * tokens))
+
+
+def ulp(value: float, dtype: torch.dtype) -> float:
+    """The spacing of `dtype` at |value| (its normal range)."""
+    info = torch.finfo(dtype)
+    return info.eps * 2.0 ** math.floor(math.log2(max(abs(value), info.tiny)))
+
+
+class Rule:
+    """referee "fp32" / "fp64" with the run's noise, or "none" (the ulp fallback in run_dtype)."""
+
+    def __init__(self, referee: str, run_dtype: torch.dtype, noise: float | None = None):
+        if referee != "none" and (noise is None or not math.isfinite(noise) or noise < 0):
+            raise ValueError(f"the {referee} referee rule needs the run's measured noise, got {noise}")
+        self.referee, self.run_dtype, self.noise = referee, run_dtype, noise
+
+    def threshold(self, item: dict) -> float:
+        if self.referee == "none":
+            return ULP_FALLBACK * ulp(item["top"], self.run_dtype)
+        return REFEREE_K * self.noise
+
+    def excuses(self, item: dict) -> bool:
+        return item["margin"] <= self.threshold(item) if self.referee == "none" else \
+            item["margin"] < self.threshold(item)
+
+    def describe(self) -> str:
+        if self.referee == "none":
+            return (f"ulp fallback (no referee): excused iff margin <= {ULP_FALLBACK} ulps of "
+                    f"{str(self.run_dtype).replace('torch.', '')} at the larger logit, on stock's target")
+        return f"{self.referee} referee: excused iff margin < {REFEREE_K:g} x noise {self.noise:.3g}"
+
+
+def disagreement(scores: torch.Tensor, a: int, b: int, **fields) -> dict:
+    """A record for tokens a, b at one position scored by the referee's (or fallback scorer's) logits
+    [V]: margin |l[a] - l[b]|, the larger |logit| (for the ulp rule) and the scorer's own choice."""
+    la, lb = float(scores[a]), float(scores[b])
+    return {**fields, "margin": abs(la - lb), "top": max(abs(la), abs(lb)), "referee_choice": int(scores.argmax())}
+
+
+def judge(items: list, rule: Rule) -> tuple:
+    """Marks each item's threshold and excused flag; returns (excused, failed) lists."""
+    excused, failed = [], []
+    for item in items:
+        item["threshold"] = rule.threshold(item)
+        item["excused"] = item["margin"] != math.inf and rule.excuses(item)
+        (excused if item["excused"] else failed).append(item)
+    return excused, failed
+
+
+def distinct_contexts(items: list) -> int:
+    """Excused positions counted once per context (prompt, transcript, position): the three forced
+    paths and a spec fork at one position of stock's transcript are one near-tie."""
+    return len({(i["prompt"], i["context"], i["position"]) for i in items})
+
+
+def noise_and_imprecise(error: dict) -> tuple:
+    """error: side -> {rms_error, ...} with side "stock" and our paths. -> (noise, {path: ratio to
+    stock's error} for the paths beyond PRECISION_FACTOR)."""
+    stock = error["stock"]["rms_error"]
+    ratios = {side: e["rms_error"] / stock if stock > 0 else (math.inf if e["rms_error"] > 0 else 1.0)
+              for side, e in error.items() if side != "stock"}
+    imprecise = {side: r for side, r in ratios.items() if r > PRECISION_FACTOR}
+    noise = max([stock] + [error[side]["rms_error"] for side in ratios if side not in imprecise])
+    return noise, imprecise
+
+
+def sign_test_p(losses: int, wins: int) -> float:
+    """One-sided P(X >= losses) for X ~ Binomial(losses + wins, 1/2)."""
+    n = losses + wins
+    return sum(math.comb(n, i) for i in range(losses, n + 1)) / 2 ** n if n else 1.0
+
+
+class AgreementTally:
+    """Per forced path, paired with stock at the same positions: whether each side's argmax is the
+    referee's."""
+
+    def __init__(self):
+        self.counts = {}
+
+    def add(self, path: str, ours: torch.Tensor, stock: torch.Tensor, referee: torch.Tensor) -> None:
+        """argmax index tensors [T] of our path, of stock and of the referee."""
+        ours_ok, stock_ok = ours.cpu() == referee.cpu(), stock.cpu() == referee.cpu()
+        c = self.counts.setdefault(path, {"ours_agree": 0, "stock_agree": 0, "only_stock": 0, "only_ours": 0,
+                                          "positions": 0})
+        c["ours_agree"] += int(ours_ok.sum())
+        c["stock_agree"] += int(stock_ok.sum())
+        c["only_stock"] += int((stock_ok & ~ours_ok).sum())
+        c["only_ours"] += int((ours_ok & ~stock_ok).sum())
+        c["positions"] += int(ours_ok.numel())
+
+    def summary(self) -> dict:
+        """path -> counts + p (sign test) + ok."""
+        out = {}
+        for path, c in self.counts.items():
+            p = sign_test_p(c["only_stock"], c["only_ours"])
+            ok = c["only_stock"] <= c["only_ours"] or p >= AGREEMENT_ALPHA
+            out[path] = {**c, "p": p, "ok": ok}
+        return out
