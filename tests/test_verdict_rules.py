@@ -50,6 +50,9 @@ def test_disagreement_scores_both_tokens_with_the_referee():
 
 def test_excuse_cap_and_distinct_contexts():
     assert [excuse_cap(n) for n in (0, 32, 199, 256, 3072)] == [1, 1, 1, 2, 30]
+    # where stock itself leaves the referee's argmax, twice its flips may be excused, no more
+    assert excuse_cap(256, stock_flips=19) == 38
+    assert excuse_cap(3072, stock_flips=3) == 30
     same = [record(0.0, path=p, position=4) for p in ("prefill", "decode", "verify")]
     spec = [record(0.0, position=4, context="spec"), {**record(0.0, position=4), "prompt": 1}]
     assert distinct_contexts(same) == 1 and distinct_contexts(same + spec) == 3
@@ -147,3 +150,14 @@ def test_referee_goes_on_the_gpu_when_it_fits_and_scores_as_on_the_host(tmp_path
     assert on_gpu.device.type == "cpu" and on_gpu.dtype == torch.float32 and on_gpu.shape == on_host.shape
     # fp32 on two devices: the same sums in other orders, ~1e-6 of logits of a few units
     torch.testing.assert_close(on_gpu, on_host, rtol=0, atol=1e-4)
+
+
+def test_stock_flips_count_where_stock_leaves_the_referee():
+    tally = AgreementTally()
+    assert tally.stock_flips() == 0
+    ref = torch.arange(10)
+    stock = ref.clone()
+    stock[[2, 7]] = -1
+    tally.add("prefill", ref, stock, ref)
+    tally.add("decode", ref, stock, ref)     # the same positions again: still two flips of stock's
+    assert tally.stock_flips() == 2

@@ -192,7 +192,8 @@ def _decide(report: ForcingReport, run_dtype, tally, agreement, forced_items, sp
     spec_ok, report.spec_mismatch_list = judge(spec_items, rule)
     report.excused_list = forced_ok + spec_ok
     report.mismatches, report.spec_mismatches = len(report.mismatch_list), len(report.spec_mismatch_list)
-    report.excused, report.excuse_cap = distinct_contexts(report.excused_list), excuse_cap(report.tokens)
+    report.excused = distinct_contexts(report.excused_list)
+    report.excuse_cap = excuse_cap(report.tokens, agreement.stock_flips())
     report.agreement = agreement.summary()
     for row in rows:
         mine = lambda items: [i for i in items if i["prompt"] == row["id"]]  # noqa: E731
