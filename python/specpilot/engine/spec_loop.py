@@ -14,6 +14,7 @@ import torch
 
 from specpilot.verify.sampling import rejection_sample, sample, sample_probs, sampling_probs
 
+from .accept import commit, new_tokens  # noqa: F401 (spec_fused imports commit from here)
 from .result import GenerationResult
 
 
@@ -92,18 +93,4 @@ def greedy_new_tokens(packed: list, width: int, replay, step: int, verify_size: 
         planned = replay.produced_at(step, verify_size) - 1
         replay.shortfalls += acc < planned
         acc = planned
-    block, posterior = packed[1:1 + width], packed[1 + width:1 + 2 * width]
-    return block[1:acc + 1] + [posterior[acc]]
-
-
-def commit(new: list, room: int, stop: set, tokens: list) -> tuple:
-    """Appends at most `room` of `new` to `tokens`, cut after the first stop token (stock's rule).
-    Returns (produced, stopped)."""
-    produced = min(len(new), room)
-    stopped = False
-    for i, tok in enumerate(new[:produced]):
-        if tok in stop:
-            produced, stopped = i + 1, True
-            break
-    tokens.extend(new[:produced])
-    return produced, stopped
+    return new_tokens(packed[1:1 + width], packed[1 + width:1 + 2 * width], acc)

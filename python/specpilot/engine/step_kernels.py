@@ -18,6 +18,8 @@ import torch
 
 from specpilot import _ext
 
+from . import accept
+
 # The spec step's control scalars, in buffer order (int64 on the device). accept_block rewrites the
 # first five for the following step and bumps `step`.
 CONTROL = ("start", "ctx_start", "ctx_count", "vs", "anchor", "replay", "max_length", "step")
@@ -55,23 +57,20 @@ def pick_drafts(logits, control, replay_drafts, block) -> None:
 
 def accept_block(logits, block, replay_accepted, control, posterior, out, counter) -> None:
     """logits [B, V] (the verify's) of block [B] -> posterior [B] (row argmaxes), out [2 + 2B] =
-    [matched, block, posterior, start], and control advanced to the next step with stock's
-    bookkeeping (spec_loop.greedy_new_tokens / commit): produced = accepted + 1 (replay: the planned
-    count replay_accepted[step]), capped by max_length; a stop token is the host's to see.
+    [matched, block, posterior, start], and control advanced to the next step by the rule of
+    accept.py (replay: the planned count replay_accepted[step]); a stop token is the host's to see.
     counter: int32 [1], zero, used by the kernel only."""
     if _use_kernels(logits):
         _ext.ops().spec_accept_block(logits, block, replay_accepted, control, posterior, out, counter)
         return
-    b = block.shape[0]
     start, vs, replay, max_length, step = (control[i:i + 1] for i in (START, VS, REPLAY, MAX_LENGTH, STEP))
     posterior.copy_(torch.argmax(logits, dim=-1))
-    rows = torch.arange(1, b, device=block.device)
-    ok = (block[1:] == posterior[:-1]) & (rows < vs)                          # real drafts only
-    matched = ok.long().cumprod(dim=0).sum(dim=0, keepdim=True)              # [1]
+    matched = accept.accepted_prefix(block[1:], posterior, vs - 1)[None]     # [1]
     acc = torch.where(replay > 0, replay_accepted[step], matched)
-    produced = torch.minimum(acc + 1, max_length - start - 1)                # >= 1 when launched
-    last = torch.where(produced <= acc, block.gather(0, produced.clamp(max=b - 1)), posterior.gather(0, acc))
+    produced = accept.produced_count(acc, max_length - start - 1)            # >= 1 when launched
+    last = accept.last_committed(block, posterior, acc, produced)
     after = start + produced
     out.copy_(torch.cat([matched, block, posterior, start]))
-    control[START:ANCHOR + 1].copy_(torch.cat([after, start, produced, (max_length - after).clamp(max=b), last]))
+    next_vs = (max_length - after).clamp(max=block.shape[0])
+    control[START:ANCHOR + 1].copy_(torch.cat([after, start, produced, next_vs, last]))
     control[STEP:STEP + 1].add_(1)
