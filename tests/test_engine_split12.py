@@ -5,6 +5,7 @@ engine's choice of kernel by row count."""
 import pytest
 import torch
 
+from conftest import configured
 from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU thread)
 from test_engine_helpers import fresh_seed
 
@@ -61,15 +62,12 @@ def test_kernel_for_rows(monkeypatch, skinny_on, built, in_features, rows, want)
     from specpilot.models import skinny_linear
 
     monkeypatch.setattr(skinny_linear, "available", lambda: built)
-    previous = skinny_linear.set_skinny_gemm(skinny_on)
-    try:
+    with configured(skinny_gemm=skinny_on):
         m = Bf16Linear(torch.zeros(8, in_features, dtype=torch.bfloat16))
         assert kernel_for(m, rows) == want
         with linear_kernel_for_rows([m], rows):
             assert m.kernel == want
         assert m.kernel == "simt"  # restored
-    finally:
-        skinny_linear.set_skinny_gemm(previous)
 
 
 def test_drafter_weights_follow_the_target_unless_told(tmp_path):

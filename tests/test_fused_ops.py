@@ -7,6 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import configured
+
 from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU thread)
 from test_engine_helpers import fresh_seed
 from specpilot.engine.cache import KVCache
@@ -118,14 +120,11 @@ def old_forward_block(drafter, block_ids, cache, args):
 
 
 # -- op by op --------------------------------------------------------------------------------------
-def test_kernels_switch_and_cpu_uses_the_reference():
-    assert fused_ops.fused_kernels_enabled()
-    assert fused_ops.set_fused_kernels(False) is True
-    try:
+def test_kernels_follow_the_config_and_cpu_uses_the_reference():
+    assert fused_ops.fused_kernels_enabled()                       # the default config
+    with configured(fused_kernels=False):
         assert not fused_ops.fused_kernels_enabled()
-        assert fused_ops.set_fused_kernels(False) is False
-    finally:
-        fused_ops.set_fused_kernels(True)
+    assert fused_ops.fused_kernels_enabled()
     assert fused_ops._kernels_for(torch.zeros(2, dtype=torch.bfloat16)) is None     # CPU tensors
 
 
@@ -215,16 +214,3 @@ def test_models_equal_old_formulas(name, dtype):
         logits, args = layer_args(drafter, lambda: drafter.forward_block(block, positions, new, 13))
         assert torch.equal(logits, old_forward_block(drafter, block, old, args))
         assert all(torch.equal(a, b) for a, b in zip(new.k + new.v, old.k + old.v))
-
-
-def test_fused_gemv_setting_switches_the_default_off():
-    import os
-    import subprocess
-    import sys
-
-    code = "from specpilot.models import gemv_fusion; print(gemv_fusion.enabled())"
-    env = {**os.environ, "SPECPILOT_FUSED_GEMV": "0"}
-    off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    env["SPECPILOT_FUSED_GEMV"] = "1"
-    on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert (off.stdout.strip(), on.stdout.strip()) == ("False", "True"), off.stderr + on.stderr

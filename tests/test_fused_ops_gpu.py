@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import refused_in_subprocess, requires_gpu, switched
+from conftest import refused_in_subprocess, requires_gpu, configured
 from test_engine_helpers import fresh_seed
 
 pytestmark = requires_gpu
@@ -45,7 +45,7 @@ def assert_few_flips(got, want, max_ulps: int):
 def kernels(on: bool):
     from specpilot.models import fused_ops
 
-    return switched(fused_ops.set_fused_kernels, on)
+    return configured(fused_kernels=on)
 
 
 @pytest.fixture(scope="module")
@@ -228,6 +228,7 @@ def test_engine_with_kernels_on_vs_off(ops, family):
     """Prefill logits and features (target) and draft logits close with the kernels on and off; 32
     greedy AR tokens (CUDA graphs) equal, except at a first fork that bf16 rounding explains
     (assert_forks_only_within_rounding)."""
+    from specpilot import config
     from specpilot.engine import Engine
 
     seed = fresh_seed()
@@ -237,7 +238,7 @@ def test_engine_with_kernels_on_vs_off(ops, family):
     out = {}
     for on in (True, False):
         with kernels(on), torch.inference_mode():
-            eng = Engine(target, drafter, max_seq_len=256)
+            eng = Engine(target, drafter, max_seq_len=256, config=config.current())
             logits, feats = eng.runner.prefill(prompt, with_features=True)
             block = torch.randint(0, target.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(seed))
             draft = eng.runner.draft_step(feats, 0, block.cuda(), prompt.shape[1], 8)

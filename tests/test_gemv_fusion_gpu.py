@@ -10,7 +10,7 @@ GEMV tolerance: fp32 fmaf chains over K products, then one bf16 rounding of the 
 import pytest
 import torch
 
-from conftest import refused_in_subprocess, requires_gpu, switched
+from conftest import refused_in_subprocess, requires_gpu, configured
 from test_engine_helpers import fresh_seed
 from test_fused_ops_gpu import assert_forks_only_within_rounding, kernel_sized_pair
 
@@ -119,11 +119,8 @@ def test_pdl_chain_in_a_cuda_graph_equals_the_plain_launches(ops, cuda_gen):
         s2, gu = gemv_fusion.norm_linear(s, o, n1, EPS, wgu)
         return s2, gemv_fusion.silu_mul_linear(gu, wd)
 
-    previous = gemv_fusion.set_pdl(False)
-    try:
+    with configured(gemv_pdl=False):
         want = chain()
-    finally:
-        gemv_fusion.set_pdl(previous)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -142,13 +139,14 @@ def test_pdl_chain_in_a_cuda_graph_equals_the_plain_launches(ops, cuda_gen):
 def fused_gemv(on: bool):
     from specpilot.models import gemv_fusion
 
-    return switched(gemv_fusion.set_fused_gemv, on)
+    return configured(fused_gemv=on)
 
 
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
 def test_engine_ar_with_fused_gemv_on_vs_off(ops, family, monkeypatch):
     """The fused path really runs in the graphed AR step, its one-token logits are close to the
     cuBLAS path's, and 48 greedy AR tokens are equal except at a first fork that bf16 rounding explains."""
+    from specpilot import config
     from specpilot.engine import Engine
     from specpilot.models import gemv_fusion
 
@@ -162,7 +160,7 @@ def test_engine_ar_with_fused_gemv_on_vs_off(ops, family, monkeypatch):
     out = {}
     for on in (True, False):
         with fused_gemv(on), torch.inference_mode():
-            eng = Engine(target, drafter, max_seq_len=256)
+            eng = Engine(target, drafter, max_seq_len=256, config=config.current())
             tokens = eng.generate_ar(prompt[0].tolist(), 48).tokens
             # the graphed one-token step again at the prompt's last position (its prefix is cached)
             logits, _ = eng.runner.target_step(prompt[:, -1:].cuda(), prompt.shape[1] - 1, with_features=False)

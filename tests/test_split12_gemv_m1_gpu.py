@@ -7,7 +7,7 @@ fusion on equals it with the fusion off, bit for bit. Skipped on CPU."""
 import pytest
 import torch
 
-from conftest import refused_in_subprocess, requires_gpu, switched
+from conftest import refused_in_subprocess, requires_gpu, configured
 from test_engine_helpers import fresh_seed
 from test_split12_gpu import poisoned, same_bits, weights, within_tolerance
 
@@ -90,9 +90,9 @@ def test_pdl_chain_in_a_cuda_graph_equals_the_plain_launches(ops, cuda_gen):
         s2, gu = gemv_fusion.norm_linear(s, o, norm_w, EPS, lin["gate_up"])
         return s2, gemv_fusion.silu_mul_linear(gu, lin["down"])
 
-    with switched(gemv_fusion.set_pdl, False):
+    with configured(gemv_pdl=False):
         want = chain()
-    with switched(gemv_fusion.set_pdl, True):
+    with configured(gemv_pdl=True):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             got = chain()
@@ -146,7 +146,7 @@ def test_split12_engine_one_token_step_fused_equals_unfused(family, monkeypatch)
     monkeypatch.setattr(gemv_fusion, "_launch", lambda proj, *a: launched.append(type(proj)) or real_launch(proj, *a))
     logits = {}
     for on in (True, False):
-        with switched(gemv_fusion.set_fused_gemv, on), switched(gemv_fusion.set_fused_split12_gemv, True), \
+        with configured(fused_gemv=on), configured(gemv_fusion.set_fused_split12_gemv, True), \
                 torch.inference_mode():
             for name, model, drafter in (("split12", s12, drafters[0]), ("twin", twin, drafters[1])):
                 eng = Engine(model, drafter, max_seq_len=300)

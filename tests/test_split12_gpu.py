@@ -5,7 +5,7 @@ bit, M-invariant, within tolerance."""
 
 import pytest
 import torch
-from conftest import requires_gpu, switched
+from conftest import requires_gpu, configured
 
 from specpilot.formats.split12 import ops
 
@@ -104,7 +104,7 @@ def test_decode_bound_grid_keeps_the_twins_identical_on_the_o_projection(gen):
     w = weights(N, K, gen)
     p = ops.pack(w)
     x = torch.randn(16, K, generator=gen, device="cuda").to(torch.bfloat16)
-    with switched(ops.set_decode_bound_grid, True):
+    with configured(split12_decode_grid=True):
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         assert ops.skinny_pair_ctas(N, K, x.device) == (128 if sms >= 128 else 0)
         full = ops.split12_linear(x, p, out=poisoned(16, N), kernel="skinny")

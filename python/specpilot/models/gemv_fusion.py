@@ -9,30 +9,21 @@ so a decoder layer's T = 1 step runs 4 GEMV kernels, qk_norm_rope_cache and atte
 those plus two add_rms_norm and one silu_mul kernels; each GEMV is launched with programmatic
 dependent launch, so its first weight loads overlap the end of the previous kernel.
 
-On by default for bf16 weights (`set_fused_gemv(False)` or SPECPILOT_FUSED_GEMV=0 turn it off):
-measured on the H200 (bench/engine_ab.py, Qwen3-8B shape, side by side) the AR step took 4.49 ms
-with the layer linears and the LM head fused vs 5.25 ms with cuBLAS and the separate kernels
-(docs/PERF_NOTES.md, 2026-12-03). Off by default for split12 weights (`set_fused_split12_gemv(True)`
-turns it on): split12_gemv_m1, the streamed split12 GEMV with the prologue in its x staging, made the
-split12 AR step slower than split12_linear after the separate norm / gate kernels, 3.883 vs 3.835 ms
-(2026-12-04, two runs each in one process; 4.155 vs 4.025 before the streamed kernel's 2-stage ring).
-The streamed kernel fills the SM (registers and shared memory), so the next GEMV cannot start beside
-it; a separate small kernel between two of them is where the next one's weight copies get going
-(PERF_NOTES, thirteenth and fourteenth sessions).
+On by default (EngineConfig.fused_gemv): measured on the H200 (Qwen3-8B shape, side by side) the AR
+step took 4.49 ms with the layer linears and the LM head fused vs 5.25 ms with cuBLAS and the
+separate kernels. split12 weights keep split12_linear after the separate norm / gate kernels: a
+streamed split12 GEMV with the prologue fused in measured slower (3.883 vs 3.835 ms), because it
+fills the SM and the next GEMV cannot start beside it (docs/design_notes_deleted.md).
 
-`takes(...)` says when it applies: the switch is on and so are fused_ops' kernels
-(set_fused_kernels(False) turns both off), one token row, CUDA bf16, and every linear one of
-  - a plain nn.Linear without bias, K a multiple of 8 (torch.ops.specpilot.gemv_m1),
-  - while set_fused_split12_gemv is on, a Split12Linear or its twin Bf16Linear on kernel "simt",
-    K a multiple of 32 (split12_gemv_m1, csrc/cuda/split12_stream.cu / bf16_gemv_m1_twin,
-    csrc/cuda/split12_gemv_m1.cu: split12's reduction order),
-and the norm's hidden size <= 4096. Otherwise callers run the separate ops.
+`takes(...)` says when it applies: EngineConfig.fused_gemv and .fused_kernels are on, one token
+row, CUDA bf16, every linear a plain nn.Linear without bias with K a multiple of 8
+(torch.ops.specpilot.gemv_m1), and the norm's hidden size <= 4096. Otherwise callers run the
+separate ops.
 
 Exactness: the prologue's output is bit-identical to add_rms_norm / silu_mul's CUDA kernels (same
 arithmetic, same summation order). For nn.Linear the GEMV sums in fp32 in its own fixed order, so
 results differ from cuBLAS by summation rounding only (bf16 engines are held to token forcing
-against stock). For Split12Linear / Bf16Linear it keeps split12's order: the fused step is bit for
-bit the separate ops followed by split12_linear / bf16_linear, and split12 == its bf16 twin.
+against stock).
 """
 from __future__ import annotations
 
@@ -41,8 +32,7 @@ import functools
 import torch
 from torch import nn
 
-from specpilot import _ext, settings
-from specpilot.formats.split12.linear import Bf16Linear, Split12Linear
+from specpilot import _ext, config
 from specpilot.kernels import registry
 
 from . import fused_ops
@@ -51,32 +41,6 @@ PLAIN, ADD_NORM, SILU_MUL = 0, 1, 2    # csrc/include/specpilot/gemv_m1.h GemvPr
 MAX_K = 16384                          # kMaxK
 MAX_NORM_HIDDEN = 4096                 # kMaxNormHidden
 
-_enabled = settings.get().fused_gemv      # SPECPILOT_FUSED_GEMV, default on
-_pdl = True
-_split12 = False                          # split12 / twin linears too (measured slower: see above)
-
-
-def set_fused_gemv(on: bool) -> bool:
-    """Turns the fused GEMVs on or off for steps run or captured from now on; returns the previous."""
-    global _enabled
-    previous, _enabled = _enabled, bool(on)
-    return previous
-
-
-def set_fused_split12_gemv(on: bool) -> bool:
-    """Lets the fused GEMVs take Split12Linear / Bf16Linear too (default off); returns the previous."""
-    global _split12
-    previous, _split12 = _split12, bool(on)
-    return previous
-
-
-def set_pdl(on: bool) -> bool:
-    """Launch the GEMVs with programmatic dependent launch (default on); returns the previous."""
-    global _pdl
-    previous, _pdl = _pdl, bool(on)
-    return previous
-
-
 @functools.lru_cache(maxsize=None)
 def available() -> bool:
     """Whether this build has the CUDA op (CPU builds do not)."""
@@ -84,7 +48,7 @@ def available() -> bool:
 
 
 def enabled() -> bool:
-    return _enabled
+    return config.current().fused_gemv
 
 
 def weight_ok(w: torch.Tensor) -> bool:
@@ -93,30 +57,14 @@ def weight_ok(w: torch.Tensor) -> bool:
             and w.shape[1] % 8 == 0 and w.shape[1] <= MAX_K and w.data_ptr() % 16 == 0)
 
 
-SPLIT12_CHUNK = 32                     # split12's kernels take K % 32 == 0 (no tail chunk)
-
-
 def _gemv_linear(m) -> bool:
-    if type(m) is nn.Linear:
-        return m.bias is None and weight_ok(m.weight)
-    if type(m) in (Split12Linear, Bf16Linear) and _split12:
-        planes = (m.lo, m.codes) if type(m) is Split12Linear else (m.weight,)  # read with 16-byte loads
-        return (m.kernel == "simt" and m.in_features % SPLIT12_CHUNK == 0 and m.in_features <= MAX_K
-                and all(t.is_cuda and t.data_ptr() % 16 == 0 for t in planes))
-    return False
+    return type(m) is nn.Linear and m.bias is None and weight_ok(m.weight)
 
 
 def _launch(proj, x, delta, norm_weight, eps: float, prologue: int, y, total) -> None:
-    """One GEMV launch: `proj` is a bf16 weight tensor, an nn.Linear, a Split12Linear or a Bf16Linear."""
-    ops = _ext.ops()
-    if type(proj) is Split12Linear:
-        p = proj.packed()
-        ops.split12_gemv_m1(*p.planes().values(), p.K, x, delta, norm_weight, eps, prologue, _pdl, y, total)
-    elif type(proj) is Bf16Linear:
-        ops.bf16_gemv_m1_twin(proj.weight, x, delta, norm_weight, eps, prologue, _pdl, y, total)
-    else:
-        weight = proj.weight if isinstance(proj, nn.Module) else proj
-        ops.gemv_m1(weight, x, delta, norm_weight, eps, prologue, _pdl, y, total)
+    """One GEMV launch: `proj` is a bf16 weight tensor or an nn.Linear."""
+    weight = proj.weight if isinstance(proj, nn.Module) else proj
+    _ext.ops().gemv_m1(weight, x, delta, norm_weight, eps, prologue, config.current().gemv_pdl, y, total)
 
 
 def _out_features(proj) -> int:
@@ -125,7 +73,7 @@ def _out_features(proj) -> int:
 
 def takes(x: torch.Tensor, *linears, norm_hidden: int | None = None) -> bool:
     """Whether the fused GEMVs run for input x [..., H] (one token row) through these linears."""
-    if not (_enabled and fused_ops.fused_kernels_enabled()) or torch.compiler.is_compiling():
+    if not (enabled() and fused_ops.fused_kernels_enabled()) or torch.compiler.is_compiling():
         return False                     # its prologues are the fused kernels' arithmetic: off with them
     if not (x.is_cuda and x.dtype == torch.bfloat16 and x.numel() == x.shape[-1]):
         return False

@@ -1,12 +1,12 @@
 """The linears of steps with a few token rows (verify blocks, drafts: 2..16 rows) through our skinny
 tensor-core GEMM (torch.ops.specpilot.skinny_gemm, csrc/cuda/skinny_gemm.cu: TMA + wgmma) instead of
 cuBLAS: `linear(proj, x)` is proj(x): through the kernel when `takes` says yes, else proj's own
-forward. On by default (`set_skinny_gemm(False)` or SPECPILOT_SKINNY_GEMM=0 turn it off): on the
+forward. On by default (EngineConfig.skinny_gemm): on the
 H200 the Qwen3-8B verify step takes 4.74 ms with it against 5.10 ms with cuBLAS, the draft step
 1.14 vs 1.17 (docs/PERF_NOTES.md, seventh session). Launched with PDL: after our PDL elementwise
 kernels it streams its first weights while they run. Used for the target's QKV, O, gate_up, down
 and LM head, and the drafter's q, kv, o and logits. `matmul(x, w)` is the same for a bare weight.
-`takes` says no when the switch is off or so are fused_ops' kernels, the rows are not 2..MAX_ROWS of
+`takes` says no when EngineConfig.skinny_gemm or .fused_kernels is off, the rows are not 2..MAX_ROWS of
 CUDA bf16, or the linear is not a plain bias-free nn.Linear whose bf16 weight the kernel reads
 (K % 8 == 0, 16-byte aligned). One token row stays with gemv_fusion / cuBLAS.
 
@@ -24,25 +24,15 @@ import functools
 import torch
 from torch import nn
 
-from specpilot import _ext, settings
+from specpilot import _ext, config
 from specpilot.kernels import registry, skinny_workspace
 
 from . import fused_ops
 
 MAX_ROWS = skinny_workspace.MAX_ROWS
 
-_enabled = settings.get().skinny_gemm  # SPECPILOT_SKINNY_GEMM
-
-
-def set_skinny_gemm(on: bool) -> bool:
-    """Turns the skinny GEMM on or off for steps run or captured from now on; returns the previous."""
-    global _enabled
-    previous, _enabled = _enabled, bool(on)
-    return previous
-
-
 def enabled() -> bool:
-    return _enabled
+    return config.current().skinny_gemm
 
 
 @functools.lru_cache(maxsize=None)
@@ -59,7 +49,7 @@ def weight_ok(w: torch.Tensor) -> bool:
 
 def takes_weight(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether x [..., K] (2..MAX_ROWS rows) times the weight w [N, K] runs through the skinny GEMM."""
-    if not (_enabled and fused_ops.fused_kernels_enabled()) or torch.compiler.is_compiling():
+    if not (enabled() and fused_ops.fused_kernels_enabled()) or torch.compiler.is_compiling():
         return False
     if not (x.is_cuda and x.dtype == torch.bfloat16 and 2 <= x.numel() // max(x.shape[-1], 1) <= MAX_ROWS):
         return False
