@@ -24,6 +24,8 @@ REPS = 20
 
 
 def main(argv=None) -> int:
+    from specpilot import config
+    from specpilot.config import EngineConfig
     from specpilot.models import gemv_fusion
 
     p = argparse.ArgumentParser(prog="python -m specpilot.bench.gemv_kernels", description=__doc__.split("\n")[0])
@@ -44,12 +46,9 @@ def main(argv=None) -> int:
         ok &= close
         us = {"torch": 1e6 * time_graph([lambda w=w: F.linear(x, w) for w in ws], REPS)}
         for pdl in (False, True):
-            previous = gemv_fusion.set_pdl(pdl)
-            try:
+            with config.use(EngineConfig(gemv_pdl=pdl)):          # read at capture
                 calls = [lambda w=w: gemv_fusion.linear(x, w) for w in ws]
                 us["gemv+pdl" if pdl else "gemv"] = 1e6 * time_graph(calls, REPS)
-            finally:
-                gemv_fusion.set_pdl(previous)
         row = {"shape": name, "n": n, "k": k, "copies": copies, "close_to_torch": close, "us": us,
                "gbps": {key: 2 * n * k / (t * 1e-6) / 1e9 for key, t in us.items()}}
         rows.append(row)

@@ -17,12 +17,15 @@ Writes DIR/gpu_engine.json; prints a short table last.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import time
 from pathlib import Path
 
 import torch
+
+from specpilot.config import EngineConfig
 
 HBM_BYTES_PER_S = 4.3e12      # H200 HBM3e, nominal
 CONTEXT = 512                 # tokens already in the cache when the steps are timed
@@ -97,12 +100,12 @@ def time_steps(engine, block: int, iters: int = 50, context: int = CONTEXT) -> d
     return out
 
 
-def fresh_engine_steps(target, drafter, iters: int, context: int = CONTEXT) -> dict:
+def fresh_engine_steps(target, drafter, iters: int, context: int = CONTEXT, config: EngineConfig = None) -> dict:
     """time_steps (block 16) on a new Engine over (target, drafter) with room for `context` plus a
-    block, freed afterwards: its graphs capture the kernel settings in force now."""
+    block, freed afterwards: its graphs capture `config`'s kernels (default BEST)."""
     from specpilot.engine import Engine
 
-    engine = Engine(target, drafter, max_seq_len=max(1024, 1 << (context + 64).bit_length()))
+    engine = Engine(target, drafter, max_seq_len=max(1024, 1 << (context + 64).bit_length()), config=config or BEST)
     try:
         return time_steps(engine, 16, iters, context=context)
     finally:
@@ -111,7 +114,7 @@ def fresh_engine_steps(target, drafter, iters: int, context: int = CONTEXT) -> d
         torch.cuda.empty_cache()
 
 
-def forcing_zoo(prompts: int, max_new_tokens: int, compile_layers: bool) -> dict:
+def forcing_zoo(prompts: int, max_new_tokens: int, config: EngineConfig) -> dict:
     from specpilot import settings
     from specpilot.engine.cli_support import engine_for, load_pair
     from specpilot.models import stop_ids_for
@@ -133,10 +136,7 @@ def forcing_zoo(prompts: int, max_new_tokens: int, compile_layers: bool) -> dict
     rows = rows[:prompts]
     target, drafter, tok = load_pair(tdir, ddir, "cuda", "bf16")
     prompt_ids = [(r.id, encode_prompt(tok, r)) for r in rows]
-    engine = engine_for(target, drafter, prompt_ids, max_new_tokens)
-    if compile_layers:
-        from specpilot.engine.engine import compile_decoder_layers
-        compile_decoder_layers(target, drafter)
+    engine = engine_for(target, drafter, prompt_ids, max_new_tokens, config)
     stop = stop_ids_for(target, tok)
     stock = load_stock(tdir, ddir, "cuda", torch.bfloat16)
     engine.warmup()                                                  # capture graphs before timing anything
@@ -145,10 +145,10 @@ def forcing_zoo(prompts: int, max_new_tokens: int, compile_layers: bool) -> dict
                          ids=[p for p, _ in prompt_ids])
     ar = [engine.generate_ar(i, max_new_tokens, stop) for _, i in prompt_ids]
     fused_spec = [engine.generate_spec(i, max_new_tokens, stop) for _, i in prompt_ids]
-    engine.fused_steps = False                                       # the previous (stepwise) path
-    step_spec = [engine.generate_spec(i, max_new_tokens, stop) for _, i in prompt_ids]
+    fused_config, engine.config = engine.config, dataclasses.replace(engine.config, fused_steps=False)
+    step_spec = [engine.generate_spec(i, max_new_tokens, stop) for _, i in prompt_ids]   # the stepwise path
     step_ar = [engine.generate_ar(i, max_new_tokens, stop) for _, i in prompt_ids]
-    engine.fused_steps = True
+    engine.config = fused_config
     spec_tps = [r["our_decode_tokens_per_s"] for r in report.per_prompt if r["tokens"] > 1]
     ar_tps = [r.tokens_per_s for r in ar if len(r.tokens) > 1]
     stock_tps = [r["tokens"] / r["stock_s"] for r in report.per_prompt if r["tokens"] > 1]
@@ -183,27 +183,17 @@ def scale_pair(preset: str = "qwen3-8b"):
     return target, random_drafter(drafter_config_for(cfg, num_layers=5, block_size=16), target, seed=1)
 
 
-def use_best_kernels() -> None:
-    """The engine's fastest measured kernels (engine_ab's config 8; with split12 weights its split12 +
-    skinny row, config 11): fused elementwise kernels, our attention kernel for every decode / verify
-    call, the fused one-token GEMVs for bf16 weights (split12 ones after their own norm / gate kernels:
-    the fused split12 GEMV measured slower), the skinny GEMM for the verify and draft linears."""
-    from specpilot.models import fused_ops, gemv_fusion, skinny_linear
-    from specpilot.models.attention_backend import set_attention_backend
-
-    fused_ops.set_fused_kernels(True)
-    set_attention_backend("specpilot")
-    gemv_fusion.set_fused_gemv(True)
-    gemv_fusion.set_fused_split12_gemv(False)
-    skinny_linear.set_skinny_gemm(True)
+# The engine's fastest measured kernels: the defaults, with our attention kernel required for every
+# decode / verify call (an error, not a quiet SDPA fallback, where it is not built).
+BEST = EngineConfig(attention="specpilot")
 
 
-def scale_engine(compile_layers: bool, preset: str = "qwen3-8b"):
+def scale_engine(config: EngineConfig, preset: str = "qwen3-8b"):
     """An Engine over scale_pair(preset)."""
     from specpilot.engine import Engine
 
     target, drafter = scale_pair(preset)
-    return Engine(target, drafter, max_seq_len=1024, compile_layers=compile_layers)
+    return Engine(target, drafter, max_seq_len=1024, config=config)
 
 
 def settings_zoo():
@@ -231,10 +221,9 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-split12", action="store_true")
     parser.add_argument("--also-llama", action="store_true", help="time the LLaMA-3.1-8B shape too (bf16)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the decoder layers (opt-in)")
-    parser.add_argument("--attention", default="auto", help="attention backend (models/attention_backend.py)")
+    parser.add_argument("--attention", default="auto", help="EngineConfig.attention: auto, specpilot or sdpa")
     args = parser.parse_args(argv)
-    from specpilot.models.attention_backend import set_attention_backend
-    set_attention_backend(args.attention)
+    config = EngineConfig(compile_layers=args.compile, attention=args.attention)
     prompts = args.prompts or (16 if args.full else 8)
     max_new = args.max_new_tokens or (256 if args.full else 128)
     iters = 100 if args.full else 30
@@ -248,21 +237,18 @@ def main(argv=None) -> int:
 
     result["compile_layers"] = args.compile
     result["attention"] = args.attention
-    zoo = forcing_zoo(prompts, max_new, args.compile)
+    zoo = forcing_zoo(prompts, max_new, config)
     engine = zoo.pop("engine", None)
     result["forcing"] = zoo
     pair = (engine.target, engine.drafter) if engine is not None else None
     if pair is None and settings_zoo() is not None:               # no stock: still time the zoo pair
         from specpilot.engine.cli_support import load_pair
-        from specpilot.engine.engine import compile_decoder_layers
 
         pair = load_pair(*settings_zoo(), "cuda", "bf16")[:2]
-        if args.compile:
-            compile_decoder_layers(*pair)
     if pair is not None:
         from specpilot.engine import Engine
 
-        engine = Engine(*pair, max_seq_len=1024)                   # room for CONTEXT + a block
+        engine = Engine(*pair, max_seq_len=1024, config=config)    # room for CONTEXT + a block
         result["rows"].append(row("zoo code-tiny (bf16)", engine, time_steps(engine, 16, iters)))
         del engine, pair
         gc.collect()
@@ -272,7 +258,7 @@ def main(argv=None) -> int:
             result["split12_twin"] = twin_check(settings_zoo())
     if not args.skip_8b:
         t0 = time.perf_counter()
-        engine = scale_engine(args.compile)
+        engine = scale_engine(config)
         result["build_8b_s"] = time.perf_counter() - t0
         result["rows"].append(row("random Qwen3-8B shape (bf16)", engine, time_steps(engine, 16, iters)))
         if not args.skip_split12:
@@ -284,13 +270,13 @@ def main(argv=None) -> int:
             result["split12_8b_bits"] = shared_plane_split12(target)
             result["pack_8b_s"] = time.perf_counter() - t0
             from specpilot.engine import Engine
-            engine = Engine(target, drafter, max_seq_len=1024, compile_layers=args.compile)
+            engine = Engine(target, drafter, max_seq_len=1024, config=config)
             result["rows"].append(row("Qwen3-8B shape (split12)", engine, time_steps(engine, 16, iters)))
         del engine
     if args.also_llama:
         gc.collect()
         torch.cuda.empty_cache()
-        engine = scale_engine(args.compile, "llama-3.1-8b")
+        engine = scale_engine(config, "llama-3.1-8b")
         result["rows"].append(row("random LLaMA-3.1-8B shape (bf16)", engine, time_steps(engine, 16, iters)))
         del engine
     result["total_s"] = time.perf_counter() - t_start

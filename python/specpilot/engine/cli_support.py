@@ -43,9 +43,11 @@ def load_pair(target_dir, drafter_dir, device, dtype, weights=None):
     return target, drafter, load_tokenizer(target_dir)
 
 
-def engine_for(target, drafter, prompts, max_new_tokens):
-    """An Engine whose caches fit the longest prompt + max_new_tokens (rounded up to 256)."""
+def engine_for(target, drafter, prompts, max_new_tokens, config=None):
+    """An Engine whose caches fit the longest prompt + max_new_tokens (rounded up to 256), with
+    `config` (an EngineConfig; None: the defaults)."""
+    from specpilot.config import EngineConfig
     from specpilot.engine import Engine
 
     need = max(len(ids) for _, ids in prompts) + max_new_tokens + 1
-    return Engine(target, drafter, max_seq_len=max(256, -(-need // 256) * 256))
+    return Engine(target, drafter, max_seq_len=max(256, -(-need // 256) * 256), config=config or EngineConfig())

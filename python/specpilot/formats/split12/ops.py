@@ -33,14 +33,6 @@ from .reference import Split12Tensor
 CUDA_MAX_M = 32  # rows per CUDA launch; larger M is split into chunks (rows are independent)
 KERNELS = ("simt", "tc", "skinny", "dense")  # CUDA-core lane-tree order (CPU-identical) / mma.sync / TMA + wgmma /
 #                                             decode + torch's GEMM
-# CUDA kernel variants (csrc/include/specpilot/split12_format.h): which launch geometry / load
-# pipeline the CUDA ops use at M = 1 and for kernel="tc". Every variant gives the same output bits.
-KERNEL_VARIANTS = {0: "shipped", 1: "load-ahead", 2: "M=1 R=1 U=2", 3: "M=1 R=2 U=2", 4: "load-ahead + PDL launch",
-                   5: "M=1 register-fed (the default before the streamed kernel)",
-                   6: "M=1 streamed with a 4-stage ring (the default before 2026-12-04)"}
-# Variant 0 ships: the fastest on the H200 (docs/PERF_NOTES.md: 2026-12-02 against 1-4; 2026-12-03 its
-# M = 1 layer shapes moved to the streamed kernel, 5 keeps the register-fed one for comparison).
-SHIPPED_VARIANT = 0
 
 
 # The grid of the kernel="skinny" pair. The split12 skinny GEMM is limited by its decoder warps, about
@@ -103,14 +95,6 @@ def _check_kernel(name: str, kernel: str, x: torch.Tensor) -> None:
 def _op(name: str, kernel: str, x: torch.Tensor):
     """The simt or tc op (the skinny kernels launch through kernels/skinny_workspace.run)."""
     return getattr(_ext.ops(), name + "_tc" if kernel == "tc" else name)
-
-
-def kernel_variant(variant: int | None = None) -> int:
-    """Read (None) or set the process-wide CUDA kernel variant; returns the previous one.
-    A benchmark knob for old-vs-new timing: outputs are bit-identical under every variant."""
-    if variant is not None and variant not in KERNEL_VARIANTS:
-        raise ValueError(f"kernel_variant: variant must be one of {sorted(KERNEL_VARIANTS)}, got {variant!r}")
-    return int(_ext.ops().split12_kernel_variant(-1 if variant is None else variant))
 
 
 def pack(w: torch.Tensor) -> Split12Tensor:
