@@ -1,41 +1,24 @@
 """A/B of one engine knob in one process (H200): step times with the knob off and on, alternated
 (off, on, off, on, ...) on one random-weight target, so that drift on a shared machine hits both
-sides alike. Everything else is engine_ab's config 8 (fused elementwise kernels, our attention,
-fused one-token GEMVs, skinny GEMM for verify and draft), bf16, or split12 weights with --split12
-(engine_ab's config 11: the T = 1 linears on split12_linear after their own norm / gate kernels;
-the fused_split12_gemv knob turns on config 13's split12_gemv_m1).
+sides alike. A knob is a True / False field of EngineConfig (specpilot/config.py); everything else
+is gpu_engine.BEST (the defaults, our attention kernel required), bf16, or split12 weights with
+--split12.
 
-    python -m specpilot.bench.knob_ab --knob fused_rope [--preset qwen3-8b] [--context 512] [--reps 2]
+    python -m specpilot.bench.knob_ab --knob attention_fused_rope [--preset qwen3-8b] [--context 512] [--reps 2]
 
-Knobs (KNOBS): fused_rope (a one-token step's rope / cache write inside the attention kernel),
-attention_pdl (programmatic dependent launch through the attention path), cluster_merge (the
-attention's key splits merged inside a thread-block cluster, at most 16 splits, instead of by the
-combine kernel, in every call; cluster_merge_multi_token: only in the verify / draft blocks), gemv_pdl (the same for
-the one-token GEMVs), fused_split12_gemv (with --split12: the norm / SwiGLU gate inside the one-token
-split12 GEMVs instead of their own kernels), split12_decode_grid (with --split12: the split12 skinny GEMM
-and its bf16 twin on every SM where the planner's grid idles half of them, formats/split12/ops.py).
 Prints a markdown table last; --out writes every number as JSON.
 """
 import argparse
-import importlib
+import dataclasses
 import json
 
+from specpilot.config import EngineConfig
 
-# name -> (module, setter, off value, on value): each setter takes a value and returns the previous
-# one. Imported only when used (the setters of CUDA-only ops need a CUDA build to run).
-KNOBS = {"fused_rope": ("specpilot.kernels.decode_attention", "set_fused_rope", False, True),
-         "attention_pdl": ("specpilot.kernels.decode_attention", "set_pdl", False, True),
-         "cluster_merge": ("specpilot.kernels.decode_attention", "set_cluster_merge", "none", "all"),
-         "cluster_merge_multi_token": ("specpilot.kernels.decode_attention", "set_cluster_merge", "none",
-                                       "multi_token"),
-         "gemv_pdl": ("specpilot.models.gemv_fusion", "set_pdl", False, True),
-         "fused_split12_gemv": ("specpilot.models.gemv_fusion", "set_fused_split12_gemv", False, True),
-         "split12_decode_grid": ("specpilot.formats.split12.ops", "set_decode_bound_grid", False, True)}
-
-
-def knob_setter(name: str):
-    module, setter = KNOBS[name][:2]
-    return getattr(importlib.import_module(module), setter)
+# The EngineConfig fields the timed steps read (the loop fields, fused_steps / early_launch /
+# cuda_graphs, change no single step's time; compile_layers is its own experiment).
+KNOBS = ("attention_fused_rope", "attention_pdl", "fused_gemv", "fused_kernels", "gemv_pdl", "skinny_gemm",
+         "split12_decode_grid", "step_kernels")
+assert all(isinstance(getattr(EngineConfig(), name), bool) for name in KNOBS)
 
 
 def main(argv=None) -> int:
@@ -51,30 +34,23 @@ def main(argv=None) -> int:
 
     import torch
 
-    from .gpu_engine import HBM_BYTES_PER_S, fresh_engine_steps, scale_pair, use_best_kernels, weight_bytes
+    from .gpu_engine import BEST, HBM_BYTES_PER_S, fresh_engine_steps, scale_pair, weight_bytes
 
     if not torch.cuda.is_available():
         raise SystemExit("knob_ab: needs a CUDA GPU")
-    setter = knob_setter(args.knob)
     target, drafter = scale_pair(args.preset)
     if args.split12:
         from .gpu_engine_split12 import shared_plane_split12
 
         print("split12 bits/weight", shared_plane_split12(target), flush=True)
     floor = weight_bytes(target) / HBM_BYTES_PER_S * 1e3
-    use_best_kernels()
     rows = []
-    off, on = KNOBS[args.knob][2:]
-    previous = setter(off)
-    try:
-        for _ in range(args.reps):
-            for value in (off, on):
-                setter(value)
-                steps = fresh_engine_steps(target, drafter, args.iters, context=args.context)
-                rows.append({"knob": args.knob, "on": value == on, **steps})
-                print(args.knob, value, json.dumps({k: round(v, 4) for k, v in steps.items()}), flush=True)
-    finally:
-        setter(previous)
+    for _ in range(args.reps):
+        for value in (False, True):
+            config = dataclasses.replace(BEST, **{args.knob: value})
+            steps = fresh_engine_steps(target, drafter, args.iters, context=args.context, config=config)
+            rows.append({"knob": args.knob, "on": value, **steps})
+            print(args.knob, value, json.dumps({k: round(v, 4) for k, v in steps.items()}), flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"preset": args.preset, "context": args.context, "split12": args.split12,

@@ -1,11 +1,11 @@
 """A/B of a setting of the greedy decode loops in one process, measured where it counts: in whole
 generations, host time between steps included.
 
-Knobs: early_launch (engine/fused_steps.set_early_launch; off: the host reads a step's result, does
+Knobs (EngineConfig fields): early_launch (off: the host reads a step's result, does
 stock's bookkeeping, uploads the next control and then launches; on: the spec step writes the next
 step's control itself, so the host launches as soon as it has read a result with no stop in it, and
-the AR loop keeps one token's step in flight), step_kernels (engine/step_kernels.set_step_kernels:
-the spec step's argmaxes and bookkeeping in two CUDA kernels, or in torch's small kernels).
+the AR loop keeps one token's step in flight), step_kernels (the spec step's argmaxes and
+bookkeeping in two CUDA kernels, or in torch's small kernels).
 
     python -m specpilot.bench.loop_ab [--knob early_launch] [--preset qwen3-8b] [--split12] [--tokens 512]
 
@@ -17,12 +17,11 @@ Prints decode ms per AR token and per spec step (decode time: after the prefill'
 loop's tokens/s, and the graphed steps alone (CUDA events, no host in between) for reference.
 """
 import argparse
+import dataclasses
 import gc
-import importlib
 import json
 
-KNOBS = {"early_launch": ("specpilot.engine.fused_steps", "set_early_launch"),
-         "step_kernels": ("specpilot.engine.step_kernels", "set_step_kernels")}
+KNOBS = ("early_launch", "step_kernels")   # EngineConfig fields
 
 
 def main(argv=None) -> int:
@@ -42,7 +41,7 @@ def main(argv=None) -> int:
     from specpilot.engine import Engine
     from specpilot.engine.replay import AcceptanceReplay
 
-    from .gpu_engine import scale_pair, time_steps, use_best_kernels
+    from .gpu_engine import BEST, scale_pair, time_steps
 
     if not torch.cuda.is_available():
         raise SystemExit("loop_ab: needs a CUDA GPU")
@@ -52,14 +51,13 @@ def main(argv=None) -> int:
 
         shared_plane_split12(target)
         split12_drafter(drafter)
-    use_best_kernels()
     seq_len = 1 << (args.prompt_tokens + args.tokens + 16).bit_length()
 
-    def fresh_engine():
-        """An Engine whose graphs capture the settings in force now (a knob may change their kernels)."""
+    def fresh_engine(config=BEST):
+        """An Engine whose graphs capture `config` (a knob may change their kernels)."""
         gc.collect()
         torch.cuda.empty_cache()
-        engine = Engine(target, drafter, max_seq_len=seq_len)
+        engine = Engine(target, drafter, max_seq_len=seq_len, config=config)
         engine.warmup(drafter.block_size)
         return engine
 
@@ -69,31 +67,24 @@ def main(argv=None) -> int:
     steps = time_steps(engine, drafter.block_size, context=args.prompt_tokens + args.tokens // 2)
     print("graphed steps:", json.dumps({k: round(v, 4) for k, v in steps.items()}), flush=True)
 
-    module, name = KNOBS[args.knob]
-    setter = getattr(importlib.import_module(module), name)
     rows, first = [], None
-    previous = setter(True)
-    try:
-        for _ in range(args.reps):
-            for on in (False, True):
-                setter(on)
-                del engine
-                engine = fresh_engine()
-                ar = engine.generate_ar(prompt, args.tokens)
-                spec = engine.generate_spec(prompt, args.tokens, replay=AcceptanceReplay(transcript, args.tau))
-                # Both modes must give the same tokens (the same kernels). Spec may still fork from
-                # the AR transcript at bf16 near-ties (replay's shortfalls): reported, not an error.
-                first = first or (ar.tokens, spec.tokens)
-                if (ar.tokens, spec.tokens) != first:
-                    raise SystemExit(f"loop_ab: {args.knob}={on} changed the tokens: not a timing difference")
-                row = {"on": on, "ar_ms_per_token": ar.decode_s / (len(ar.tokens) - 1) * 1e3,
-                       "spec_ms_per_step": spec.decode_s / spec.steps * 1e3,
-                       "spec_tokens_per_s": len(spec.tokens) / spec.decode_s, "spec_steps": spec.steps,
-                       "tau": (len(spec.tokens) - 1) / spec.steps, "shortfalls": spec.replay_shortfalls}
-                rows.append(row)
-                print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
-    finally:
-        setter(previous)
+    for _ in range(args.reps):
+        for on in (False, True):
+            del engine
+            engine = fresh_engine(dataclasses.replace(BEST, **{args.knob: on}))
+            ar = engine.generate_ar(prompt, args.tokens)
+            spec = engine.generate_spec(prompt, args.tokens, replay=AcceptanceReplay(transcript, args.tau))
+            # Both modes must give the same tokens (the same kernels). Spec may still fork from
+            # the AR transcript at bf16 near-ties (replay's shortfalls): reported, not an error.
+            first = first or (ar.tokens, spec.tokens)
+            if (ar.tokens, spec.tokens) != first:
+                raise SystemExit(f"loop_ab: {args.knob}={on} changed the tokens: not a timing difference")
+            row = {"on": on, "ar_ms_per_token": ar.decode_s / (len(ar.tokens) - 1) * 1e3,
+                   "spec_ms_per_step": spec.decode_s / spec.steps * 1e3,
+                   "spec_tokens_per_s": len(spec.tokens) / spec.decode_s, "spec_steps": spec.steps,
+                   "tau": (len(spec.tokens) - 1) / spec.steps, "shortfalls": spec.replay_shortfalls}
+            rows.append(row)
+            print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"args": vars(args), "graphed_steps": steps, "rows": rows}, f, indent=1)
