@@ -47,7 +47,7 @@ def bench_case(shape: str, t: int, span: int, context: int, splits_list, g) -> d
     from specpilot import config
     from specpilot.config import EngineConfig
     from specpilot.kernels import decode_attention as kernel
-    from specpilot.models.layers import attend, attention_mask
+    from specpilot.ops.attention import attend, attention_mask
 
     hq, hkv, d = SHAPES[shape]
     scale = d ** -0.5

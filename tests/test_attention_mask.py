@@ -8,8 +8,8 @@ from conftest import configured
 from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU thread)
 from test_engine_helpers import fresh_seed
 from specpilot.kernels import decode_attention as kernel
-from specpilot.models.attention_backend import AttentionMask, masked_attention, use_decode_kernel
-from specpilot.models.layers import attend, attention_mask
+from specpilot.ops.attention import AttentionMask, masked_attention, use_decode_kernel
+from specpilot.ops.attention import attend, attention_mask
 
 
 def kernel_visibility(last, span, groups):

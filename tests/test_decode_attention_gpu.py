@@ -161,7 +161,7 @@ def test_keys_written_just_before_are_seen(gen, t):
     output equals the attention run again on its own afterwards, bit for bit: no fresh key was
     read before the rope kernel wrote it."""
     from specpilot.kernels.decode_attention import decode_attention
-    from specpilot.models.fused_ops import qk_norm_rope_cache
+    from specpilot.ops.norm_rope import qk_norm_rope_cache
 
     hq, hkv, d, slots = 32, 8, 128, 1024
     bf = lambda *shape: torch.randn(*shape, generator=gen, device="cuda").to(torch.bfloat16)
@@ -198,7 +198,7 @@ def test_rope_prologue_equals_rope_kernel_then_attention(gen, hq, hkv, d, norm):
     the new key at the end of the span, at slot 0, at the last slot, and past the span (written,
     not seen); with per-head norms (Qwen3) and without (LLaMA)."""
     from specpilot.kernels.decode_attention import decode_attention, decode_attention_rope
-    from specpilot.models.fused_ops import qk_norm_rope_cache
+    from specpilot.ops.norm_rope import qk_norm_rope_cache
 
     slots = 1024
     bf = lambda *shape: torch.randn(*shape, generator=gen, device="cuda").to(torch.bfloat16)

@@ -96,11 +96,11 @@ def test_split12_prefill_and_verify_equal_the_plain_bf16_engine():
     from specpilot.engine import Engine
     from specpilot.formats.split12.linear import Split12Linear
     from specpilot.formats.split12.ops import skinny_pair_ctas
-    from specpilot.models import load_drafter, load_target, skinny_linear
+    from specpilot.models import load_drafter, load_target
     from specpilot.models.random_ckpt import write_pair
     import tempfile
 
-    assert skinny_linear.enabled()
+    assert ops_linear.skinny_enabled()
     with tempfile.TemporaryDirectory() as tmp:
         t, d = write_pair(tmp, "tiny-qwen3", layer_ids=[0, 2], block_size=8, seed=fresh_seed())
         models = [load_target(t, device="cuda", dtype=torch.bfloat16, weights=w) for w in ("split12", "bf16")]

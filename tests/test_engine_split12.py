@@ -59,9 +59,9 @@ def test_kernel_for_rows(monkeypatch, skinny_on, built, in_features, rows, want)
     otherwise the mma.sync kernel; more rows: decode + torch's GEMM."""
     from specpilot.engine.linear_kernels import kernel_for, linear_kernel_for_rows
     from specpilot.formats.split12.linear import Bf16Linear
-    from specpilot.models import skinny_linear
+    from specpilot.ops import linear as ops_linear
 
-    monkeypatch.setattr(skinny_linear, "available", lambda: built)
+    monkeypatch.setattr(ops_linear, "skinny_available", lambda: built)
     with configured(skinny_gemm=skinny_on):
         m = Bf16Linear(torch.zeros(8, in_features, dtype=torch.bfloat16))
         assert kernel_for(m, rows) == want

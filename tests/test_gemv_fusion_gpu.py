@@ -21,9 +21,9 @@ EPS = 1e-6
 
 @pytest.fixture(scope="module")
 def ops():
-    from specpilot.models import gemv_fusion
+    from specpilot.ops import linear as ops_linear
 
-    assert gemv_fusion.available(), "the extension was built without gemv_m1"
+    assert ops_linear.gemv_available(), "the extension was built without gemv_m1"
     return torch.ops.specpilot
 
 
@@ -105,7 +105,7 @@ def test_bad_inputs_are_refused_with_the_reason(ops):
 def test_pdl_chain_in_a_cuda_graph_equals_the_plain_launches(ops, cuda_gen):
     """norm_linear -> linear -> norm_linear -> silu_mul_linear, captured with PDL, replayed twice,
     equals the same chain launched without PDL, bit for bit (no kernel reads a predecessor early)."""
-    from specpilot.models import gemv_fusion
+    from specpilot.ops import linear as ops_linear
 
     h, inter = 4096, 12288
     wq, wo = randn(6144, h, g=cuda_gen, scale=h ** -0.5), randn(h, 4096, g=cuda_gen, scale=64 ** -1)
@@ -114,10 +114,10 @@ def test_pdl_chain_in_a_cuda_graph_equals_the_plain_launches(ops, cuda_gen):
     x, delta = randn(1, 1, h, g=cuda_gen), randn(1, 1, h, g=cuda_gen)
 
     def chain():
-        s, q = gemv_fusion.norm_linear(x, delta, n1, EPS, wq)
-        o = gemv_fusion.linear(q[..., :4096], wo)
-        s2, gu = gemv_fusion.norm_linear(s, o, n1, EPS, wgu)
-        return s2, gemv_fusion.silu_mul_linear(gu, wd)
+        s, q = ops_linear.norm_gemv(x, delta, n1, EPS, wq)
+        o = ops_linear.gemv(q[..., :4096], wo)
+        s2, gu = ops_linear.norm_gemv(s, o, n1, EPS, wgu)
+        return s2, ops_linear.silu_mul_gemv(gu, wd)
 
     with configured(gemv_pdl=False):
         want = chain()
@@ -137,7 +137,7 @@ def test_pdl_chain_in_a_cuda_graph_equals_the_plain_launches(ops, cuda_gen):
 
 
 def fused_gemv(on: bool):
-    from specpilot.models import gemv_fusion
+    from specpilot.ops import linear as ops_linear
 
     return configured(fused_gemv=on)
 
@@ -148,15 +148,15 @@ def test_engine_ar_with_fused_gemv_on_vs_off(ops, family, monkeypatch):
     cuBLAS path's, and 48 greedy AR tokens are equal except at a first fork that bf16 rounding explains."""
     from specpilot import config
     from specpilot.engine import Engine
-    from specpilot.models import gemv_fusion
+    from specpilot.ops import linear as ops_linear
 
     seed = fresh_seed()
     print(f"seed {seed}")
     target, drafter = kernel_sized_pair(family, seed)
     prompt = torch.randint(0, target.config.vocab_size, (1, 29), generator=torch.Generator().manual_seed(seed))
     calls = []
-    real_linear = gemv_fusion.linear
-    monkeypatch.setattr(gemv_fusion, "linear", lambda *a: calls.append(1) or real_linear(*a))
+    real_gemv = ops_linear.gemv
+    monkeypatch.setattr(ops_linear, "gemv", lambda *a: calls.append(1) or real_gemv(*a))
     out = {}
     for on in (True, False):
         with fused_gemv(on), torch.inference_mode():
@@ -166,9 +166,9 @@ def test_engine_ar_with_fused_gemv_on_vs_off(ops, family, monkeypatch):
             logits, _ = eng.runner.target_step(prompt[:, -1:].cuda(), prompt.shape[1] - 1, with_features=False)
             out[on] = (tokens, logits.float().clone())
         if on:
-            assert calls, "the fused GEMV path did not run with gemv_fusion on"
+            assert calls, "the fused GEMV path did not run with fused_gemv on"
             calls.clear()
-    assert not calls, "the fused GEMV path ran with gemv_fusion off"
+    assert not calls, "the fused GEMV path ran with fused_gemv off"
     got, want = out[True][1], out[False][1]
     assert not got.isnan().any()
     assert (got - want).abs().max().item() <= 0.04 * want.abs().max().item()

@@ -22,9 +22,9 @@ pytestmark = requires_gpu
 
 @pytest.fixture(scope="module")
 def ops():
-    from specpilot.models import skinny_linear
+    from specpilot.ops import linear as ops_linear
 
-    assert skinny_linear.available(), "the extension was built without skinny_gemm"
+    assert ops_linear.skinny_available(), "the extension was built without skinny_gemm"
     return torch.ops.specpilot
 
 
@@ -141,7 +141,7 @@ p = torch.zeros(64 * 16 * 64, device="cuda"); c = torch.zeros(8, dtype=torch.int
 
 
 def skinny(on: bool):
-    from specpilot.models import skinny_linear
+    from specpilot.ops import linear as ops_linear
 
     return configured(skinny_gemm=on)
 
@@ -154,7 +154,7 @@ def test_engine_spec_with_skinny_gemm_on_vs_off(ops, family, monkeypatch):
     fork that bf16 rounding explains (assert_forks_only_within_rounding)."""
     from specpilot import config
     from specpilot.engine import Engine
-    from specpilot.models import skinny_linear
+    from specpilot.ops import linear as ops_linear
     from specpilot.verify.arbiter_error import ArbiterErrorTally
     from specpilot.verify.forcing import forced_logits, forced_verify_logits
 
@@ -162,8 +162,8 @@ def test_engine_spec_with_skinny_gemm_on_vs_off(ops, family, monkeypatch):
     target, drafter = kernel_sized_pair(family, seed)
     prompt = torch.randint(0, target.config.vocab_size, (29,), generator=torch.Generator().manual_seed(seed)).tolist()
     calls = []
-    real_run = skinny_linear._run
-    monkeypatch.setattr(skinny_linear, "_run", lambda *a: calls.append(1) or real_run(*a))
+    real_run = ops_linear._skinny
+    monkeypatch.setattr(ops_linear, "_skinny", lambda *a: calls.append(1) or real_run(*a))
     out, forced = {}, {}
     for on in (False, True):
         with skinny(on), torch.inference_mode():

@@ -1,4 +1,4 @@
-"""skinny_linear's dispatch on the CPU (CI): off CUDA it never takes a call and `linear` is the
+"""ops/linear.py's skinny GEMM dispatch on the CPU (CI): off CUDA it never takes a call and `linear` is the
 module's own forward, bit for bit; the switch follows the running EngineConfig. The kernel itself: test_skinny_gemm_gpu.py."""
 
 import torch
@@ -8,23 +8,23 @@ from conftest import configured
 
 
 def test_cpu_calls_fall_back_to_the_module_bit_for_bit():
-    from specpilot.models import skinny_linear
+    from specpilot.ops import linear as ops_linear
 
     proj = nn.Linear(64, 48, bias=False)
     x = torch.randn(2, 5, 64)
     with configured(skinny_gemm=True):
-        assert not skinny_linear.takes(x, proj)
-        assert torch.equal(skinny_linear.linear(proj, x), proj(x))
-        assert not skinny_linear.takes_weight(x, proj.weight)
-        assert torch.equal(skinny_linear.matmul(x, proj.weight), proj(x))
+        assert not ops_linear.skinny_takes(x, proj)
+        assert torch.equal(ops_linear.linear(proj, x), proj(x))
+        assert not ops_linear.skinny_takes_weight(x, proj.weight)
+        assert torch.equal(ops_linear.matmul(x, proj.weight), proj(x))
 
 
 def test_the_switch_follows_the_running_config():
-    from specpilot.models import skinny_linear
+    from specpilot.ops import linear as ops_linear
 
-    assert skinny_linear.enabled()                                 # the default config
+    assert ops_linear.skinny_enabled()                                 # the default config
     with configured(skinny_gemm=False):
-        assert not skinny_linear.enabled()
+        assert not ops_linear.skinny_enabled()
 
 
 def test_the_launch_loop_chunks_rows_and_aligns_x(monkeypatch):

@@ -31,7 +31,7 @@ from skinny_tma_variants import set_constant
 from split12_skinny_variants import check_weights
 from specpilot.bench.timing import capture_graph, time_graph
 from specpilot.formats.split12 import ops as split12_ops
-from specpilot.models.fused_ops import add_rms_norm
+from specpilot.ops.norm_rope import add_rms_norm
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}

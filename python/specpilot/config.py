@@ -40,17 +40,17 @@ class EngineConfig:
     turns off fused_gemv and skinny_gemm, whose prologues are these kernels' arithmetic."""
     fused_gemv: bool = True
     """One-token steps run their bf16 linears as our GEMV with the norm / SwiGLU gate fused in
-    (models/gemv_fusion.py): AR step 4.49 vs 5.25 ms with cuBLAS (Qwen3-8B shape, H200)."""
+    (ops/linear.py): AR step 4.49 vs 5.25 ms with cuBLAS (Qwen3-8B shape, H200)."""
     gemv_pdl: bool = True
     """Launch the fused GEMVs with programmatic dependent launch (overlaps the previous kernel's tail)."""
     skinny_gemm: bool = True
     """Steps of 2..16 token rows (verify, draft) run their linears through our TMA + wgmma skinny GEMM
-    (models/skinny_linear.py): verify 4.74 vs 5.10 ms with cuBLAS (Qwen3-8B shape, H200)."""
+    (ops/linear.py): verify 4.74 vs 5.10 ms with cuBLAS (Qwen3-8B shape, H200)."""
     split12_decode_grid: bool = True
     """The split12 skinny GEMM pair cuts row blocks into K pieces to give every SM a CTA where the
     planner's grid covers fewer than half of them (split12 verify 5.27 -> 5.16 ms, H100)."""
     attention: str = "auto"
-    """Which attention `layers.attend` runs: "auto" (our split-KV decode kernel where it takes the
+    """Which attention `ops.attention.attend` runs: "auto" (our split-KV decode kernel where it takes the
     call, SDPA elsewhere and inside torch.compile), "specpilot" (the kernel; an error on CUDA
     without it built) or "sdpa" (torch's scaled_dot_product_attention everywhere)."""
     attention_fused_rope: bool = True

@@ -2,7 +2,7 @@
 
 `decode_attention(q, k, v, last, scale)`: q [B, Hq, T, D] bf16, k/v [B, Hkv, span, D] bf16 (a view
 of the cache slots [0, span)), last int64 [T]: key slot j is visible to query row t iff
-j <= last[t]. Returns [B, T, Hq * D] bf16 (the layout `layers.attend` returns).
+j <= last[t]. Returns [B, T, Hq * D] bf16 (the layout `ops.attention.attend` returns).
 Exactness: softmax(q k^T * scale) v with fp32 scores and accumulation, P rounded to bf16 for the
 P.V tensor-core product (as flash attention); within bf16 rounding of an fp64 reference, not
 bit-identical to SDPA (tests/test_decode_attention_gpu.py). Outputs and workspace come from

@@ -37,8 +37,8 @@ def _import_op_families() -> None:
     # Importing an op family's Python module registers its implementations.
     import importlib
 
-    for module in ("specpilot.formats.split12.ops", "specpilot.models.fused_ops",
-                   "specpilot.models.gemv_fusion", "specpilot.kernels.decode_attention"):
+    for module in ("specpilot.formats.split12.ops", "specpilot.ops.norm_rope", "specpilot.ops.linear",
+                   "specpilot.kernels.decode_attention"):
         try:
             importlib.import_module(module)
         except ImportError:

@@ -1,4 +1,5 @@
-"""The elementwise work around the decoder's GEMMs, as fused ops with their eager torch references.
+"""The norm / rope family (and the SwiGLU gate): the elementwise work around the decoder's GEMMs, as
+fused ops with their eager torch references beside them.
 
   add_rms_norm(x, delta, weight, eps) -> (x + delta, RMSNorm(x + delta))  residual add + the next norm
   qk_norm_rope_cache(q, k, v, ...)    -> q_out    q/k head norm + RoPE + the K/V cache write
