@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from specpilot.models.loading import load_pair  # noqa: F401  (the commands load through it)
+
 
 def add_model_args(parser, drafter_required: bool = True):
     parser.add_argument("--target", required=True, help="target model folder (HF format)")
@@ -33,14 +35,6 @@ def prompts_from_args(args, tokenizer):
     if empty:
         raise ValueError(f"prompt(s) {empty[:5]} encode to zero tokens")
     return out
-
-
-def load_pair(target_dir, drafter_dir, device, dtype, weights=None):
-    from specpilot.models import load_drafter, load_target, load_tokenizer
-
-    target = load_target(target_dir, device=device, dtype=dtype, weights=weights)
-    drafter = load_drafter(drafter_dir, target) if drafter_dir else None
-    return target, drafter, load_tokenizer(target_dir)
 
 
 def engine_for(target, drafter, prompts, max_new_tokens, config=None):
