@@ -1,4 +1,4 @@
-"""Decode / verify attention on the GPU: our split-KV kernel vs SDPA (cuDNN, efficient), per layer.
+"""Decode / verify attention on the GPU: our split-KV kernel vs SDPA, per layer.
 `python -m specpilot.bench.attention_kernels --out attn.jsonl [--splits 8,16,32]`
 
 Per shape (Qwen3-8B: Hq 32, Hkv 8, D 128; the zoo target: Hq 8, Hkv 2, D 64) and per (T, span,
@@ -44,9 +44,10 @@ def fp64_check(out, q, k, v, last, scale) -> dict:
 
 
 def bench_case(shape: str, t: int, span: int, context: int, splits_list, g) -> dict:
+    from specpilot import config
+    from specpilot.config import EngineConfig
     from specpilot.kernels import decode_attention as kernel
-    from specpilot.models.attention_backend import set_attention_backend
-    from specpilot.models.layers import attend, attention_mask
+    from specpilot.ops.attention import attend, attention_mask
 
     hq, hkv, d = SHAPES[shape]
     scale = d ** -0.5
@@ -61,7 +62,7 @@ def bench_case(shape: str, t: int, span: int, context: int, splits_list, g) -> d
     row = {"shape": shape, "Hq": hq, "Hkv": hkv, "D": d, "T": t, "span": span, "context": context,
            "copies": copies, "kv_bytes_visible": 2 * hkv * context * d * 2, "us": {}}
     default = kernel.default_splits(1, hkv, (hq // hkv) * t, span,
-                                    torch.cuda.get_device_properties(0).multi_processor_count, kernel.split_cap(t))
+                                    torch.cuda.get_device_properties(0).multi_processor_count)
     row["default_splits"] = default
     row["check"] = fp64_check(kernel.decode_attention(q, ks[0], vs[0], positions, scale), q, ks[0], vs[0],
                               positions, scale)
@@ -72,34 +73,14 @@ def bench_case(shape: str, t: int, span: int, context: int, splits_list, g) -> d
                  for k, v in zip(ks, vs)]
         tag = "" if n == default else f"@{n}"
         for pdl in (False, True):
-            previous = kernel.set_pdl(pdl)
-            try:
+            with config.use(EngineConfig(attention_pdl=pdl)):     # read at launch, so at capture
                 row["us"][f"kernel{'+pdl' if pdl else ''}{tag}"] = 1e6 * time_graph(calls, REPS)
-            finally:
-                kernel.set_pdl(previous)
-    # The splits merged inside a thread-block cluster, at the default split count capped to one cluster.
-    n = min(default, kernel.MAX_CLUSTER_SPLITS)
-    row["cluster_splits"] = n
-    if n >= 2:
-        calls = [lambda k=k, v=v: kernel.decode_attention(q, k, v, positions, scale, splits=n) for k, v in zip(ks, vs)]
-        previous = kernel.set_pdl(True), kernel.set_cluster_merge("all")
-        try:
-            cluster_check = fp64_check(calls[0](), q, ks[0], vs[0], positions, scale)
-            row["check"]["ok"] = row["check"]["ok"] and cluster_check["ok"]
-            row["check"]["cluster"] = cluster_check
-            row["us"]["cluster+pdl"] = 1e6 * time_graph(calls, REPS)
-        finally:
-            kernel.set_pdl(previous[0])
-            kernel.set_cluster_merge(previous[1])
-    for backend in ("cudnn", "efficient"):
-        previous = set_attention_backend(backend)
+    with config.use(EngineConfig(attention="sdpa")):
         try:
             calls = [lambda k=k, v=v: attend(q, k, v, mask, scale) for k, v in zip(ks, vs)]
-            row["us"][backend] = 1e6 * time_graph(calls, REPS)
-        except RuntimeError as e:                     # e.g. cuDNN refusing the shape: recorded, not fatal
-            row[f"{backend}_error"] = str(e)[:300]
-        finally:
-            set_attention_backend(previous)
+            row["us"]["sdpa"] = 1e6 * time_graph(calls, REPS)
+        except RuntimeError as e:                     # SDPA refusing the shape: recorded, not fatal
+            row["sdpa_error"] = str(e)[:300]
     us = row["us"]
     row["gbps_kernel"] = row["kv_bytes_visible"] / (us["kernel"] * 1e-6) / 1e9
     row["target_us"] = TARGET_US.get((t, span)) if shape == "qwen3-8b" else None
@@ -117,23 +98,21 @@ def _us(us: dict, key: str) -> str:
 def print_table(rows, splits_list):
     extra = [f"kernel@{n}" for n in splits_list]
     print("\nus per call (one layer), CUDA graph over K/V copies > L2; kernel = default splits (column "
-          "'splits', merged by the combine kernel), +pdl = launched with PDL (the default); cluster+pdl = the splits "
-          "(at most 16) merged inside a thread-block cluster instead; GB/s = visible K/V bytes / kernel time; "
-          "ok = fp64 check passed")
-    print("| shape | T | span | ctx | splits | ok | kernel | kernel+pdl | cluster+pdl | cudnn | efficient | "
-          + " | ".join(extra) + (" | " if extra else "") + "x cudnn | GB/s | target | meets |")
-    print("|" + "---|" * (15 + len(extra)))
+          "'splits', merged by the combine kernel), +pdl = launched with PDL (the default); sdpa = torch's "
+          "scaled_dot_product_attention; GB/s = visible K/V bytes / kernel time; ok = fp64 check passed")
+    print("| shape | T | span | ctx | splits | ok | kernel | kernel+pdl | sdpa | "
+          + " | ".join(extra) + (" | " if extra else "") + "x sdpa | GB/s | target | meets |")
+    print("|" + "---|" * (13 + len(extra)))
     for r in rows:
         us = r["us"]
         best = min(us["kernel"], us.get("kernel+pdl", math.inf))
         target = r["target_us"]
-        cudnn = us.get("cudnn")
+        sdpa = us.get("sdpa")
         print(f"| {r['shape']} | {r['T']} | {r['span']} | {r['context']} | {r['default_splits']} "
               f"| {'yes' if r['check']['ok'] else 'NO'} | {us['kernel']:.1f} | {_us(us, 'kernel+pdl')} "
-              f"| {_us(us, 'cluster+pdl')} "
-              f"| {_us(us, 'cudnn')} | {_us(us, 'efficient')} | "
+              f"| {_us(us, 'sdpa')} | "
               + " | ".join(_us(us, e) for e in extra) + (" | " if extra else "")
-              + f"{(best / cudnn) if cudnn else float('nan'):.2f} | {r['gbps_kernel']:.0f} "
+              + f"{(best / sdpa) if sdpa else float('nan'):.2f} | {r['gbps_kernel']:.0f} "
               f"| {f'<= {target}' if target else '-'} | {('PASS' if best <= target else 'MISS') if target else '-'} |")
 
 

@@ -176,13 +176,14 @@ def load_engine(cfg: BenchConfig, weights: str, with_drafter: bool):
         return random_pair.engine(cfg.target_dir, cfg.device, cfg.dtype, cfg.block_size or 16,
                                   cfg.max_seq_len, cfg.cuda_graphs, with_drafter, weights)
     try:
+        from specpilot.config import EngineConfig
         from specpilot.engine import Engine
         from specpilot.models import load_drafter, load_target
     except ImportError as e:
         raise RuntimeError(f"our engine is not importable ({e}); run only --methods hf_ar,hf_static,stock") from e
     target = load_target(cfg.target_dir, device=str(cfg.device), dtype=cfg.dtype, weights=weights)
     drafter = load_drafter(cfg.drafter_dir, target) if with_drafter else None
-    return Engine(target, drafter=drafter, max_seq_len=cfg.max_seq_len, cuda_graphs=cfg.cuda_graphs)
+    return Engine(target, drafter=drafter, max_seq_len=cfg.max_seq_len, config=EngineConfig(cuda_graphs=cfg.cuda_graphs))
 
 
 # ---- the loop ------------------------------------------------------------------------------------

@@ -24,12 +24,14 @@ REPS = 20
 
 
 def main(argv=None) -> int:
-    from specpilot.models import gemv_fusion
+    from specpilot import config
+    from specpilot.config import EngineConfig
+    from specpilot.ops import linear as ops_linear
 
     p = argparse.ArgumentParser(prog="python -m specpilot.bench.gemv_kernels", description=__doc__.split("\n")[0])
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    if not (torch.cuda.is_available() and gemv_fusion.available()):
+    if not (torch.cuda.is_available() and ops_linear.gemv_available()):
         print("needs a CUDA GPU and specpilot._C built with CUDA kernels")
         return 2
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -39,17 +41,14 @@ def main(argv=None) -> int:
         ws = [(torch.randn(n, k, generator=g, device="cuda") * k ** -0.5).to(torch.bfloat16) for _ in range(copies)]
         x = torch.randn(1, k, generator=g, device="cuda").to(torch.bfloat16)
         want = F.linear(x, ws[0]).float()
-        got = gemv_fusion.linear(x, ws[0]).float()
+        got = ops_linear.gemv(x, ws[0]).float()
         close = bool(((got - want).abs() <= 2 ** -7 * want.abs() + 1e-2 * want.abs().max()).all())
         ok &= close
         us = {"torch": 1e6 * time_graph([lambda w=w: F.linear(x, w) for w in ws], REPS)}
         for pdl in (False, True):
-            previous = gemv_fusion.set_pdl(pdl)
-            try:
-                calls = [lambda w=w: gemv_fusion.linear(x, w) for w in ws]
+            with config.use(EngineConfig(gemv_pdl=pdl)):          # read at capture
+                calls = [lambda w=w: ops_linear.gemv(x, w) for w in ws]
                 us["gemv+pdl" if pdl else "gemv"] = 1e6 * time_graph(calls, REPS)
-            finally:
-                gemv_fusion.set_pdl(previous)
         row = {"shape": name, "n": n, "k": k, "copies": copies, "close_to_torch": close, "us": us,
                "gbps": {key: 2 * n * k / (t * 1e-6) / 1e9 for key, t in us.items()}}
         rows.append(row)

@@ -41,7 +41,7 @@ def skinny_calls(ops, ws, x, ctas):
 
 
 def main(argv=None) -> int:
-    from specpilot.models import skinny_linear
+    from specpilot.ops import linear as ops_linear
 
     p = argparse.ArgumentParser(prog="python -m specpilot.bench.skinny_kernels", description=__doc__.split("\n")[0])
     p.add_argument("--rows", default="16,8,2", help="token rows M, comma-separated")
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     p.add_argument("--split12", action="store_true", help="also the split12 kernel on the packed weights")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    if not (torch.cuda.is_available() and skinny_linear.available()):
+    if not (torch.cuda.is_available() and ops_linear.skinny_available()):
         print("needs a CUDA GPU and specpilot._C built with CUDA kernels")
         return 2
     ops = torch.ops.specpilot

@@ -80,13 +80,15 @@ def refused_in_subprocess(setup: str, cases) -> None:
 
 
 @contextlib.contextmanager
-def switched(setter, value):
-    """Within the block, a process-wide knob set through `setter` (which returns the previous value)."""
-    previous = setter(value)
-    try:
+def configured(**fields):
+    """Within the block, op dispatch outside an engine reads the running EngineConfig with `fields`
+    changed (what an Engine built with that config hands its models)."""
+    import dataclasses
+
+    from specpilot import config
+
+    with config.use(dataclasses.replace(config.current(), **fields)):
         yield
-    finally:
-        setter(previous)
 
 
 def run_on_host(exe, sources, include_dirs, timeout=300) -> str:

@@ -4,18 +4,12 @@ bit for bit."""
 import pytest
 import torch
 
+from conftest import configured
 from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU thread)
 from test_engine_helpers import fresh_seed
 from specpilot.kernels import decode_attention as kernel
-from specpilot.models.attention_backend import (AttentionMask, masked_attention, set_attention_backend,
-                                                use_decode_kernel)
-from specpilot.models.layers import attend, attention_mask
-
-
-@pytest.fixture
-def restore_backend():
-    yield
-    set_attention_backend("auto")
+from specpilot.ops.attention import AttentionMask, masked_attention, use_decode_kernel
+from specpilot.ops.attention import attend, attention_mask
 
 
 def kernel_visibility(last, span, groups):
@@ -63,7 +57,7 @@ def test_additive_mask_is_built_only_when_used(monkeypatch):
     assert len(calls) == 2 and torch.equal(m2.additive, first)
 
 
-def test_attend_with_attention_mask_is_unchanged_on_cpu(restore_backend):
+def test_attend_with_attention_mask_is_unchanged_on_cpu():
     """CPU (fp32 and bf16) never takes the kernel: attend gives the bits of SDPA on the additive mask,
     under "auto" and "specpilot" alike; masked_attention accepts both mask forms."""
     g = torch.Generator().manual_seed(fresh_seed())
@@ -75,23 +69,21 @@ def test_attend_with_attention_mask_is_unchanged_on_cpu(restore_backend):
         folded = q.reshape(1, 2, 6, 64)
         ref = torch.nn.functional.scaled_dot_product_attention(folded, k, v, attn_mask=mask.additive, scale=0.125)
         ref = ref.reshape(1, 4, 3, 64).transpose(1, 2).reshape(1, 3, 256)
-        for backend in ("auto", "specpilot"):
-            set_attention_backend(backend)
-            assert not use_decode_kernel(q, k, mask)
-            assert torch.equal(attend(q, k, v, mask, 0.125), ref)
-            assert torch.equal(masked_attention(folded, k, v, mask, 0.125),
-                               masked_attention(folded, k, v, mask.additive, 0.125))
+        for backend in ("auto", "specpilot", "sdpa"):
+            with configured(attention=backend):
+                assert not use_decode_kernel(q, k, mask)
+                assert torch.equal(attend(q, k, v, mask, 0.125), ref)
+                assert torch.equal(masked_attention(folded, k, v, mask, 0.125),
+                                   masked_attention(folded, k, v, mask.additive, 0.125))
 
 
-def test_kernel_dispatch_rules(restore_backend):
+def test_kernel_dispatch_rules():
     q = torch.zeros(1, 8, 1, 64, dtype=torch.bfloat16)
     k = torch.zeros(1, 2, 256, 64, dtype=torch.bfloat16)
     mask = AttentionMask(torch.zeros(1, 1, 4, 256, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.int64))
     assert not kernel.supports(q, k)                               # CPU
-    for backend in ("efficient", "math", "matmul"):
-        set_attention_backend(backend)
+    with configured(attention="sdpa"):
         assert not use_decode_kernel(q, k, mask)
-    set_attention_backend("auto")
     assert not use_decode_kernel(q, k, AttentionMask(mask.additive, None))   # no `last`: SDPA
     assert not use_decode_kernel(q, k, mask.additive)                         # a bare additive mask
 
@@ -106,33 +98,11 @@ def test_default_splits_bounds():
     assert kernel.default_splits(1, 2, 4, 16, 132) == 1
     assert kernel.default_splits(64, 8, 256, 4096, 132) == 1
     assert kernel.default_splits(1, 1, 1, 1 << 20, 1000) == kernel.MAX_SPLITS
-    # While the splits merge in a cluster (set_cluster_merge), one cluster's worth at most.
-    assert kernel.default_splits(1, 8, 64, 1024, 132, kernel.MAX_CLUSTER_SPLITS) == 16
-    assert kernel.default_splits(1, 8, 128, 1024, 132, kernel.MAX_CLUSTER_SPLITS) == 9
-    assert kernel.default_splits(1, 2, 4, 16, 132, kernel.MAX_CLUSTER_SPLITS) == 1
 
 
-@pytest.mark.parametrize("mode,one_token_cap,block_cap", [
-    ("none", kernel.MAX_SPLITS, kernel.MAX_SPLITS),
-    ("all", kernel.MAX_CLUSTER_SPLITS, kernel.MAX_CLUSTER_SPLITS),
-    ("multi_token", kernel.MAX_SPLITS, kernel.MAX_CLUSTER_SPLITS)])
-def test_split_cap_follows_the_cluster_merge_mode(monkeypatch, mode, one_token_cap, block_cap):
-    """Only calls that merge in a cluster are capped to one cluster's splits; "multi_token" takes
-    the cluster for verify / draft blocks (T > 1) and leaves one-token steps on the combine kernel."""
-    monkeypatch.setattr(kernel, "_cluster_merge", mode)
-    assert kernel.split_cap(1) == one_token_cap
-    assert kernel.split_cap(16) == block_cap
-    assert kernel.cluster_merges(16) == (block_cap == kernel.MAX_CLUSTER_SPLITS)
-
-
-def test_set_cluster_merge_refuses_an_unknown_mode():
-    with pytest.raises(ValueError, match="mode must be one of"):
-        kernel.set_cluster_merge(True)
-
-
-def test_auto_takes_the_kernel_for_every_supported_call(monkeypatch, restore_backend):
+def test_auto_takes_the_kernel_for_every_supported_call(monkeypatch):
     """"auto" and "specpilot" (attention_backend docstring): every call the kernel supports, at any
-    T and span; the SDPA backends never."""
+    T and span; "sdpa" never."""
     monkeypatch.setattr(kernel, "supports", lambda q, k: True)
     monkeypatch.setattr(kernel, "available", lambda: True)
 
@@ -140,10 +110,9 @@ def test_auto_takes_the_kernel_for_every_supported_call(monkeypatch, restore_bac
         q, k = torch.zeros(1, 4, t, 8), torch.zeros(1, 2, span, 8)
         return use_decode_kernel(q, k, AttentionMask(torch.zeros(1), torch.zeros(t, dtype=torch.long)))
 
-    set_attention_backend("auto")
-    assert takes(1, 1024) and takes(1, 64)
+    assert takes(1, 1024) and takes(1, 64)                         # the default, "auto"
     assert takes(16, 1024) and takes(16, 8192)
-    set_attention_backend("specpilot")
-    assert takes(16, 1024)
-    set_attention_backend("cudnn")
-    assert not takes(1, 1024)
+    with configured(attention="specpilot"):
+        assert takes(16, 1024)
+    with configured(attention="sdpa"):
+        assert not takes(1, 1024)

@@ -318,4 +318,3 @@ def test_random_checkpoint_configs_only_is_what_the_cost_model_reads(tmp_path, c
     target, drafter = ModelShape.from_dir(out / "target"), ModelShape.from_dir(out / "drafter")
     assert (target.layers, target.vocab, drafter.layers) == (36, 151936, 5)
     assert drafter_target_layers(out / "drafter") == 5 and _drafter_block_size(out / "drafter") == 16
-

@@ -1,8 +1,7 @@
 """specpilot::decode_attention on the GPU (csrc/cuda/decode_attention.cu) against an fp64 softmax on
 fresh random bf16 inputs: T in {1, 3, 16, 32}, D in {64, 128}, g in {1, 4, 8}, spans 256 / 1024
 with `last` well below the span, causal (target) and non-causal (drafter) rows, all-masked rows,
-NaN in every cache slot no row sees, strided views, every split path (direct, several, many;
-merged by the combine kernel or inside a thread-block cluster),
+NaN in every cache slot no row sees, strided views, every split path (direct, several, many),
 PDL on and off, CUDA-graph replay with new `last` values; then the engine: a tiny bf16 pair whose
 logits with the kernel stay as close to the fp32 model as SDPA's, with the same greedy tokens.
 
@@ -14,7 +13,7 @@ Runs on the H200 (`python -m pytest -q tests/test_decode_attention_gpu.py`); ski
 
 import pytest
 import torch
-from conftest import refused_in_subprocess, requires_gpu, switched
+from conftest import refused_in_subprocess, requires_gpu, configured
 
 from specpilot import _ext
 
@@ -66,12 +65,12 @@ def make_inputs(gen, b, hq, hkv, t, d, slots, span, last, q_scale=2.0):
 
 
 def run_kernel(q, k, v, last, scale, splits):
-    from specpilot.kernels.decode_attention import default_splits, split_cap
+    from specpilot.kernels.decode_attention import default_splits
 
     b, hq, t, d = q.shape
     if splits is None:
         splits = default_splits(b, k.shape[1], (hq // k.shape[1]) * t, k.shape[2],
-                                torch.cuda.get_device_properties(0).multi_processor_count, split_cap(t))
+                                torch.cuda.get_device_properties(0).multi_processor_count)
     outs = []
     for writes_at_last in (False, True):    # with no writer before it, loading keys early changes no bit
         out = torch.full((b, t, hq * d), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -162,7 +161,7 @@ def test_keys_written_just_before_are_seen(gen, t):
     output equals the attention run again on its own afterwards, bit for bit: no fresh key was
     read before the rope kernel wrote it."""
     from specpilot.kernels.decode_attention import decode_attention
-    from specpilot.models.fused_ops import qk_norm_rope_cache
+    from specpilot.ops.norm_rope import qk_norm_rope_cache
 
     hq, hkv, d, slots = 32, 8, 128, 1024
     bf = lambda *shape: torch.randn(*shape, generator=gen, device="cuda").to(torch.bfloat16)
@@ -192,23 +191,14 @@ def test_keys_written_just_before_are_seen(gen, t):
         assert torch.equal(out, decode_attention(q_out, kc, vc, positions, d ** -0.5)), f"start {start}"
 
 
-@pytest.mark.parametrize("cluster", ["none", "all"])
 @pytest.mark.parametrize("hq,hkv,d,norm", [(32, 8, 128, True), (8, 2, 64, True), (32, 8, 128, False)])
-def test_rope_prologue_equals_rope_kernel_then_attention(gen, hq, hkv, d, norm, cluster):
+def test_rope_prologue_equals_rope_kernel_then_attention(gen, hq, hkv, d, norm):
     """decode_attention_rope (the one-token step's rope / cache write inside the attention kernel)
     against qk_norm_rope_cache then decode_attention: the same output and cache bits, batch 1 and 2,
     the new key at the end of the span, at slot 0, at the last slot, and past the span (written,
-    not seen); with per-head norms (Qwen3) and without (LLaMA); key splits merged by the combine
-    kernel and inside a cluster."""
-    from specpilot.kernels.decode_attention import set_cluster_merge
-
-    with switched(set_cluster_merge, cluster):
-        rope_prologue_cases(gen, hq, hkv, d, norm)
-
-
-def rope_prologue_cases(gen, hq, hkv, d, norm):
+    not seen); with per-head norms (Qwen3) and without (LLaMA)."""
     from specpilot.kernels.decode_attention import decode_attention, decode_attention_rope
-    from specpilot.models.fused_ops import qk_norm_rope_cache
+    from specpilot.ops.norm_rope import qk_norm_rope_cache
 
     slots = 1024
     bf = lambda *shape: torch.randn(*shape, generator=gen, device="cuda").to(torch.bfloat16)
@@ -233,10 +223,9 @@ def test_engine_rope_in_attention_is_bit_identical(fresh_seed, monkeypatch):
     """The engine's one-token steps with the rope / cache write inside the attention kernel (the
     default) and as its own kernel: identical logits over 32 teacher-forced graphed AR steps, then a
     verify and a draft step."""
+    from specpilot.config import EngineConfig
     from specpilot.engine import Engine
-    from specpilot.kernels.decode_attention import set_fused_rope
     from specpilot.models import target as target_mod
-    from specpilot.models.attention_backend import set_attention_backend
 
     target, drafter = tiny_bf16_pair(fresh_seed)
     g = torch.Generator().manual_seed(fresh_seed)
@@ -246,71 +235,22 @@ def test_engine_rope_in_attention_is_bit_identical(fresh_seed, monkeypatch):
     real = target_mod.decode_attention_rope
     monkeypatch.setattr(target_mod, "decode_attention_rope", lambda *a, **k: calls.append(1) or real(*a, **k))
     results = {}
-    with switched(set_attention_backend, "specpilot"):
-        for fused in (False, True):
-            with switched(set_fused_rope, fused):
-                results[fused] = forced_logits(Engine(target, drafter, max_seq_len=400), prompt, forced, 8)
-            assert bool(calls) == fused, f"fused rope {fused}: decode_attention_rope called {len(calls)} times"
+    for fused in (False, True):
+        config = EngineConfig(attention="specpilot", attention_fused_rope=fused)
+        results[fused] = forced_logits(Engine(target, drafter, max_seq_len=400, config=config), prompt, forced, 8)
+        assert bool(calls) == fused, f"fused rope {fused}: decode_attention_rope called {len(calls)} times"
     for name, a, b in zip(("ar", "verify", "draft"), results[False], results[True]):
         assert torch.equal(a, b), f"{name}: logits differ with the rope inside the attention kernel"
 
 
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("b,hq,hkv,t", [(1, 32, 8, 1), (1, 32, 8, 16), (2, 8, 2, 3), (1, 16, 2, 32)])
-def test_cluster_merge_equals_combine_kernel(gen, d, b, hq, hkv, t):
-    """The splits merged inside a thread-block cluster (DSMEM) and by the combine kernel: the same
-    bits for every split count a cluster takes (2..16), causal and flat rows, contexts that leave
-    some splits without keys and one that leaves every row without any; both within the fp64
-    tolerance."""
-    from specpilot.kernels.decode_attention import MAX_CLUSTER_SPLITS, set_cluster_merge
-
-    span = 640
-    q, k, v = make_inputs(gen, b, hq, hkv, t, d, span, span, torch.tensor([span - 1], device="cuda"))
-    lasts = (causal_last(400, t), torch.full((t,), 50, device="cuda"), causal_last(0, t) - t)
-    for splits in range(2, MAX_CLUSTER_SPLITS + 1):
-        for last in lasts:
-            outs = {}
-            for cluster in ("none", "all"):
-                with switched(set_cluster_merge, cluster):
-                    outs[cluster] = run_kernel(q, k, v, last, d ** -0.5, splits)
-            assert torch.equal(outs["all"], outs["none"]), f"splits {splits}, last {last.tolist()}: bits differ"
-            assert_close_to_reference(outs["all"], q, k, v, last, d ** -0.5)
-
-
-def test_cluster_merge_default_is_the_ops():
-    """The python mirror of the cluster-merge mode starts where the op's process-global one does."""
-    from specpilot.kernels import decode_attention as kernel
-
-    assert _ext.ops().decode_attention_cluster_merge(-1) == kernel.CLUSTER_MERGE_MODES[kernel._cluster_merge]
-
-
-@pytest.mark.parametrize("t", [1, 16])
-def test_multi_token_cluster_merge_picks_per_call(gen, t):
-    """"multi_token": a one-token call runs as under "none" (default splits, combine kernel), a
-    16-token call as under "all" (splits capped to one cluster): the same bits as that mode."""
-    from specpilot.kernels.decode_attention import decode_attention, set_cluster_merge
-
-    d, span = 128, 1024
-    q, k, v = make_inputs(gen, 1, 32, 8, t, d, span, span, torch.tensor([span - 1], device="cuda"))
-    last = causal_last(600, t)
-    outs = {}
-    for mode in ("none", "all", "multi_token"):
-        with switched(set_cluster_merge, mode):
-            outs[mode] = decode_attention(q, k, v, last, d ** -0.5)
-    assert torch.equal(outs["multi_token"], outs["all" if t > 1 else "none"])
-    assert_close_to_reference(outs["multi_token"], q, k, v, last, d ** -0.5)
-
-
-@pytest.mark.parametrize("cluster", ["none", "all"])
 @pytest.mark.parametrize("pdl", [False, True])
-def test_graph_replay_follows_last(gen, pdl, cluster):
+def test_graph_replay_follows_last(gen, pdl):
     """One captured call (fixed span 1024 and grid) replayed with new `last` values: contexts from 1
     to 1024 keys, causal and flat; every replay matches the reference. PDL on and off."""
-    from specpilot.kernels.decode_attention import decode_attention, set_cluster_merge, set_pdl
+    from specpilot.kernels.decode_attention import decode_attention
 
     d, t = 128, 16
-    previous = set_pdl(pdl), set_cluster_merge(cluster)
-    try:
+    with configured(attention_pdl=pdl):
         q, k, v = make_inputs(gen, 1, 32, 8, t, d, 1024, 1024, torch.tensor([1023], device="cuda"))
         last = causal_last(100, t)
         decode_attention(q, k, v, last, d ** -0.5)                # warm-up outside capture
@@ -325,9 +265,6 @@ def test_graph_replay_follows_last(gen, pdl, cluster):
             graph.replay()
             torch.cuda.synchronize()
             assert_close_to_reference(out, q, k, v, new, d ** -0.5)
-    finally:
-        set_pdl(previous[0])
-        set_cluster_merge(previous[1])
 
 
 def test_rejects_bad_arguments():
@@ -387,13 +324,13 @@ def forced_logits(engine, prompt, forced, block):
 
 def test_engine_kernel_vs_sdpa_bf16(fresh_seed, monkeypatch):
     """Teacher-forced over 32 AR steps, a verify and a draft step (all graphed): the kernel's logits
-    are within 2x SDPA-efficient's own distance to the fp32 model (+0.02), and the greedy token
+    are within 2x SDPA's own distance to the fp32 model (+0.02), and the greedy token
     equals SDPA's wherever SDPA's top-2 margin exceeds that distance (a bf16 near-tie otherwise)."""
     import copy
 
+    from specpilot.config import EngineConfig
     from specpilot.engine import Engine
     from specpilot.kernels import decode_attention as kernel_mod
-    from specpilot.models.attention_backend import set_attention_backend
 
     target, drafter = tiny_bf16_pair(fresh_seed)
     g = torch.Generator().manual_seed(fresh_seed)
@@ -403,30 +340,27 @@ def test_engine_kernel_vs_sdpa_bf16(fresh_seed, monkeypatch):
     calls = []
     real = kernel_mod.decode_attention
     monkeypatch.setattr(kernel_mod, "decode_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
-    try:
-        set_attention_backend("efficient")
-        e = Engine(target, drafter, max_seq_len=400)
-        forced = [int(torch.argmax(e.runner.prefill(torch.tensor([prompt], device="cuda"), False)[0][0, -1]))]
-        pos = len(prompt)
-        for _ in range(31):                                          # SDPA's own greedy continuation
-            step, _ = e.runner.target_step(torch.tensor([[forced[-1]]], device="cuda"), pos, with_features=False)
-            forced.append(int(torch.argmax(step[0, -1])))
-            pos += 1
-        results["efficient"] = forced_logits(Engine(target, drafter, max_seq_len=400), prompt, forced, block)
-        assert not calls
-        set_attention_backend("specpilot")
-        results["specpilot"] = forced_logits(Engine(target, drafter, max_seq_len=400), prompt, forced, block)
-        assert calls, "the specpilot backend never called the kernel"
-        set_attention_backend("math")
-        t32 = copy.deepcopy(target).float()
-        d32 = copy.deepcopy(drafter)
-        d32._target = [t32]
-        d32.float()
-        results["fp32"] = forced_logits(Engine(t32, d32, max_seq_len=400), prompt, forced, block)
-    finally:
-        set_attention_backend("auto")
+    sdpa, ours = EngineConfig(attention="sdpa"), EngineConfig(attention="specpilot")
+    e = Engine(target, drafter, max_seq_len=400, config=sdpa)
+    forced = [int(torch.argmax(e.runner.prefill(torch.tensor([prompt], device="cuda"), False)[0][0, -1]))]
+    pos = len(prompt)
+    for _ in range(31):                                          # SDPA's own greedy continuation
+        step, _ = e.runner.target_step(torch.tensor([[forced[-1]]], device="cuda"), pos, with_features=False)
+        forced.append(int(torch.argmax(step[0, -1])))
+        pos += 1
+    results["sdpa"] = forced_logits(Engine(target, drafter, max_seq_len=400, config=sdpa), prompt, forced,
+                                         block)
+    assert not calls
+    results["specpilot"] = forced_logits(Engine(target, drafter, max_seq_len=400, config=ours), prompt, forced,
+                                         block)
+    assert calls, "the specpilot backend never called the kernel"
+    t32 = copy.deepcopy(target).float()
+    d32 = copy.deepcopy(drafter)
+    d32._target = [t32]
+    d32.float()
+    results["fp32"] = forced_logits(Engine(t32, d32, max_seq_len=400, config=sdpa), prompt, forced, block)
     for i, name in enumerate(("ar", "verify", "draft")):
-        ref, eff, ker = results["fp32"][i], results["efficient"][i], results["specpilot"][i]
+        ref, eff, ker = results["fp32"][i], results["sdpa"][i], results["specpilot"][i]
         noise = float((eff - ref).abs().max())
         diff = float((ker - eff).abs().max())
         assert float((ker - ref).abs().max()) <= 2 * noise + 0.02, f"{name}: kernel {diff:.3g} vs SDPA noise {noise:.3g}"

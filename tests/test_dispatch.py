@@ -30,10 +30,26 @@ def _integrate(gpu: str, shape, params: dict) -> dict:
     return record
 
 
+def manifest() -> str:
+    return str(registry.variants_file())
+
+
 def test_cpu_gets_no_launcher_even_with_an_entry(temp_registry):
     registry.integrate_variant("cpu", "split12_gemv", (64, 96), {"cand_id": "x", "kind": "cpu", "params": {}})
-    assert integrated_launcher("split12_gemv", (64, 96), "cpu") is None
-    assert integrated_launcher("split12_gemv", (64, 96), torch.device("cpu")) is None
+    assert integrated_launcher("split12_gemv", (64, 96), "cpu", manifest()) is None
+    assert integrated_launcher("split12_gemv", (64, 96), torch.device("cpu"), manifest()) is None
+
+
+def test_no_manifest_means_no_variant_and_a_missing_one_is_named(temp_registry):
+    from specpilot import config
+
+    registry.integrate_variant("cuda-gpu", "split12_gemv", (64, 96), {"cand_id": "x", "kind": "cuda", "params": {}})
+    assert config.current().variants_manifest is None
+    assert integrated_launcher("split12_gemv", (64, 96), "cuda") is None    # the default config names none
+    missing = str(temp_registry / "absent.json")
+    with config.use(config.EngineConfig(variants_manifest=missing)):
+        with pytest.raises(FileNotFoundError, match="absent.json"):
+            integrated_launcher("split12_gemv", (64, 96), "cuda")
 
 
 def test_bad_arguments_name_the_bad_values(temp_registry):
@@ -51,10 +67,10 @@ def test_gpu_launcher_only_for_an_integrated_shape_and_it_is_graph_capturable(te
 
     gen = torch.Generator(device="cuda").manual_seed(int.from_bytes(__import__("os").urandom(4), "little"))
     n, k = 384, 1000                        # K not a multiple of 32: padding columns exercised
-    assert integrated_launcher("split12_gemv", (n, k), "cuda") is None        # no registry yet
+    assert integrated_launcher("split12_gemv", (n, k), "cuda") is None        # no manifest named
     _integrate(gpu_name("cuda"), (n, k), {"threads_per_row": 32, "rows_per_block": 4, "vec_groups": 2, "unroll": 1})
-    assert integrated_launcher("split12_gemv", (n, k + 1), "cuda") is None    # another shape
-    launch = integrated_launcher("split12_gemv", (n, k), "cuda")
+    assert integrated_launcher("split12_gemv", (n, k + 1), "cuda", manifest()) is None    # another shape
+    launch = integrated_launcher("split12_gemv", (n, k), "cuda", manifest())
     assert callable(launch)
 
     w = torch.randn(n, k, generator=gen, device="cuda").to(torch.bfloat16)

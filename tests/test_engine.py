@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU thread)
-from test_engine_helpers import Pair, fresh_seed
+from test_engine_helpers import Pair, fresh_seed, loop_config
 from specpilot.verify.stock import run_stock
 
 PAIRS = {"qwen3": ("tiny-qwen3", [0, 2]), "llama": ("tiny-llama", [1, 3])}
@@ -77,29 +77,27 @@ def test_graph_path_on_cpu_matches_stock(pair, fused, early):
     power-of-two kv spans, outputs overwritten by every call) run on the CPU with a static-shape
     stand-in: the fused whole-step graphs (fused=True; early: each step's control written by the
     step before it, else uploaded by the host) and the stepwise draft / verify graphs."""
-    from specpilot.engine import fused_steps
     from specpilot.engine.graphs import StaticShapeStep
     from specpilot.engine.steps import StepRunner
 
     eng = pair.engine
     prompts = [pair.random_prompt(3), pair.random_prompt(40)]   # shorter / longer than the block
     eager_ar = [eng.generate_ar(p, 12).tokens for p in prompts]
-    saved = eng.runner, eng.fused_steps, fused_steps.set_early_launch(early)
+    saved = eng.runner
     eng.runner = StepRunner(eng.target, eng.drafter, eng.cache, eng.draft_cache, True, StaticShapeStep)
-    eng.fused_steps = fused
     try:
-        for prompt, max_new, ar in zip(prompts, (30, 45), eager_ar):
-            ref = run_stock(pair.stock, prompt, max_new, (), 0.0, 4)
-            ours = eng.generate_spec(prompt, max_new, block_size=4)
-            assert ours.tokens == ref.tokens and ours.acceptance_lengths == ref.acceptance_lengths
-            assert eng.generate_ar(prompt, 12).tokens == ar
+        with loop_config(eng, fused_steps=fused, early_launch=early):
+            for prompt, max_new, ar in zip(prompts, (30, 45), eager_ar):
+                ref = run_stock(pair.stock, prompt, max_new, (), 0.0, 4)
+                ours = eng.generate_spec(prompt, max_new, block_size=4)
+                assert ours.tokens == ref.tokens and ours.acceptance_lengths == ref.acceptance_lengths
+                assert eng.generate_ar(prompt, 12).tokens == ar
         if fused:
             assert {k[0] for k in eng.runner.fused.graphs} == {"ar", "spec"} and not eng.runner.graphs
         else:
             assert {k[0] for k in eng.runner.graphs} == {"target", "draft"} and not eng.runner.fused.graphs
     finally:
-        eng.runner, eng.fused_steps = saved[:2]
-        fused_steps.set_early_launch(saved[2])
+        eng.runner = saved
 
 
 @pytest.mark.parametrize("early", [True, False])
@@ -107,18 +105,14 @@ def test_fused_replay_forces_the_planned_acceptance(pair, early):
     """Replay through the fused step: the transcript's tokens are produced with exactly the planned
     acceptance lengths (the drafts built on the device from the plan and transcript buffers), equal
     to greedy AR, with the control advanced by the step itself (early) or uploaded by the host."""
-    from specpilot.engine import fused_steps
     from specpilot.engine.replay import AcceptanceReplay
 
     prompt = pair.random_prompt(10)
     transcript = pair.engine.generate_ar(prompt, 30).tokens
     trace = [1 + int(x) for x in torch.randint(0, 4, (7,), generator=torch.Generator().manual_seed(fresh_seed()))]
     replay = AcceptanceReplay(transcript, trace)
-    previous = fused_steps.set_early_launch(early)
-    try:
+    with loop_config(pair.engine, early_launch=early):
         r = pair.engine.generate_spec(prompt, 30, block_size=4, replay=replay)
-    finally:
-        fused_steps.set_early_launch(previous)
     assert r.replay_shortfalls == 0
     assert r.tokens == transcript
     expected = [min(trace[i % len(trace)], 4) for i in range(len(r.acceptance_lengths))]
@@ -152,7 +146,6 @@ def test_fused_replay_past_the_transcript_equals_the_stepwise_loop(pair):
     """A transcript shorter than the generation: past its end the device's replay drafts must be
     AcceptanceReplay.drafts' (rejected tokens), so the fused loop (early launch on and off) gives
     the stepwise loop's tokens, acceptance lengths and shortfall count."""
-    from specpilot.engine import fused_steps
     from specpilot.engine.replay import AcceptanceReplay
 
     eng = pair.engine
@@ -160,13 +153,8 @@ def test_fused_replay_past_the_transcript_equals_the_stepwise_loop(pair):
     transcript = eng.generate_ar(prompt, 30).tokens[:10]
     runs = {}
     for name, fused, early in (("stepwise", False, True), ("early", True, True), ("host", True, False)):
-        saved = eng.fused_steps, fused_steps.set_early_launch(early)
-        eng.fused_steps = fused
-        try:
+        with loop_config(eng, fused_steps=fused, early_launch=early):
             r = eng.generate_spec(prompt, 30, block_size=4, replay=AcceptanceReplay(transcript, 3.5))
-        finally:
-            eng.fused_steps = saved[0]
-            fused_steps.set_early_launch(saved[1])
         runs[name] = (r.tokens, r.acceptance_lengths, r.replay_shortfalls)
     assert runs["stepwise"][2] > 0                              # the plan outran the transcript
     assert runs["early"] == runs["stepwise"] == runs["host"]

@@ -3,9 +3,9 @@ Runs on the H200 (`python -m pytest -q tests/test_engine_gpu.py`); skipped on CP
 import pytest
 import torch
 
-from conftest import requires_gpu
+from conftest import configured, requires_gpu
 from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU thread)
-from test_engine_helpers import fresh_seed
+from test_engine_helpers import fresh_seed, loop_config
 
 pytestmark = requires_gpu
 dflash = pytest.importorskip("dflash", reason="stock dflash 0.1.0 is not installed")
@@ -13,6 +13,7 @@ dflash = pytest.importorskip("dflash", reason="stock dflash 0.1.0 is not install
 
 @pytest.fixture(scope="module")
 def cuda_pair(tmp_path_factory):
+    from specpilot.config import EngineConfig
     from specpilot.engine import Engine
     from specpilot.models import load_drafter, load_target
     from specpilot.models.random_ckpt import write_pair
@@ -21,8 +22,8 @@ def cuda_pair(tmp_path_factory):
     t, d = write_pair(tmp_path_factory.mktemp("gpu"), "tiny-qwen3", layer_ids=[0, 2], block_size=8, seed=fresh_seed())
     target = load_target(t, device="cuda", dtype=torch.float32)
     drafter = load_drafter(d, target)
-    graphed = Engine(target, drafter, max_seq_len=600, cuda_graphs=True)
-    eager = Engine(target, drafter, max_seq_len=600, cuda_graphs=False)
+    graphed = Engine(target, drafter, max_seq_len=600, config=EngineConfig(cuda_graphs=True))
+    eager = Engine(target, drafter, max_seq_len=600, config=EngineConfig(cuda_graphs=False))
     return graphed, eager, load_stock(t, d, "cuda", torch.float32)
 
 
@@ -43,11 +44,8 @@ def test_graphs_are_used_and_match_stock_and_eager(cuda_pair):
         assert a.tokens == ref.tokens == b.tokens
         assert a.acceptance_lengths == ref.acceptance_lengths
         assert graphed.generate_ar(prompt, max_new).tokens == eager.generate_ar(prompt, max_new).tokens
-        graphed.fused_steps = False                      # the stepwise graphs: same tokens
-        try:
+        with loop_config(graphed, fused_steps=False):    # the stepwise graphs: same tokens
             assert graphed.generate_spec(prompt, max_new).tokens == ref.tokens
-        finally:
-            graphed.fused_steps = True
     assert set(graphed.runner.graphs) == captured        # warmup captured everything generation needed
     assert set(graphed.runner.fused.graphs) == fused
     assert {k[0] for k in captured} == {"draft", "target"}
@@ -69,26 +67,25 @@ def test_split12_engine_matches_bf16_twin_on_cuda(skinny):
     """weights="split12" on CUDA: graphed AR (simt kernel) and verify logits (the skinny GEMM, or the
     mma.sync kernel with the skinny GEMM off) bit-identical to the Bf16Linear twin's, and identical
     greedy tokens."""
+    from specpilot.config import EngineConfig
     from specpilot.engine import Engine
     from specpilot.engine.linear_kernels import kernel_for
     from specpilot.formats.split12.linear import Split12Linear, swap_linears
-    from specpilot.models import load_drafter, load_target, skinny_linear
+    from specpilot.models import load_drafter, load_target
     from specpilot.models.random_ckpt import write_pair
     import tempfile
 
-    previous = skinny_linear.set_skinny_gemm(skinny)
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            t, d = write_pair(tmp, "tiny-qwen3", layer_ids=[0, 2], block_size=8, seed=fresh_seed())
-            s12 = load_target(t, device="cuda", dtype=torch.bfloat16, weights="split12")
-            twin = load_target(t, device="cuda", dtype=torch.bfloat16)
-            swap_linears(twin, kind="bf16")
-            engines = [Engine(m, load_drafter(d, m), max_seq_len=300) for m in (s12, twin)]
-        linear = next(m for m in s12.modules() if isinstance(m, Split12Linear))
+    with tempfile.TemporaryDirectory() as tmp:
+        t, d = write_pair(tmp, "tiny-qwen3", layer_ids=[0, 2], block_size=8, seed=fresh_seed())
+        s12 = load_target(t, device="cuda", dtype=torch.bfloat16, weights="split12")
+        twin = load_target(t, device="cuda", dtype=torch.bfloat16)
+        swap_linears(twin, kind="bf16")
+        engines = [Engine(m, load_drafter(d, m), max_seq_len=300, config=EngineConfig(skinny_gemm=skinny))
+                   for m in (s12, twin)]
+    linear = next(m for m in s12.modules() if isinstance(m, Split12Linear))
+    with configured(skinny_gemm=skinny):
         assert kernel_for(linear, 8) == ("skinny" if skinny else "tc")
-        _split12_and_twin_agree(engines)
-    finally:
-        skinny_linear.set_skinny_gemm(previous)
+    _split12_and_twin_agree(engines)
 
 
 def test_split12_prefill_and_verify_equal_the_plain_bf16_engine():
@@ -99,11 +96,11 @@ def test_split12_prefill_and_verify_equal_the_plain_bf16_engine():
     from specpilot.engine import Engine
     from specpilot.formats.split12.linear import Split12Linear
     from specpilot.formats.split12.ops import skinny_pair_ctas
-    from specpilot.models import load_drafter, load_target, skinny_linear
+    from specpilot.models import load_drafter, load_target
     from specpilot.models.random_ckpt import write_pair
     import tempfile
 
-    assert skinny_linear.enabled()
+    assert ops_linear.skinny_enabled()
     with tempfile.TemporaryDirectory() as tmp:
         t, d = write_pair(tmp, "tiny-qwen3", layer_ids=[0, 2], block_size=8, seed=fresh_seed())
         models = [load_target(t, device="cuda", dtype=torch.bfloat16, weights=w) for w in ("split12", "bf16")]

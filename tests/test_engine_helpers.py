@@ -1,5 +1,7 @@
 """Shared fixtures for the engine / models / verify tests: tiny random pairs in fp32 on the CPU,
 written with our random_ckpt and loaded both by us and by HF / dflash (stock)."""
+import contextlib
+import dataclasses
 import os
 
 import pytest
@@ -46,3 +48,15 @@ class Pair:
     def random_prompt(self, length):
         g = torch.Generator().manual_seed(fresh_seed())
         return torch.randint(0, self.eos, (length,), generator=g).tolist()
+
+
+@contextlib.contextmanager
+def loop_config(engine, **changes):
+    """The engine's loop choices (EngineConfig fields read by its loops: fused_steps, early_launch)
+    changed within the block."""
+    saved = engine.config
+    engine.config = dataclasses.replace(saved, **changes)
+    try:
+        yield engine
+    finally:
+        engine.config = saved

@@ -5,6 +5,7 @@ engine's choice of kernel by row count."""
 import pytest
 import torch
 
+from conftest import configured
 from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU thread)
 from test_engine_helpers import fresh_seed
 
@@ -58,18 +59,15 @@ def test_kernel_for_rows(monkeypatch, skinny_on, built, in_features, rows, want)
     otherwise the mma.sync kernel; more rows: decode + torch's GEMM."""
     from specpilot.engine.linear_kernels import kernel_for, linear_kernel_for_rows
     from specpilot.formats.split12.linear import Bf16Linear
-    from specpilot.models import skinny_linear
+    from specpilot.ops import linear as ops_linear
 
-    monkeypatch.setattr(skinny_linear, "available", lambda: built)
-    previous = skinny_linear.set_skinny_gemm(skinny_on)
-    try:
+    monkeypatch.setattr(ops_linear, "skinny_available", lambda: built)
+    with configured(skinny_gemm=skinny_on):
         m = Bf16Linear(torch.zeros(8, in_features, dtype=torch.bfloat16))
         assert kernel_for(m, rows) == want
         with linear_kernel_for_rows([m], rows):
             assert m.kernel == want
         assert m.kernel == "simt"  # restored
-    finally:
-        skinny_linear.set_skinny_gemm(previous)
 
 
 def test_drafter_weights_follow_the_target_unless_told(tmp_path):

@@ -7,11 +7,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import configured
+
 from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU thread)
 from test_engine_helpers import fresh_seed
 from specpilot.engine.cache import KVCache
-from specpilot.models import fused_ops
-from specpilot.models.layers import attend
+from specpilot.ops import norm_rope
+from specpilot.ops.attention import attend
 from specpilot.models.random_ckpt import TARGET_PRESETS, drafter_config_for, random_drafter, random_target
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -118,15 +120,12 @@ def old_forward_block(drafter, block_ids, cache, args):
 
 
 # -- op by op --------------------------------------------------------------------------------------
-def test_kernels_switch_and_cpu_uses_the_reference():
-    assert fused_ops.fused_kernels_enabled()
-    assert fused_ops.set_fused_kernels(False) is True
-    try:
-        assert not fused_ops.fused_kernels_enabled()
-        assert fused_ops.set_fused_kernels(False) is False
-    finally:
-        fused_ops.set_fused_kernels(True)
-    assert fused_ops._kernels_for(torch.zeros(2, dtype=torch.bfloat16)) is None     # CPU tensors
+def test_kernels_follow_the_config_and_cpu_uses_the_reference():
+    assert norm_rope.fused_kernels_enabled()                       # the default config
+    with configured(fused_kernels=False):
+        assert not norm_rope.fused_kernels_enabled()
+    assert norm_rope.fused_kernels_enabled()
+    assert norm_rope._kernels_for(torch.zeros(2, dtype=torch.bfloat16)) is None     # CPU tensors
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -135,13 +134,13 @@ def test_add_rms_norm_and_silu_mul_equal_old_formulas(dtype):
     x, delta = (torch.randn(3, 5, 96, generator=g).to(dtype) for _ in range(2))
     norm = torch.nn.Module()
     norm.eps, norm.weight = 1e-6, (1 + 0.1 * torch.randn(96, generator=g)).to(dtype)
-    total, normed = fused_ops.add_rms_norm(x, delta, norm.weight, norm.eps)
+    total, normed = norm_rope.add_rms_norm(x, delta, norm.weight, norm.eps)
     assert torch.equal(total, x + delta) and torch.equal(normed, old_norm(norm, x + delta))
-    same, normed = fused_ops.add_rms_norm(x, None, norm.weight, norm.eps)
+    same, normed = norm_rope.add_rms_norm(x, None, norm.weight, norm.eps)
     assert same is x and torch.equal(normed, old_norm(norm, x))
     gate_up = torch.randn(2, 7, 2 * 40, generator=g).to(dtype)
     gate, up = gate_up.split(40, dim=-1)
-    assert torch.equal(fused_ops.silu_mul(gate_up), F.silu(gate) * up)
+    assert torch.equal(norm_rope.silu_mul(gate_up), F.silu(gate) * up)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -161,13 +160,13 @@ def test_qk_norm_rope_cache_equals_old_target_formula(dtype, qk_norm, head_dim, 
     old_caches = [c.clone() for c in caches]
     want_q = old_target_qkv(a, qkv, cos, sin, positions, *old_caches)
     q, k, v = qkv.split((a.nq, a.nkv, a.nkv), dim=2)
-    got_q = fused_ops.qk_norm_rope_cache(q, k, v, a.q_norm.weight if qk_norm else None,
+    got_q = norm_rope.qk_norm_rope_cache(q, k, v, a.q_norm.weight if qk_norm else None,
                                          a.k_norm.weight if qk_norm else None, cos, sin, positions, a.eps, *caches)
     assert torch.equal(got_q, want_q)
     assert all(torch.equal(c, o) for c, o in zip(caches, old_caches))
     # Context K/V only (the drafter's write_context): no q, same cache writes.
     caches = [c.clone() for c in caches]
-    assert fused_ops.qk_norm_rope_cache(None, k, v, None, a.k_norm.weight if qk_norm else None, cos, sin,
+    assert norm_rope.qk_norm_rope_cache(None, k, v, None, a.k_norm.weight if qk_norm else None, cos, sin,
                                         positions, a.eps, *caches) is None
     assert all(torch.equal(c, o) for c, o in zip(caches, old_caches))
 
@@ -215,16 +214,3 @@ def test_models_equal_old_formulas(name, dtype):
         logits, args = layer_args(drafter, lambda: drafter.forward_block(block, positions, new, 13))
         assert torch.equal(logits, old_forward_block(drafter, block, old, args))
         assert all(torch.equal(a, b) for a, b in zip(new.k + new.v, old.k + old.v))
-
-
-def test_fused_gemv_setting_switches_the_default_off():
-    import os
-    import subprocess
-    import sys
-
-    code = "from specpilot.models import gemv_fusion; print(gemv_fusion.enabled())"
-    env = {**os.environ, "SPECPILOT_FUSED_GEMV": "0"}
-    off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    env["SPECPILOT_FUSED_GEMV"] = "1"
-    on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert (off.stdout.strip(), on.stdout.strip()) == ("False", "True"), off.stderr + on.stderr

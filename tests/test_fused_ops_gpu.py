@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import refused_in_subprocess, requires_gpu, switched
+from conftest import refused_in_subprocess, requires_gpu, configured
 from test_engine_helpers import fresh_seed
 
 pytestmark = requires_gpu
@@ -43,16 +43,16 @@ def assert_few_flips(got, want, max_ulps: int):
 
 
 def kernels(on: bool):
-    from specpilot.models import fused_ops
+    from specpilot.ops import norm_rope
 
-    return switched(fused_ops.set_fused_kernels, on)
+    return configured(fused_kernels=on)
 
 
 @pytest.fixture(scope="module")
 def ops():
-    from specpilot.models import fused_ops
+    from specpilot.ops import norm_rope
 
-    found = fused_ops._cuda_ops()
+    found = norm_rope._cuda_ops()
     assert found is not None, "the extension was built without the fused CUDA ops"
     return found
 
@@ -74,14 +74,14 @@ def nan_like(t):
 @pytest.mark.parametrize("rows", [1, 7, 33])
 @pytest.mark.parametrize("with_delta", [True, False])
 def test_add_rms_norm(ops, hidden, rows, with_delta):
-    from specpilot.models import fused_ops
+    from specpilot.ops import norm_rope
 
     g = gen()
     x, delta = randn(rows, hidden, g=g, scale=3.0), randn(rows, hidden, g=g) if with_delta else None
     weight = (1 + 0.1 * torch.randn(hidden, generator=g, device="cuda")).to(torch.bfloat16)
     with kernels(False):
-        want_sum, want = fused_ops.add_rms_norm(x, delta, weight, EPS)
-        _, want_unit = fused_ops.add_rms_norm(x, delta, torch.ones_like(weight), EPS)
+        want_sum, want = norm_rope.add_rms_norm(x, delta, weight, EPS)
+        _, want_unit = norm_rope.add_rms_norm(x, delta, torch.ones_like(weight), EPS)
     total, normed = (nan_like(x) if with_delta else None), nan_like(x)
     ops.add_rms_norm(x, delta, weight, EPS, total, normed)
     if with_delta:
@@ -110,7 +110,7 @@ def test_add_rms_norm_rejects_bad_inputs(ops):
 @pytest.mark.parametrize("layout", ["fused_qkv", "separate_q_kv", "kv_only"])
 @pytest.mark.parametrize("qk_norm", [True, False])
 def test_qk_norm_rope_cache(ops, head_dim, tokens, layout, qk_norm):
-    from specpilot.models import fused_ops
+    from specpilot.ops import norm_rope
     from specpilot.models.config import RopeConfig
     from specpilot.models.layers import rope_table
 
@@ -133,7 +133,7 @@ def test_qk_norm_rope_cache(ops, head_dim, tokens, layout, qk_norm):
         c[:, :, positions] = float("nan")                # a slot the kernel misses stays NaN
     ref = [c.clone() for c in caches]
     with kernels(False):
-        want_q = fused_ops.qk_norm_rope_cache(q, k, v, qw, kw, cos, sin, positions, EPS, *ref)
+        want_q = norm_rope.qk_norm_rope_cache(q, k, v, qw, kw, cos, sin, positions, EPS, *ref)
     got = [c.clone() for c in caches]
     q_out = None if q is None else torch.full((b, hq, tokens, d), float("nan"), device="cuda", dtype=torch.bfloat16)
     ops.qk_norm_rope_cache(q, k, v, qw, kw, cos, sin, positions, EPS, *got, q_out)
@@ -182,7 +182,7 @@ def test_silu_mul(ops, inter, rows):
 
 def test_public_functions_dispatch_to_the_kernels(ops, monkeypatch):
     """fused_ops' functions call the CUDA ops for CUDA bf16 tensors, and not when switched off."""
-    from specpilot.models import fused_ops
+    from specpilot.ops import norm_rope
 
     called = []
 
@@ -195,15 +195,15 @@ def test_public_functions_dispatch_to_the_kernels(ops, monkeypatch):
     g = gen()
     x = randn(1, 3, 512, g=g)
     w = torch.ones(512, device="cuda", dtype=torch.bfloat16)
-    fused_ops.add_rms_norm(x, x, w, EPS)
-    fused_ops.silu_mul(x)
+    norm_rope.add_rms_norm(x, x, w, EPS)
+    norm_rope.silu_mul(x)
     k, v = randn(1, 3, 4, 64, g=g).split(2, dim=2)
     cache = [torch.zeros(1, 2, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in "kv"]
     cos = randn(3, 64, g=g)
-    fused_ops.qk_norm_rope_cache(None, k, v, None, None, cos, cos, torch.arange(3, device="cuda"), EPS, *cache)
+    norm_rope.qk_norm_rope_cache(None, k, v, None, None, cos, cos, torch.arange(3, device="cuda"), EPS, *cache)
     assert called == ["add_rms_norm", "silu_mul", "qk_norm_rope_cache"]
     with kernels(False):
-        fused_ops.add_rms_norm(x, x, w, EPS)
+        norm_rope.add_rms_norm(x, x, w, EPS)
     assert len(called) == 3
 
 
@@ -228,6 +228,7 @@ def test_engine_with_kernels_on_vs_off(ops, family):
     """Prefill logits and features (target) and draft logits close with the kernels on and off; 32
     greedy AR tokens (CUDA graphs) equal, except at a first fork that bf16 rounding explains
     (assert_forks_only_within_rounding)."""
+    from specpilot import config
     from specpilot.engine import Engine
 
     seed = fresh_seed()
@@ -237,7 +238,7 @@ def test_engine_with_kernels_on_vs_off(ops, family):
     out = {}
     for on in (True, False):
         with kernels(on), torch.inference_mode():
-            eng = Engine(target, drafter, max_seq_len=256)
+            eng = Engine(target, drafter, max_seq_len=256, config=config.current())
             logits, feats = eng.runner.prefill(prompt, with_features=True)
             block = torch.randint(0, target.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(seed))
             draft = eng.runner.draft_step(feats, 0, block.cuda(), prompt.shape[1], 8)

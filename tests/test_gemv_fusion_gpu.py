@@ -10,7 +10,7 @@ GEMV tolerance: fp32 fmaf chains over K products, then one bf16 rounding of the 
 import pytest
 import torch
 
-from conftest import refused_in_subprocess, requires_gpu, switched
+from conftest import refused_in_subprocess, requires_gpu, configured
 from test_engine_helpers import fresh_seed
 from test_fused_ops_gpu import assert_forks_only_within_rounding, kernel_sized_pair
 
@@ -21,9 +21,9 @@ EPS = 1e-6
 
 @pytest.fixture(scope="module")
 def ops():
-    from specpilot.models import gemv_fusion
+    from specpilot.ops import linear as ops_linear
 
-    assert gemv_fusion.available(), "the extension was built without gemv_m1"
+    assert ops_linear.gemv_available(), "the extension was built without gemv_m1"
     return torch.ops.specpilot
 
 
@@ -105,7 +105,7 @@ def test_bad_inputs_are_refused_with_the_reason(ops):
 def test_pdl_chain_in_a_cuda_graph_equals_the_plain_launches(ops, cuda_gen):
     """norm_linear -> linear -> norm_linear -> silu_mul_linear, captured with PDL, replayed twice,
     equals the same chain launched without PDL, bit for bit (no kernel reads a predecessor early)."""
-    from specpilot.models import gemv_fusion
+    from specpilot.ops import linear as ops_linear
 
     h, inter = 4096, 12288
     wq, wo = randn(6144, h, g=cuda_gen, scale=h ** -0.5), randn(h, 4096, g=cuda_gen, scale=64 ** -1)
@@ -114,16 +114,13 @@ def test_pdl_chain_in_a_cuda_graph_equals_the_plain_launches(ops, cuda_gen):
     x, delta = randn(1, 1, h, g=cuda_gen), randn(1, 1, h, g=cuda_gen)
 
     def chain():
-        s, q = gemv_fusion.norm_linear(x, delta, n1, EPS, wq)
-        o = gemv_fusion.linear(q[..., :4096], wo)
-        s2, gu = gemv_fusion.norm_linear(s, o, n1, EPS, wgu)
-        return s2, gemv_fusion.silu_mul_linear(gu, wd)
+        s, q = ops_linear.norm_gemv(x, delta, n1, EPS, wq)
+        o = ops_linear.gemv(q[..., :4096], wo)
+        s2, gu = ops_linear.norm_gemv(s, o, n1, EPS, wgu)
+        return s2, ops_linear.silu_mul_gemv(gu, wd)
 
-    previous = gemv_fusion.set_pdl(False)
-    try:
+    with configured(gemv_pdl=False):
         want = chain()
-    finally:
-        gemv_fusion.set_pdl(previous)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -140,37 +137,38 @@ def test_pdl_chain_in_a_cuda_graph_equals_the_plain_launches(ops, cuda_gen):
 
 
 def fused_gemv(on: bool):
-    from specpilot.models import gemv_fusion
+    from specpilot.ops import linear as ops_linear
 
-    return switched(gemv_fusion.set_fused_gemv, on)
+    return configured(fused_gemv=on)
 
 
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
 def test_engine_ar_with_fused_gemv_on_vs_off(ops, family, monkeypatch):
     """The fused path really runs in the graphed AR step, its one-token logits are close to the
     cuBLAS path's, and 48 greedy AR tokens are equal except at a first fork that bf16 rounding explains."""
+    from specpilot import config
     from specpilot.engine import Engine
-    from specpilot.models import gemv_fusion
+    from specpilot.ops import linear as ops_linear
 
     seed = fresh_seed()
     print(f"seed {seed}")
     target, drafter = kernel_sized_pair(family, seed)
     prompt = torch.randint(0, target.config.vocab_size, (1, 29), generator=torch.Generator().manual_seed(seed))
     calls = []
-    real_linear = gemv_fusion.linear
-    monkeypatch.setattr(gemv_fusion, "linear", lambda *a: calls.append(1) or real_linear(*a))
+    real_gemv = ops_linear.gemv
+    monkeypatch.setattr(ops_linear, "gemv", lambda *a: calls.append(1) or real_gemv(*a))
     out = {}
     for on in (True, False):
         with fused_gemv(on), torch.inference_mode():
-            eng = Engine(target, drafter, max_seq_len=256)
+            eng = Engine(target, drafter, max_seq_len=256, config=config.current())
             tokens = eng.generate_ar(prompt[0].tolist(), 48).tokens
             # the graphed one-token step again at the prompt's last position (its prefix is cached)
             logits, _ = eng.runner.target_step(prompt[:, -1:].cuda(), prompt.shape[1] - 1, with_features=False)
             out[on] = (tokens, logits.float().clone())
         if on:
-            assert calls, "the fused GEMV path did not run with gemv_fusion on"
+            assert calls, "the fused GEMV path did not run with fused_gemv on"
             calls.clear()
-    assert not calls, "the fused GEMV path ran with gemv_fusion off"
+    assert not calls, "the fused GEMV path ran with fused_gemv off"
     got, want = out[True][1], out[False][1]
     assert not got.isnan().any()
     assert (got - want).abs().max().item() <= 0.04 * want.abs().max().item()

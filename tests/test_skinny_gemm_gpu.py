@@ -13,7 +13,7 @@ Tolerance: fp32 accumulation (tensor-core products are exact, sums in fp32) then
 import pytest
 import torch
 
-from conftest import refused_in_subprocess, requires_gpu, switched
+from conftest import refused_in_subprocess, requires_gpu, configured
 from test_engine_helpers import fresh_seed
 from test_fused_ops_gpu import assert_forks_only_within_rounding, fp32_twin_on_cpu, kernel_sized_pair
 
@@ -22,9 +22,9 @@ pytestmark = requires_gpu
 
 @pytest.fixture(scope="module")
 def ops():
-    from specpilot.models import skinny_linear
+    from specpilot.ops import linear as ops_linear
 
-    assert skinny_linear.available(), "the extension was built without skinny_gemm"
+    assert ops_linear.skinny_available(), "the extension was built without skinny_gemm"
     return torch.ops.specpilot
 
 
@@ -141,9 +141,9 @@ p = torch.zeros(64 * 16 * 64, device="cuda"); c = torch.zeros(8, dtype=torch.int
 
 
 def skinny(on: bool):
-    from specpilot.models import skinny_linear
+    from specpilot.ops import linear as ops_linear
 
-    return switched(skinny_linear.set_skinny_gemm, on)
+    return configured(skinny_gemm=on)
 
 
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
@@ -152,8 +152,9 @@ def test_engine_spec_with_skinny_gemm_on_vs_off(ops, family, monkeypatch):
     skinny-off engine: with the skinny-off transcript forced through both verify paths, the logits' RMS
     error against an fp32 twin is within 10% of each other; the spec outputs are equal up to a first
     fork that bf16 rounding explains (assert_forks_only_within_rounding)."""
+    from specpilot import config
     from specpilot.engine import Engine
-    from specpilot.models import skinny_linear
+    from specpilot.ops import linear as ops_linear
     from specpilot.verify.arbiter_error import ArbiterErrorTally
     from specpilot.verify.forcing import forced_logits, forced_verify_logits
 
@@ -161,12 +162,12 @@ def test_engine_spec_with_skinny_gemm_on_vs_off(ops, family, monkeypatch):
     target, drafter = kernel_sized_pair(family, seed)
     prompt = torch.randint(0, target.config.vocab_size, (29,), generator=torch.Generator().manual_seed(seed)).tolist()
     calls = []
-    real_run = skinny_linear._run
-    monkeypatch.setattr(skinny_linear, "_run", lambda *a: calls.append(1) or real_run(*a))
+    real_run = ops_linear._skinny
+    monkeypatch.setattr(ops_linear, "_skinny", lambda *a: calls.append(1) or real_run(*a))
     out, forced = {}, {}
     for on in (False, True):
         with skinny(on), torch.inference_mode():
-            eng = Engine(target, drafter, max_seq_len=256)
+            eng = Engine(target, drafter, max_seq_len=256, config=config.current())
             out[on] = eng.generate_spec(prompt, 48).tokens
             assert bool(calls) == on, f"the skinny path {'did not run' if on else 'ran'} with the switch {on}"
             forced[on] = forced_verify_logits(eng, prompt, out[False], drafter.block_size)

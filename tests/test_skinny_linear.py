@@ -1,30 +1,30 @@
-"""skinny_linear's dispatch on the CPU (CI): off CUDA it never takes a call and `linear` is the
-module's own forward, bit for bit; the switch round-trips. The kernel itself: test_skinny_gemm_gpu.py."""
+"""ops/linear.py's skinny GEMM dispatch on the CPU (CI): off CUDA it never takes a call and `linear` is the
+module's own forward, bit for bit; the switch follows the running EngineConfig. The kernel itself: test_skinny_gemm_gpu.py."""
 
 import torch
 from torch import nn
 
-from conftest import switched
+from conftest import configured
 
 
 def test_cpu_calls_fall_back_to_the_module_bit_for_bit():
-    from specpilot.models import skinny_linear
+    from specpilot.ops import linear as ops_linear
 
     proj = nn.Linear(64, 48, bias=False)
     x = torch.randn(2, 5, 64)
-    with switched(skinny_linear.set_skinny_gemm, True):
-        assert not skinny_linear.takes(x, proj)
-        assert torch.equal(skinny_linear.linear(proj, x), proj(x))
-        assert not skinny_linear.takes_weight(x, proj.weight)
-        assert torch.equal(skinny_linear.matmul(x, proj.weight), proj(x))
+    with configured(skinny_gemm=True):
+        assert not ops_linear.skinny_takes(x, proj)
+        assert torch.equal(ops_linear.linear(proj, x), proj(x))
+        assert not ops_linear.skinny_takes_weight(x, proj.weight)
+        assert torch.equal(ops_linear.matmul(x, proj.weight), proj(x))
 
 
-def test_the_switch_returns_the_previous_value():
-    from specpilot.models import skinny_linear
+def test_the_switch_follows_the_running_config():
+    from specpilot.ops import linear as ops_linear
 
-    first = skinny_linear.set_skinny_gemm(True)
-    assert skinny_linear.set_skinny_gemm(first) is True
-    assert skinny_linear.enabled() is first
+    assert ops_linear.skinny_enabled()                                 # the default config
+    with configured(skinny_gemm=False):
+        assert not ops_linear.skinny_enabled()
 
 
 def test_the_launch_loop_chunks_rows_and_aligns_x(monkeypatch):

@@ -38,11 +38,7 @@ def run_both(fn, *tensors):
     results = []
     for kernels in (True, False):
         copies = [t.clone() for t in tensors]
-        previous = step_kernels.set_step_kernels(kernels)
-        try:
-            fn(*copies)
-        finally:
-            step_kernels.set_step_kernels(previous)
+        fn(*copies, kernels=kernels)
         torch.cuda.synchronize()
         results.append(copies)
     return results

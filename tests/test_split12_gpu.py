@@ -5,7 +5,7 @@ bit, M-invariant, within tolerance."""
 
 import pytest
 import torch
-from conftest import requires_gpu, switched
+from conftest import requires_gpu, configured
 
 from specpilot.formats.split12 import ops
 
@@ -104,7 +104,7 @@ def test_decode_bound_grid_keeps_the_twins_identical_on_the_o_projection(gen):
     w = weights(N, K, gen)
     p = ops.pack(w)
     x = torch.randn(16, K, generator=gen, device="cuda").to(torch.bfloat16)
-    with switched(ops.set_decode_bound_grid, True):
+    with configured(split12_decode_grid=True):
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         assert ops.skinny_pair_ctas(N, K, x.device) == (128 if sms >= 128 else 0)
         full = ops.split12_linear(x, p, out=poisoned(16, N), kernel="skinny")
@@ -112,6 +112,7 @@ def test_decode_bound_grid_keeps_the_twins_identical_on_the_o_projection(gen):
         assert within_tolerance(full, x, w, kernel="skinny")
         y3 = ops.split12_linear(x[:3].contiguous(), p, out=poisoned(3, N), kernel="skinny")
         assert same_bits(y3, full[:3])
+
 
 def test_escape_heavy_rows_and_unaligned_x(gen):
     N, K = 70, 2048
@@ -153,67 +154,52 @@ def test_batch_invariant_and_graph_capturable(gen):
 
 
 @pytest.mark.parametrize("N,K", [(37, 133), (300, 1000), (129, 4100), (70, 5000), (1000, 4096)])
-def test_every_kernel_variant_gives_the_same_bits(N, K, gen):
-    """Variants (ops.KERNEL_VARIANTS) change launch geometry and load pipelines, never a bit:
-    CUDA cores at M = 1 == the CPU, tensor cores == the pre-tuning tc kernel, twins agree."""
+def test_m1_equals_the_cpu_and_tc_is_m_invariant(N, K, gen):
+    """The CUDA-core kernels at M = 1 (streamed or register-fed, by shape) == the CPU and the bf16
+    twin; the tensor-core kernel gives each token the same bits at every M, twins agree."""
     w = weights(N, K, gen, escape_share=0.02)
     p = ops.pack(w)
     x = torch.randn(16, K, generator=gen, device="cuda").to(torch.bfloat16)
-    cpu1 = ops.split12_linear(x[:1].cpu(), p.to("cpu"))
-    start = ops.kernel_variant()
-    try:
-        ops.kernel_variant(0)
-        tc0 = {M: ops.split12_linear(x[:M].contiguous(), p, out=poisoned(M, N), kernel="tc") for M in (1, 7, 16)}
-        for v in sorted(ops.KERNEL_VARIANTS):
-            ops.kernel_variant(v)
-            y12 = ops.split12_linear(x[:1].contiguous(), p, out=poisoned(1, N))
-            assert same_bits(y12.cpu(), cpu1), f"variant {v}"
-            assert same_bits(y12, ops.bf16_linear(x[:1].contiguous(), w, out=poisoned(1, N))), f"variant {v}"
-            for M, want in tc0.items():
-                xs = x[:M].contiguous()
-                tc = ops.split12_linear(xs, p, out=poisoned(M, N), kernel="tc")
-                assert same_bits(tc, want), f"variant {v} M={M}"
-                assert same_bits(tc, ops.bf16_linear(xs, w, out=poisoned(M, N), kernel="tc")), f"variant {v} M={M}"
-    finally:
-        ops.kernel_variant(start)
+    y12 = ops.split12_linear(x[:1].contiguous(), p, out=poisoned(1, N))
+    assert same_bits(y12.cpu(), ops.split12_linear(x[:1].cpu(), p.to("cpu")))
+    assert same_bits(y12, ops.bf16_linear(x[:1].contiguous(), w, out=poisoned(1, N)))
+    full = ops.split12_linear(x, p, out=poisoned(16, N), kernel="tc")
+    for M in (1, 7, 16):
+        xs = x[:M].contiguous()
+        tc = ops.split12_linear(xs, p, out=poisoned(M, N), kernel="tc")
+        assert same_bits(tc, full[:M]), f"M={M}"
+        assert same_bits(tc, ops.bf16_linear(xs, w, out=poisoned(M, N), kernel="tc")), f"M={M}"
 
 
-@pytest.mark.parametrize("kernel,M,variant", [("simt", 1, 4), ("tc", 16, 4), ("tc", 1, 4), ("simt", 1, 0)])
-def test_pdl_launches_keep_dependent_calls_ordered(kernel, M, variant, gen):
-    """Variant 4 (programmatic dependent launch) and 0 at M = 1 (the streamed GEMV always launches
-    so) in a CUDA graph: each call reads the previous call's output as x and overwrites a buffer the call
-    before it wrote, so a missing wait shows up as a wrong bit (compared with plain launches, eagerly)."""
+def test_pdl_launches_keep_dependent_calls_ordered(gen):
+    """The streamed M = 1 GEMV always launches with programmatic dependent launch: in a CUDA graph
+    each call reads the previous call's output as x and overwrites a buffer the call before it
+    wrote, so a missing wait shows up as a wrong bit (compared with the CPU kernel's chain)."""
     N = K = 4096
     w = weights(N, K, gen)
     p = ops.pack(w)
-    x0 = (torch.randn(M, K, generator=gen, device="cuda") * 0.05).to(torch.bfloat16)
-    bufs = [poisoned(M, N) for _ in range(3)]
+    x0 = (torch.randn(1, K, generator=gen, device="cuda") * 0.05).to(torch.bfloat16)
+    bufs = [poisoned(1, N) for _ in range(3)]
 
-    def chain():  # x0 -> b0 -> b1 -> b2 -> b0 (the WAW on b0 too)
-        ops.split12_linear(x0, p, out=bufs[0], kernel=kernel)
+    def chain(x, planes, out):  # x0 -> b0 -> b1 -> b2 -> b0 (the WAW on b0 too)
+        ops.split12_linear(x, planes, out=out[0])
         for i in (1, 2, 0):
-            ops.split12_linear(bufs[i - 1], p, out=bufs[i], kernel=kernel)
+            ops.split12_linear(out[i - 1], planes, out=out[i])
 
-    start = ops.kernel_variant()
-    try:
-        ops.kernel_variant(1)
-        chain()
-        want = [b.clone() for b in bufs]
-        ops.kernel_variant(variant)
-        chain()  # eager PDL launches
-        assert all(same_bits(b, e) for b, e in zip(bufs, want))
-        graph = torch.cuda.CUDAGraph()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph):
-            chain()
-        for b in bufs:
-            b.fill_(float("nan"))
-        for _ in range(3):
-            graph.replay()
-        torch.cuda.synchronize()
-        assert all(same_bits(b, e) for b, e in zip(bufs, want))
-    finally:
-        ops.kernel_variant(start)
+    want = [torch.empty(1, N, dtype=torch.bfloat16) for _ in range(3)]
+    chain(x0.cpu(), p.to("cpu"), want)
+    chain(x0, p, bufs)  # eager PDL launches
+    assert all(same_bits(b.cpu(), e) for b, e in zip(bufs, want))
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        chain(x0, p, bufs)
+    for b in bufs:
+        b.fill_(float("nan"))
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert all(same_bits(b.cpu(), e) for b, e in zip(bufs, want))
 
 
 @pytest.mark.parametrize("name", list(QWEN3_8B))

@@ -6,6 +6,8 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import configured
+
 from specpilot.formats.split12 import ops, reference as ref
 from specpilot.formats.split12.linear import Bf16Linear, Split12Linear, swap_linears
 
@@ -148,22 +150,6 @@ def test_bad_inputs_name_the_problem(gen):
         ops.split12_linear(x, p, kernel="wgmma")
 
 
-def test_kernel_variant_knob_round_trips_and_rejects_bad_values():
-    start = ops.kernel_variant()
-    assert start == ops.SHIPPED_VARIANT  # the shipped kernels unless a benchmark changed it
-    try:
-        for v in sorted(ops.KERNEL_VARIANTS):
-            ops.kernel_variant(v)
-            assert ops.kernel_variant() == v
-    finally:
-        ops.kernel_variant(start)
-    assert ops.kernel_variant() == start
-    with pytest.raises(ValueError, match="got 7"):
-        ops.kernel_variant(7)
-    with pytest.raises(RuntimeError, match="got 9"):
-        torch.ops.specpilot.split12_kernel_variant(9)
-
-
 @pytest.mark.parametrize("n,k,planned,sms,want", [
     (4096, 4096, 64, 132, 128),     # Qwen3-8B O: 64 row blocks, each cut in two
     (4096, 4096, 64, 114, 0),       # 114 SMs: the planner's 64 CTAs cover half of them
@@ -180,10 +166,6 @@ def test_decode_bound_grid_cuts_row_blocks_only_where_the_planner_idles_half_the
     assert ops.decode_bound_ctas(n, k, sms, planned) == want
 
 
-def test_decode_bound_grid_switch_round_trips():
-    previous = ops.set_decode_bound_grid(True)
-    try:
-        assert ops.set_decode_bound_grid(False) is True
-        assert ops.skinny_pair_ctas(4096, 4096, torch.device("cpu")) == 0   # off: the planner's grid
-    finally:
-        ops.set_decode_bound_grid(previous)
+def test_decode_bound_grid_off_keeps_the_planners_grid():
+    with configured(split12_decode_grid=False):
+        assert ops.skinny_pair_ctas(4096, 4096, torch.device("cpu")) == 0

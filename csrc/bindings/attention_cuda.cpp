@@ -11,14 +11,9 @@
 // the one-token step's qk_norm_rope_cache + decode_attention in one kernel, bit for bit the same
 // (RopePrologue in csrc/include/specpilot/decode_attention.h).
 //   decode_attention_pdl(enable) -> previous: launch the attention path (qk_norm_rope_cache, split,
-//   combine) with programmatic dependent launch (1, default) or plainly (0); -1 only reads it. A
-//   benchmark knob, process-global (attention_pdl.h).
-//   decode_attention_cluster_merge(mode) -> previous: which calls merge their key splits inside a
-//   thread-block cluster instead of with the combine kernel: 0 none, 1 all, 2 those of more than one
-//   query token (verify / draft blocks; python/specpilot/kernels/decode_attention.py's
-//   cluster_merges() is the same rule, with the same default, 0); -1 only reads it. Read at launch
-//   (so at graph capture); the same output bits either way for the same split count
-//   (csrc/cuda/decode_attention.cu).
+//   combine) with programmatic dependent launch (1, default) or plainly (0); -1 only reads it.
+//   Process-global (attention_pdl.h), read at launch (so at graph capture); Python sets it from
+//   EngineConfig.attention_pdl (kernels/decode_attention.py sync_pdl).
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
@@ -35,27 +30,6 @@
 namespace specpilot {
 namespace attention {
 namespace {
-
-enum ClusterMerge : int { kClusterNone = 0, kClusterAll = 1, kClusterMultiToken = 2 };
-
-std::atomic<int>& cluster_merge_mode() {
-  static std::atomic<int> mode{kClusterNone};
-  return mode;
-}
-
-int64_t decode_attention_cluster_merge(int64_t mode) {
-  SP_CHECK(mode >= -1 && mode <= kClusterMultiToken, "decode_attention_cluster_merge: mode must be 0 (none), "
-           "1 (all calls), 2 (calls of more than one token) or -1 (read only), got ", mode);
-  const int previous = cluster_merge_mode().load();
-  if (mode >= 0) cluster_merge_mode().store((int)mode);
-  return previous;
-}
-
-// Whether a call of T query tokens merges its splits in a cluster under the current mode.
-bool cluster_merges(int64_t T) {
-  const int mode = cluster_merge_mode().load();
-  return mode == kClusterAll || (mode == kClusterMultiToken && T > 1);
-}
 
 int64_t decode_attention_pdl(int64_t enable) {
   const bool previous = attention_path_pdl().load();
@@ -138,7 +112,6 @@ DecodeAttentionArgs checked_args(const at::Tensor& q, const at::Tensor& k_cache,
   }
   a.scale = (float)scale;
   a.pdl = attention_path_pdl().load();
-  a.cluster_merge = cluster_merges(T);
   a.writes_at_last = writes_at_last;
   return a;
 }
@@ -217,7 +190,6 @@ TORCH_LIBRARY_FRAGMENT(specpilot, m) {
         "Tensor positions, float eps, Tensor(a!) k_cache, Tensor(b!) v_cache, int span, float scale, "
         "Tensor(c!) out, Tensor(d!) workspace) -> ()");
   m.def("decode_attention_pdl(int enable) -> int", &specpilot::attention::decode_attention_pdl);
-  m.def("decode_attention_cluster_merge(int mode) -> int", &specpilot::attention::decode_attention_cluster_merge);
 }
 
 TORCH_LIBRARY_IMPL(specpilot, CUDA, m) {

@@ -1,9 +1,9 @@
 // Programmatic dependent launch (sm_90) for the attention path: qk_norm_rope_cache, the decode
 // attention split kernel and its combine. Each kernel lets its successor launch early and waits
 // (griddepcontrol.wait) before touching its predecessor's outputs, so the launch and the first
-// independent reads overlap the kernel before. On by default; one process-global knob, read at
-// launch (so at graph capture), set through the decode_attention_pdl op for A/B benchmarks.
-// (The one-token GEMVs have their own: models/gemv_fusion.set_pdl.)
+// independent reads overlap the kernel before. On by default; one process-global flag, read at
+// launch (so at graph capture), set through the decode_attention_pdl op from
+// EngineConfig.attention_pdl. (The one-token GEMVs take theirs per call: EngineConfig.gemv_pdl.)
 #pragma once
 
 #include <atomic>

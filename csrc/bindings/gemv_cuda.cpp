@@ -1,8 +1,6 @@
-// Schemas and CUDA impls of the one-token GEMVs with a fused add+RMSNorm or SiLU*mul prologue:
-// gemv_m1 (bf16, csrc/cuda/gemv_m1.cu), split12_gemv_m1 and its bf16 twin bf16_gemv_m1_twin
-// (split12's reduction order, csrc/cuda/split12_gemv_m1.cu). CUDA only (models/gemv_fusion.py
-// falls back to the separate ops elsewhere). Out-parameters, torch's current stream: capturable,
-// allocation-free.
+// Schema and CUDA impl of the one-token bf16 GEMV with a fused add+RMSNorm or SiLU*mul prologue:
+// gemv_m1 (csrc/cuda/gemv_m1.cu). CUDA only (models/gemv_fusion.py falls back to the separate ops
+// elsewhere). Out-parameters, torch's current stream: capturable, allocation-free.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
@@ -13,7 +11,6 @@
 #include <string>
 
 #include "specpilot/gemv_m1.h"
-#include "split12_checks.h"
 
 namespace specpilot {
 namespace gemv {
@@ -74,58 +71,17 @@ void check_launch(const char* op, int err, const GemvArgs& a) {
            cudaGetErrorString(static_cast<cudaError_t>(err)));
 }
 
-// gemv_m1 and bf16_gemv_m1_twin: a bf16 weight [N, K] (K a multiple of k_multiple) and `launch`.
-template <int (*launch)(const GemvArgs&, void*), int k_multiple>
-void dense_gemv_cuda(const char* op, const at::Tensor& weight, const at::Tensor& x,
-                     const std::optional<at::Tensor>& delta, const std::optional<at::Tensor>& norm_weight, double eps,
-                     int64_t prologue, bool pdl, const at::Tensor& y, const std::optional<at::Tensor>& sum_out) {
+void gemv_m1_cuda(const at::Tensor& weight, const at::Tensor& x, const std::optional<at::Tensor>& delta,
+                  const std::optional<at::Tensor>& norm_weight, double eps, int64_t prologue, bool pdl,
+                  const at::Tensor& y, const std::optional<at::Tensor>& sum_out) {
   const at::Device dev = weight.device();
-  SP_CHECK(weight.dim() == 2, op, ": weight must be [N, K], got shape ", weight.sizes());
+  SP_CHECK(weight.dim() == 2, "gemv_m1: weight must be [N, K], got shape ", weight.sizes());
   const int64_t N = weight.size(0), K = weight.size(1);
-  SP_CHECK(K % k_multiple == 0, op, ": K must be a multiple of ", k_multiple, ", got ", K);
   GemvArgs a = io_args(N, K, dev, x, delta, norm_weight, eps, prologue, pdl, y, sum_out);
   check_vector("weight", weight, N * K, dev);
   a.w = bits(weight);
   const c10::cuda::CUDAGuard guard(dev);
-  check_launch(op, launch(a, c10::cuda::getCurrentCUDAStream(dev.index()).stream()), a);
-}
-
-void gemv_m1_cuda(const at::Tensor& weight, const at::Tensor& x, const std::optional<at::Tensor>& delta,
-                  const std::optional<at::Tensor>& norm_weight, double eps, int64_t prologue, bool pdl,
-                  const at::Tensor& y, const std::optional<at::Tensor>& sum_out) {
-  dense_gemv_cuda<cuda_gemv_m1, 8>("gemv_m1", weight, x, delta, norm_weight, eps, prologue, pdl, y, sum_out);
-}
-
-// The bf16 twin of split12_gemv_m1 (split12's reduction order: whole 32-column chunks).
-void bf16_gemv_m1_twin_cuda(const at::Tensor& weight, const at::Tensor& x, const std::optional<at::Tensor>& delta,
-                            const std::optional<at::Tensor>& norm_weight, double eps, int64_t prologue, bool pdl,
-                            const at::Tensor& y, const std::optional<at::Tensor>& sum_out) {
-  dense_gemv_cuda<cuda_bf16_gemv_m1_twin, 32>("bf16_gemv_m1_twin", weight, x, delta, norm_weight, eps, prologue,
-                                               pdl, y, sum_out);
-}
-
-void split12_gemv_m1_cuda(const at::Tensor& lo, const at::Tensor& codes, const at::Tensor& base,
-                          const at::Tensor& esc_rowptr, const at::Tensor& esc_col, const at::Tensor& esc_val,
-                          int64_t K, const at::Tensor& x, const std::optional<at::Tensor>& delta,
-                          const std::optional<at::Tensor>& norm_weight, double eps, int64_t prologue, bool pdl,
-                          const at::Tensor& y, const std::optional<at::Tensor>& sum_out) {
-  SP_CHECK(K % 32 == 0, "split12_gemv_m1: K must be a multiple of 32 (split12 chunks), got ", K);
-  SP_CHECK(lo.dim() == 2, "split12_gemv_m1: lo must be [N, kpad], got shape ", lo.sizes());
-  const int64_t N = lo.size(0);
-  const at::Device dev = x.device();
-  GemvArgs a = io_args(N, K, dev, x, delta, norm_weight, eps, prologue, pdl, y, sum_out);
-  // The planes' shapes, dtypes and device, against x and y viewed as [1, K] and [1, N].
-  split12::check_split12_args(x.view({1, -1}).narrow(1, 0, K), lo, codes, base, esc_rowptr, esc_col, esc_val, K,
-                              y.view({1, N}));
-  SP_CHECK(reinterpret_cast<uintptr_t>(lo.data_ptr()) % 16 == 0 &&
-                  reinterpret_cast<uintptr_t>(codes.data_ptr()) % 16 == 0,
-           "split12_gemv_m1: lo and codes must start 16-byte aligned (a view with a storage offset? pass .clone())");
-  const split12::Split12Planes w{lo.data_ptr<uint8_t>(), codes.data_ptr<uint8_t>(), base.data_ptr<uint8_t>(),
-                        esc_rowptr.data_ptr<int32_t>(), esc_col.data_ptr<int32_t>(),
-                        reinterpret_cast<const uint16_t*>(esc_val.data_ptr())};
-  const c10::cuda::CUDAGuard guard(dev);
-  check_launch("split12_gemv_m1", cuda_split12_gemv_m1(w, a, c10::cuda::getCurrentCUDAStream(dev.index()).stream()),
-               a);
+  check_launch("gemv_m1", cuda_gemv_m1(a, c10::cuda::getCurrentCUDAStream(dev.index()).stream()), a);
 }
 
 }  // namespace
@@ -135,15 +91,8 @@ void split12_gemv_m1_cuda(const at::Tensor& lo, const at::Tensor& codes, const a
 TORCH_LIBRARY_FRAGMENT(specpilot, m) {
   m.def("gemv_m1(Tensor weight, Tensor x, Tensor? delta, Tensor? norm_weight, float eps, int prologue, bool pdl, "
         "Tensor(a!) y, Tensor(b!)? sum_out) -> ()");
-  m.def("bf16_gemv_m1_twin(Tensor weight, Tensor x, Tensor? delta, Tensor? norm_weight, float eps, int prologue, "
-        "bool pdl, Tensor(a!) y, Tensor(b!)? sum_out) -> ()");
-  m.def("split12_gemv_m1(Tensor lo, Tensor codes, Tensor base, Tensor esc_rowptr, Tensor esc_col, Tensor esc_val, "
-        "int K, Tensor x, Tensor? delta, Tensor? norm_weight, float eps, int prologue, bool pdl, Tensor(a!) y, "
-        "Tensor(b!)? sum_out) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(specpilot, CUDA, m) {
   m.impl("gemv_m1", &specpilot::gemv::gemv_m1_cuda);
-  m.impl("bf16_gemv_m1_twin", &specpilot::gemv::bf16_gemv_m1_twin_cuda);
-  m.impl("split12_gemv_m1", &specpilot::gemv::split12_gemv_m1_cuda);
 }

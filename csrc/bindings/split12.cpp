@@ -94,22 +94,11 @@ void bf16_linear_cpu(const at::Tensor& x, const at::Tensor& w, at::Tensor& out) 
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) { cpu_bf16_linear(bits16(x), M, bits16(w), N, K, n0, n1, y); });
 }
 
-// Sets the CUDA kernel variant (split12_format.h, cuda_kernel_variant) and returns the previous
-// one; -1 only reads it. A benchmark knob: outputs are the same bits under every variant.
-int64_t split12_kernel_variant(int64_t variant) {
-  SP_CHECK(variant >= -1 && variant < kCudaVariantCount, "split12_kernel_variant: variant must be in -1..",
-           kCudaVariantCount - 1, ", got ", variant);
-  const int previous = cuda_kernel_variant();
-  if (variant >= 0) cuda_kernel_variant() = (int)variant;
-  return previous;
-}
-
 }  // namespace
 }  // namespace split12
 }  // namespace specpilot
 
 TORCH_LIBRARY_FRAGMENT(specpilot, m) {
-  m.def("split12_kernel_variant(int variant) -> int", &specpilot::split12::split12_kernel_variant);
   m.def("split12_pack(Tensor w) -> (Tensor lo, Tensor codes, Tensor base, Tensor esc_rowptr, Tensor esc_col, "
         "Tensor esc_val)");
   m.def("split12_unpack(Tensor lo, Tensor codes, Tensor base, Tensor esc_rowptr, Tensor esc_col, Tensor esc_val, "

@@ -12,12 +12,7 @@
 // rows straight from registers; warps sharing one merge through shared memory first.
 // Keys past the range are zero-filled (never read), so NaN in unseen cache slots cannot leak.
 //
-// Merging the key splits: either a second kernel (combine_kernel, over the fp32 workspace), or,
-// with a.cluster_merge, inside this one: the num_splits CTAs of one (batch, KV head, row block)
-// form a thread-block cluster, each leaves its partial in its own shared memory, and after a
-// cluster barrier each CTA merges a slice of the rows by reading every split's partial over
-// distributed shared memory (DSMEM). Same arithmetic in the same order as combine_kernel, so the
-// output bits are the same; no workspace traffic and one launch (and PDL hand-off) fewer.
+// Merging the key splits: a second kernel (combine_kernel, over the fp32 workspace).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -46,13 +41,9 @@ struct Smem {
   static constexpr int kAccPitch = D + 4;      // floats per row of the merge scratch (reuses K/V)
   static constexpr int kMl = 2 * kWarps * 16;  // m and l of each warp's 16 rows
   static constexpr size_t kBytes = size_t(kQ + 4 * kTile) * 2 + kMl * sizeof(float);
-  // In the K/V ring after the key loop: the warps' merge scratch, then (cluster merge) this CTA's
-  // partial, o [kRowsPerCta][kAccPitch] then lse [kRowsPerCta], which the other CTAs read.
+  // In the K/V ring after the key loop: the warps' merge scratch.
   static constexpr int kScratchFloats = kWarps * 16 * kAccPitch;
-  static constexpr int kPartOffset = kScratchFloats;
-  static constexpr int kLseOffset = kPartOffset + kRowsPerCta * kAccPitch;
-  static_assert((kLseOffset + kRowsPerCta) * sizeof(float) <= 4 * kTile * 2,
-                "merge scratch and the cluster partial must fit the K/V ring");
+  static_assert(kScratchFloats * sizeof(float) <= 4 * kTile * 2, "the merge scratch must fit the K/V ring");
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -110,9 +101,7 @@ __device__ __forceinline__ int settled_end(const int64_t* last, int tokens, int 
 // 32 otherwise, for four independent Q.K^T mma chains instead of two.
 // D = 64: a one-CTA-per-SM bound, else ptxas caps the multi-row kernel at 128 registers and spills
 // in its key loop (with it: 156, no spill). D = 128 keeps ptxas's own choice (0), no spill either.
-// Cluster: the CTAs of one (batch, KV head, row block) are one cluster over the splits (grid.x ==
-// cluster size == num_splits) and merge their partials over DSMEM instead of the workspace.
-template <int D, int SK, bool Cluster>
+template <int D, int SK>
 __global__ void __launch_bounds__(kThreads, D == 64 ? 1 : 0) split_kernel(const DecodeAttentionArgs a) {
   static_assert(SK == 16 || SK == 32, "a warp step is one or two mma k-steps of P.V");
   using S = Smem<D>;
@@ -168,8 +157,8 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 1 : 0) split_kernel(const 
   if (ntiles > 0) load_tile(0, 0, 0, settled);  // cp.async group 1 of the first tile: settled keys
   cp_async_commit();
   pdl_wait();  // before any exit too: a grid must not finish before the kernel it follows
-  // No keys here: the merge skips this split. A cluster's CTA stays for the cluster barriers.
-  if (!Cluster && !direct && split >= geo.active_splits) return;
+  // No keys here: the merge skips this split.
+  if (!direct && split >= geo.active_splits) return;
 
   // The rope prologue is T = 1 only (the op refuses other T), so only the one-m-tile kernel (SK = 16)
   // compiles it: in the multi-row kernel it cost register spills.
@@ -316,20 +305,9 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 1 : 0) split_kernel(const 
   };
   float* part_o = a.workspace + static_cast<long long>(split) * rows_total * D;
   float* part_lse = a.workspace + static_cast<long long>(a.num_splits) * rows_total * D + split * rows_total;
-  // Cluster merge: row r's partial stays in this CTA's shared memory (cpart / clse, read by the
-  // others) instead of the workspace, and `finish` merges this CTA's share of the rows once every
-  // split's partial is there. Without a cluster `finish` is empty: this is the plain kernel.
-  float* cpart = sacc + S::kPartOffset;
-  float* clse = sacc + S::kLseOffset;
-  auto finish = [&] {
-    if constexpr (Cluster) cluster_merge<D, S::kAccPitch, kWarps>(a, cpart, clse, rows, geo.active_splits, split, warp, lane, out_row);
-  };
 
   if (nwk == 1) {  // each warp alone on its m-tile: finish in registers, no shared-memory merge
-    if (!has_rows) {
-      finish();
-      return;
-    }
+    if (!has_rows) return;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       l[h] += __shfl_xor_sync(kFull, l[h], 1);
@@ -343,14 +321,11 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 1 : 0) split_kernel(const 
         const float o0 = acc[n][2 * h] * inv, o1 = acc[n][2 * h + 1] * inv;
         if (direct)
           *reinterpret_cast<uint32_t*>(a.out + orow * D + n * 8 + quad_col) = pack_bf16(o0, o1);
-        else if constexpr (Cluster)
-          *reinterpret_cast<float2*>(cpart + r * S::kAccPitch + n * 8 + quad_col) = make_float2(o0, o1);
         else
           *reinterpret_cast<float2*>(part_o + orow * D + n * 8 + quad_col) = make_float2(o0, o1);
       }
-      if (!direct && lane % 4 == 0) (Cluster ? clse[r] : part_lse[orow]) = l[h] > 0.f ? m[h] + log2f(l[h]) : -INFINITY;
+      if (!direct && lane % 4 == 0) part_lse[orow] = l[h] > 0.f ? m[h] + log2f(l[h]) : -INFINITY;
     }
-    finish();
     return;
   }
 
@@ -398,11 +373,10 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 1 : 0) split_kernel(const 
     if (direct) {
       *reinterpret_cast<uint2*>(a.out + orow * D + d) = make_uint2(pack_bf16(o.x, o.y), pack_bf16(o.z, o.w));
     } else {
-      *reinterpret_cast<float4*>((Cluster ? cpart + r * S::kAccPitch : part_o + orow * D) + d) = o;
-      if (d == 0) (Cluster ? clse[r] : part_lse[orow]) = lsum > 0.f ? mmax + log2f(lsum) : -INFINITY;
+      *reinterpret_cast<float4*>(part_o + orow * D + d) = o;
+      if (d == 0) part_lse[orow] = lsum > 0.f ? mmax + log2f(lsum) : -INFINITY;
     }
   }
-  finish();
 }
 
 // The combine kernel: one warp per output row (merge_row over the fp32 workspace).
@@ -431,57 +405,12 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeAttention
       a.out + orow * D + lane * (D / 32));
 }
 
-// The split kernel with its splits as one cluster (grid.x of them). Returns kNoCluster, launching
-// nothing, when the device cannot co-schedule a cluster of that size for this kernel (the answer
-// kept per kernel and size once the occupancy query succeeds).
-constexpr int kNoCluster = -1;
-template <int D, int SK>
-int launch_cluster(dim3 grid, int smem, cudaStream_t stream, const DecodeAttentionArgs& a) {
-  static int fits[kMaxClusterSplits + 1] = {};  // 0: not asked yet, 1: fits, -1: does not
-  auto kernel = split_kernel<D, SK, true>;
-  const int size = static_cast<int>(grid.x);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[2];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = size;
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  int err = (int)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err == 0 && size > 8) err = (int)cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  if (err != 0) return err;
-  if (fits[size] == 0) {
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
-      (void)cudaGetLastError();  // a failed query is not the launch's error; ask again next time
-      return kNoCluster;
-    }
-    fits[size] = clusters > 0 ? 1 : -1;
-  }
-  if (fits[size] < 0) return kNoCluster;
-  if (a.pdl) {
-    attribute[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute[1].val.programmaticStreamSerializationAllowed = 1;
-    config.numAttrs = 2;
-  }
-  return (int)cudaLaunchKernelEx(&config, kernel, a);
-}
-
 template <int D, int SK>
 int launch_rows(const DecodeAttentionArgs& a, cudaStream_t stream) {
   constexpr size_t smem = Smem<D>::kBytes;
   const int rows = (a.q_heads / a.kv_heads) * a.tokens;
   const dim3 grid(a.num_splits, (rows + kRowsPerCta - 1) / kRowsPerCta, a.batch * a.kv_heads);
-  if (a.cluster_merge && a.num_splits >= 2 && a.num_splits <= kMaxClusterSplits) {
-    const int err = launch_cluster<D, SK>(grid, (int)smem, stream, a);
-    if (err != kNoCluster) return err;
-  }
-  auto kernel = split_kernel<D, SK, false>;
+  auto kernel = split_kernel<D, SK>;
   // Set on every launch (cheap, host only, legal under graph capture): the attribute is per device.
   int err = (int)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err != 0) return err;

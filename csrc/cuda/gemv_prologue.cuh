@@ -1,4 +1,4 @@
-// The fused prologues of the one-token GEMVs (gemv_m1.cu, split12_gemv_m1.cu): each CTA computes
+// The fused prologues of the one-token GEMV (gemv_m1.cu): each CTA computes
 // the GEMV's input vector `in` (K bf16 values, 16-byte vectors of 8) and hands every vector to
 // store(v, value), which puts it in the kernel's own shared-memory layout.
 //   add_norm:  add_rms_norm's arithmetic and summation order (fused_norm.cu), so `in` is

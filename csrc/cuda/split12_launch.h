@@ -13,8 +13,6 @@
 namespace specpilot {
 namespace split12 {
 
-constexpr int kCudaVariantPdl = 4;  // see cuda_kernel_variant() in split12_format.h
-
 // SMs of the current device (cached; 132 on an H200 if the query fails).
 inline int sm_count() {
   static int count = 0;

@@ -1,10 +1,9 @@
 // Launchers of the CUDA-core linear kernels for M = 1..32 tokens: split12 (M = 1 goes to the
-// streamed kernel split12_stream.cu under variant 0 where it wins, to the contract kernel
-// split12_gemv under variants 1 and 4, else to linear_kernel here) and its bf16 twin. Exactness: bit-identical to each other and to the CPU kernels (reduction order of
-// split12_format.h), whatever the bucket or variant below.
+// streamed kernel split12_stream.cu where it wins, else to linear_kernel here) and its bf16 twin.
+// Exactness: bit-identical to each other and to the CPU kernels (reduction order of
+// split12_format.h), whatever the bucket below.
 #include <cuda_runtime.h>
 
-#include "specpilot/abi/split12_gemv.h"
 #include "split12_kernel.cuh"
 #include "split12_launch.h"
 
@@ -28,24 +27,12 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(Source src, const uint
 template <class Source>
 int launch(const Source& src, const uint16_t* x, int M, uint16_t* y, int N, int K, cudaStream_t stream) {
   const bool xvec = (K % 8 == 0) && ((reinterpret_cast<uintptr_t>(x) & 15u) == 0);
-  const bool pdl = M == 1 && cuda_kernel_variant() == kCudaVariantPdl;
   auto go = [&](auto kernel, int rows_per_warp) {
     const int rows_per_block = rows_per_warp * (kThreads / 32);
-    return launch_kernel(kernel, (N + rows_per_block - 1) / rows_per_block, kThreads, 0, stream, pdl, src, x, M, y,
-                         N, K, xvec);
+    return launch_kernel(kernel, (N + rows_per_block - 1) / rows_per_block, kThreads, 0, stream, false, src, x, M,
+                         y, N, K, xvec);
   };
-  if (M <= 1) {
-    if (cuda_variant_like_default()) return go(linear_kernel<Source, 1, 2, 1>, 2);
-    switch (cuda_kernel_variant()) {  // see split12_format.h
-      case 2: return go(linear_kernel<Source, 1, 1, 2>, 1);
-      case 3: return go(linear_kernel<Source, 1, 2, 2>, 2);
-      default: break;
-    }
-    // Same geometry as the split12_gemv contract kernel, so the twins are timed alike.
-    constexpr int kR = SPLIT12_GEMV_ROWS_PER_BLOCK / (SPLIT12_GEMV_THREADS / 32);
-    static_assert(SPLIT12_GEMV_THREADS == kThreads, "the M = 1 twin assumes the contract's block size");
-    return go(linear_kernel<Source, 1, kR, SPLIT12_GEMV_UNROLL>, kR);
-  }
+  if (M <= 1) return go(linear_kernel<Source, 1, 2, 1>, 2);
   if (M <= 2) return go(linear_kernel<Source, 2, 2, 1>, 2);
   if (M <= 4) return go(linear_kernel<Source, 4, 2, 1>, 2);
   if (M <= 8) return go(linear_kernel<Source, 8, 2, 1>, 2);
@@ -59,14 +46,10 @@ int cuda_split12_linear(const uint16_t* x, int M, const uint8_t* lo, const uint8
                         const int32_t* esc_rowptr, const int32_t* esc_col, const int16_t* esc_val, int N, int K,
                         uint16_t* y, void* stream) {
   if (M < 1 || M > kCudaMaxM || N < 1 || K < 1) return (int)cudaErrorInvalidValue;
-  if (M == 1 && (cuda_kernel_variant() == kCudaVariantLatest || cuda_kernel_variant() == kCudaVariantPdl))
-    return cuda_split12_gemv(x, lo, codes, base, esc_rowptr, esc_col, esc_val, N, K, y, stream);
   // The streamed kernel wins where its early start counts (the layer shapes; engine AR -5%), the
   // register-fed one on very large matrices (LM head: 210 vs 228 us), docs/PERF_NOTES.md.
   constexpr int64_t kStreamMaxWeights = int64_t(1) << 28;
-  const bool streamed_variant =
-      cuda_kernel_variant() == kCudaVariantDefault || cuda_kernel_variant() == kCudaVariantDeepRing;
-  if (M == 1 && streamed_variant && (int64_t)N * K < kStreamMaxWeights && split12_stream_gemv_fits(K))
+  if (M == 1 && (int64_t)N * K < kStreamMaxWeights && split12_stream_gemv_fits(K))
     return cuda_split12_stream_gemv(x, lo, codes, base, esc_rowptr, esc_col, esc_val, N, K, y, stream);
   const Split12Source src{{lo, codes, base, esc_rowptr, esc_col, reinterpret_cast<const uint16_t*>(esc_val)},
                           (int)round_up_kpad(K)};

@@ -8,8 +8,7 @@
 // stages of 3 KB per warp in flight, 96 KB per SM, and they go out before griddepcontrol.wait (the kernel
 // always launches with PDL); the lanes only read shared memory, decode and multiply. Two stages, not
 // four: the copies a CTA issues before the wait compete with the previous kernel's last CTAs, whose
-// end the wait is for; four stages cost 4-15% per shape (bench/probes/split12_stream_timeline.py,
-// docs/PERF_NOTES.md "fourteenth session").
+// end the wait is for; four stages cost 4-15% per shape (docs/PERF_NOTES.md).
 //
 // Work split: one CTA of kWarps warps per SM (<= 128 registers per thread). Each warp owns rows n = warp, warp + all warps, ...
 // (every SM gets the same number of rows, +-1 per warp: one row per warp turn balances the Qwen3
@@ -20,10 +19,8 @@
 // l + 64, ... in ascending order: the format's fmaf chain per lane; the butterfly at the row's end
 // is the format's tree.
 // x is staged once per CTA in a lane-major layout (16-byte piece q of chunk c at (q * chunks + c)
-// * 16), so the lanes' x reads are contiguous and conflict-free. The staging is where the one-token
-// GEMVs' prologues go (gemv_prologue.cuh: add_rms_norm or silu_mul computed by every CTA, as
-// split12_gemv_m1's contract in specpilot/gemv_m1.h), so the AR step needs no separate norm or gate
-// kernel in front of a split12 linear; plain x otherwise.
+// * 16), so the lanes' x reads are contiguous and conflict-free. (The norm / gate prologues staged
+// here measured slower in the AR step than the separate kernels: docs/design_notes_deleted.md.)
 // Escapes: a row's escape list (<= kEscSlots entries) is loaded by the lanes during the previous
 // row and kept in shared memory, so the format's per-lane cursor walks shared memory; a row with
 // more escapes walks the global list (correct, slower). Row tables (base, escape range) are loaded
@@ -34,7 +31,6 @@
 // Compiles under nvcc and, with stand-ins for the device headers, on the host
 // (tests/test_split12_stream_emulation.py).
 #include "sm90_device.cuh"
-#include "gemv_prologue.cuh"   // the fused prologues; specpilot/gemv_m1.h
 #include "split12_kernel.cuh"  // kNoEscape, the bf16 -> fp32 halves
 #include "split12_launch.h"    // sm_count, launch_kernel
 
@@ -48,15 +44,14 @@ constexpr int kStageCols = 2048;                                 // columns of t
 constexpr int kStageLaneChunks = kStageCols / kChunk / kLanes;   // chunks per lane per stage (2)
 constexpr int kStageBytes = kStageCols + kStageCols / 2;         // lo | codes: 3 KB
 constexpr int kRingDepth = 2;                                    // stages in flight per warp
-constexpr int kMaxDepth = 4;                                     // ... under kCudaVariantDeepRing (by K)
 constexpr int kEscSlots = 32;                                    // one escape per lane
 // Shared memory: escapes | barriers | x (2 * kpad bytes) | the warps' rings (depth stages each).
 constexpr int kEscBytes = kWarps * kEscSlots * 8;                // int32 column + uint16 value (padded)
 constexpr int kBarOffset = kEscBytes;
-constexpr int kXOffset = kBarOffset + kWarps * kMaxDepth * 8;
+constexpr int kXOffset = kBarOffset + kWarps * kRingDepth * 8;
 // One CTA per SM. (Two CTAs of 8 warps, <= 113 KB each, so that the next kernel's CTA could start
 // beside a finishing one, measured slower on every Qwen3-8B shape: docs/PERF_NOTES.md; and again in
-// the engine's split12 AR step, 4.13 vs 4.05 ms, though it helped the fused prologues, 4.13 vs 4.17.)
+// the engine's split12 AR step, 4.13 vs 4.05 ms.)
 constexpr int kCtaSmem = 232448;  // the H100 / H200 opt-in limit per block
 constexpr uint32_t kNegZeroBf16 = 0x8000u;                       // x past K: -0 (see accumulate)
 static_assert(kStageLaneChunks * kLanes * kChunk == kStageCols, "a stage is whole lane sweeps");
@@ -153,11 +148,9 @@ struct StreamArgs {
   uint16_t* y;
   int N, K, kpad;
   bool xvec;            // x 16-byte aligned and K % 8 == 0
-  gemv::GemvArgs in;    // a fused prologue's inputs (P != kGemvPlain; K % 32 == 0 there, so kpad == K)
 };
 
-// P: gemv::GemvPrologue. kGemvPlain stages x of any K and alignment; the others compute `in`.
-template <int P>
+// x of any K and alignment is staged; `depth` stages in flight per warp.
 __global__ void __launch_bounds__(kThreads, 1) split12_stream_kernel(const StreamArgs a, const int depth) {
   extern __shared__ __align__(128) uint8_t smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -169,11 +162,8 @@ __global__ void __launch_bounds__(kThreads, 1) split12_stream_kernel(const Strea
   const int my_stages = my_rows * stages_per_row;
   int32_t* const esc_col_s = reinterpret_cast<int32_t*>(smem) + warp * kEscSlots * 2;
   uint16_t* const esc_val_s = reinterpret_cast<uint16_t*>(esc_col_s + kEscSlots);
-  const uint32_t bars = sm90::smem_u32(smem + kBarOffset) + warp * kMaxDepth * 8;
+  const uint32_t bars = sm90::smem_u32(smem + kBarOffset) + warp * kRingDepth * 8;
   uint16_t* const xs = reinterpret_cast<uint16_t*>(smem + kXOffset);
-  // block_sum's 33 floats (the add-norm prologue) borrow the escape area: the barrier after the
-  // staging orders its last read before the first row's escapes are written there.
-  float* const scratch = reinterpret_cast<float*>(smem);
   uint8_t* const ring = smem + kXOffset + 2 * a.kpad + warp * depth * kStageBytes;
 
   pdl_launch_dependents();
@@ -203,22 +193,18 @@ __global__ void __launch_bounds__(kThreads, 1) split12_stream_kernel(const Strea
   auto stage_piece = [&](int piece, const uint4& v) {  // columns 8 piece .. 8 piece + 7
     *reinterpret_cast<uint4*>(xs + ((int64_t)(piece % 4) * chunks + piece / 4) * 8) = v;
   };
-  if constexpr (P == gemv::kGemvPlain) {
-    for (int piece = threadIdx.x; piece < a.kpad / 8; piece += kThreads) {
-      const int k0 = 8 * piece;
-      uint4 v;
-      if (a.xvec && k0 + 8 <= a.K) {
-        v = __ldg(reinterpret_cast<const uint4*>(a.x + k0));
-      } else {  // the tail (-0 past K) or an unaligned x
-        uint32_t h[8];
+  for (int piece = threadIdx.x; piece < a.kpad / 8; piece += kThreads) {
+    const int k0 = 8 * piece;
+    uint4 v;
+    if (a.xvec && k0 + 8 <= a.K) {
+      v = __ldg(reinterpret_cast<const uint4*>(a.x + k0));
+    } else {  // the tail (-0 past K) or an unaligned x
+      uint32_t h[8];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) h[j] = k0 + j < a.K ? (uint32_t)__ldg(a.x + k0 + j) : kNegZeroBf16;
-        v = make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16);
-      }
-      stage_piece(piece, v);
+      for (int j = 0; j < 8; ++j) h[j] = k0 + j < a.K ? (uint32_t)__ldg(a.x + k0 + j) : kNegZeroBf16;
+      v = make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16);
     }
-  } else {
-    gemv::prologue<P>(a.in, a.K / 8, scratch, stage_piece);
+    stage_piece(piece, v);
   }
   __syncthreads();
 
@@ -285,24 +271,17 @@ __global__ void __launch_bounds__(kThreads, 1) split12_stream_kernel(const Strea
 
 int smem_bytes(int kpad, int depth) { return kXOffset + 2 * kpad + kWarps * depth * kStageBytes; }
 
-// The deepest ring up to the variant's depth that fits beside x; 0 if not even two stages fit.
-int ring_depth(int kpad) {
-  const int deepest = cuda_kernel_variant() == kCudaVariantDeepRing ? kMaxDepth : kRingDepth;
-  for (int depth = deepest; depth >= 2; --depth)
-    if (smem_bytes(kpad, depth) <= kCtaSmem) return depth;
-  return 0;
-}
+// The ring's depth where it fits beside x; 0 if it does not.
+int ring_depth(int kpad) { return smem_bytes(kpad, kRingDepth) <= kCtaSmem ? kRingDepth : 0; }
 
-template <int P>
 int launch_stream(const StreamArgs& args, bool pdl, cudaStream_t stream) {
   const int depth = args.K >= 1 ? ring_depth(args.kpad) : 0;
   if (args.N < 1 || depth == 0) return (int)cudaErrorInvalidValue;
   static const int allowed =
-      (int)cudaFuncSetAttribute(split12_stream_kernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize, kCtaSmem);
+      (int)cudaFuncSetAttribute(split12_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kCtaSmem);
   if (allowed != 0) return allowed;
   const int grid = min(sm_count(), (args.N + kWarps - 1) / kWarps);
-  return launch_kernel(split12_stream_kernel<P>, grid, kThreads, smem_bytes(args.kpad, depth), stream, pdl, args,
-                       depth);
+  return launch_kernel(split12_stream_kernel, grid, kThreads, smem_bytes(args.kpad, depth), stream, pdl, args, depth);
 }
 
 }  // namespace
@@ -318,27 +297,10 @@ int cuda_split12_stream_gemv(const uint16_t* x, const uint8_t* lo, const uint8_t
                         N,
                         K,
                         (int)round_up_kpad(K),
-                        K % 8 == 0 && (reinterpret_cast<uintptr_t>(x) & 15u) == 0,
-                        {}};
+                        K % 8 == 0 && (reinterpret_cast<uintptr_t>(x) & 15u) == 0};
   // PDL always: the kernel waits for the previous grid before it touches x or y.
-  return launch_stream<gemv::kGemvPlain>(args, true, static_cast<cudaStream_t>(stream));
+  return launch_stream(args, true, static_cast<cudaStream_t>(stream));
 }
 
 }  // namespace split12
-
-namespace gemv {
-
-int cuda_split12_gemv_m1(const split12::Split12Planes& w, const GemvArgs& a, void* stream) {
-  using split12::launch_stream;
-  if (!split12_order_args_ok(a)) return (int)cudaErrorInvalidValue;  // K % 32 == 0: kpad == K
-  const split12::StreamArgs args{w, a.x, a.y, a.n, a.k, a.k, (reinterpret_cast<uintptr_t>(a.x) & 15u) == 0, a};
-  const auto s = static_cast<cudaStream_t>(stream);
-  switch (a.prologue) {
-    case kGemvAddNorm: return launch_stream<kGemvAddNorm>(args, a.pdl, s);
-    case kGemvSiluMul: return launch_stream<kGemvSiluMul>(args, a.pdl, s);
-    default: return launch_stream<kGemvPlain>(args, a.pdl, s);
-  }
-}
-
-}  // namespace gemv
 }  // namespace specpilot

@@ -15,7 +15,6 @@
 #include <cuda_runtime.h>
 
 #include "split12_kernel.cuh"
-#include "split12_launch.h"
 
 namespace specpilot {
 namespace split12 {
@@ -71,7 +70,7 @@ __device__ __forceinline__ void load_x(const uint16_t* x, int token, int M, int 
   }
 }
 
-// Kernel generation 0 (cuda_kernel_variant() == 0): one span in flight per warp, loads then use.
+// One span in flight per warp, loads then use (a cp.async ring of 3-4 spans measured no faster).
 template <class Source, int NT>  // NT token tiles of 8: M <= 8 * NT
 __global__ void __launch_bounds__(kWarps * 32) tc_linear_kernel(Source src, const uint16_t* x, int M, uint16_t* y,
                                                                 int N, int K, bool xvec) {
@@ -143,33 +142,14 @@ __global__ void __launch_bounds__(kWarps * 32) tc_linear_kernel(Source src, cons
   }
 }
 
-// Generation 1: tc_pipelined_kernel (included here: it uses the helpers above, same namespace).
-#include "split12_tc_pipeline.cuh"
-
 template <class Source>
 int launch_tc(const Source& src, const uint16_t* x, int M, uint16_t* y, int N, int K, cudaStream_t stream) {
   const bool xvec = (K % 8 == 0) && ((reinterpret_cast<uintptr_t>(x) & 15u) == 0);
   const int blocks = (N + kTileRows - 1) / kTileRows;
-  if (cuda_variant_like_default()) {
-    if (M <= 8) tc_linear_kernel<Source, 1><<<blocks, kWarps * 32, 0, stream>>>(src, x, M, y, N, K, xvec);
-    else if (M <= 16) tc_linear_kernel<Source, 2><<<blocks, kWarps * 32, 0, stream>>>(src, x, M, y, N, K, xvec);
-    else tc_linear_kernel<Source, 4><<<blocks, kWarps * 32, 0, stream>>>(src, x, M, y, N, K, xvec);
-    return (int)cudaGetLastError();
-  }
-  // Stages: the ring is 96 KB per block for both sources (split12 24 KB per stage, bf16 32 KB),
-  // so two blocks share an SM's 228 KB with the partial sums.
-  constexpr int kStages = Source::kRawWords == 3 ? 4 : 3;
-  constexpr int kRing = tc_ring_bytes<Source, kStages>();
-  auto go = [&](auto kernel) {
-    // Opt in to > 48 KB of dynamic shared memory (a function attribute, legal during graph capture).
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kRing);
-    if (err != cudaSuccess) return (int)err;
-    return launch_kernel(kernel, blocks, kWarps * 32, kRing, stream, cuda_kernel_variant() == kCudaVariantPdl, src, x,
-                         M, y, N, K, xvec);
-  };
-  if (M <= 8) return go(tc_pipelined_kernel<Source, 1, kStages>);
-  if (M <= 16) return go(tc_pipelined_kernel<Source, 2, kStages>);
-  return go(tc_pipelined_kernel<Source, 4, kStages>);
+  if (M <= 8) tc_linear_kernel<Source, 1><<<blocks, kWarps * 32, 0, stream>>>(src, x, M, y, N, K, xvec);
+  else if (M <= 16) tc_linear_kernel<Source, 2><<<blocks, kWarps * 32, 0, stream>>>(src, x, M, y, N, K, xvec);
+  else tc_linear_kernel<Source, 4><<<blocks, kWarps * 32, 0, stream>>>(src, x, M, y, N, K, xvec);
+  return (int)cudaGetLastError();
 }
 
 }  // namespace

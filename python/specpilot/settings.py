@@ -1,4 +1,5 @@
-"""Every setting in one place: environment variables with their defaults and what they do."""
+"""Paths and credentials from environment variables, with their defaults and what they do.
+Kernel and mechanism choices are not here: they live in specpilot.config.EngineConfig."""
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,14 +28,6 @@ class Settings:
     llm_base_url: str = field(default_factory=lambda: _env("SPECPILOT_LLM_BASE_URL", ""))
     llm_model: str = field(default_factory=lambda: _env("SPECPILOT_LLM_MODEL", ""))
     llm_api_key: str = field(default_factory=lambda: _env("SPECPILOT_LLM_API_KEY", _env("OPENAI_API_KEY", "")))
-    # CUDA graphs for the engine's step functions (1 = on where a GPU is used).
-    cuda_graphs: bool = field(default_factory=lambda: _env("SPECPILOT_CUDA_GRAPHS", "1") == "1")
-    # One-token steps through our GEMV with the norm / SwiGLU gate fused in (models/gemv_fusion.py);
-    # 0 = cuBLAS and the separate kernels, as before it was measured faster.
-    fused_gemv: bool = field(default_factory=lambda: _env("SPECPILOT_FUSED_GEMV", "1") == "1")
-    # Steps of 2..16 token rows (verify, draft) through our skinny tensor-core GEMM
-    # (models/skinny_linear.py): verify 4.74 vs 5.10 ms with cuBLAS on the Qwen3-8B shape (H200).
-    skinny_gemm: bool = field(default_factory=lambda: _env("SPECPILOT_SKINNY_GEMM", "1") == "1")
 
 
 def get() -> Settings:

@@ -12,11 +12,7 @@
 // Each CTA handles the up to 64 query rows of one (batch, KV head, row block) that share K/V (GQA
 // folded: rows r = j * T + t of query head kv * g + j), over one key range, and writes a partial
 // (o normalised, lse) to the fp32 workspace; a combine kernel merges the splits. With
-// num_splits == 1 the CTA writes the output directly (no workspace traffic, one launch). With
-// cluster_merge and 2 <= num_splits <= kMaxClusterSplits, the splits of one row block are one
-// thread-block cluster that merges its partials over distributed shared memory instead: the
-// same bits as the combine kernel, no workspace traffic, one launch (falls back to the combine
-// kernel where the device cannot co-schedule such a cluster).
+// num_splits == 1 the CTA writes the output directly (no workspace traffic, one launch).
 #pragma once
 
 #if defined(__CUDACC__)
@@ -33,7 +29,6 @@ namespace attention {
 constexpr int kMaxTokens = 32;    // T: the AR step (1), verify / draft blocks (16), a little headroom
 constexpr int kMaxGroups = 8;     // g = Hq / Hkv
 constexpr int kMaxSplits = 128;
-constexpr int kMaxClusterSplits = 16;  // the largest (non-portable) cluster an H100 / H200 schedules
 constexpr int kSplitKeyAlign = 16;  // key ranges start on a 16-key slice (the mma's k)
 
 // The rope prologue of a one-token step (T = 1): q comes straight from the QKV projection's output,
@@ -69,7 +64,6 @@ struct DecodeAttentionArgs {
   bool writes_at_last;      // the kernels before wrote no key slot below min(last) since this call's
                             // predecessor started (a causal step writes exactly the slots `last` names):
                             // keys below min(last) are loaded before the PDL wait
-  bool cluster_merge;       // merge the splits inside a cluster (2 <= num_splits <= kMaxClusterSplits)
   RopePrologue rope;        // T = 1 only; with rope.qkv set, `q` is not read
 };
 

@@ -14,8 +14,6 @@
 
 #include <cstdint>
 
-#include "specpilot/split12_format.h"  // Split12Planes
-
 namespace specpilot {
 namespace gemv {
 
@@ -38,23 +36,6 @@ struct GemvArgs {
 };
 
 int cuda_gemv_m1(const GemvArgs& args, void* stream);
-
-// The same GEMV with split12 weights (csrc/cuda/split12_stream.cu: the streamed split12 GEMV, the
-// prologue in its x staging), in split12's reduction order (split12_format.h: lane l takes the
-// 32-column chunks l, l + 32, ...), so y is bit-identical to split12_linear(in, W). args.w is
-// unused; K % 32 == 0.
-int cuda_split12_gemv_m1(const split12::Split12Planes& weights, const GemvArgs& args, void* stream);
-// Its bf16 twin (csrc/cuda/split12_gemv_m1.cu): args.w in split12's order, bit-identical to
-// bf16_linear(in, W) and to the above on the same weights (K % 32 == 0).
-int cuda_bf16_gemv_m1_twin(const GemvArgs& args, void* stream);
-
-// What the two split12-order GEMVs above take: whole 32-column chunks, K <= kMaxK, a known
-// prologue with its inputs.
-inline bool split12_order_args_ok(const GemvArgs& a) {
-  if (a.n < 1 || a.k < 32 || a.k % 32 != 0 || a.k > kMaxK) return false;
-  if (a.prologue == kGemvAddNorm) return a.k <= kMaxNormHidden && a.norm_w != nullptr;
-  return a.prologue == kGemvPlain || a.prologue == kGemvSiluMul;
-}
 
 }  // namespace gemv
 }  // namespace specpilot

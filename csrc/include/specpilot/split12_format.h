@@ -171,39 +171,6 @@ int cuda_bf16_linear_tc(const uint16_t* x, int M, const uint16_t* w, int N, int 
 int cuda_split12_unpack(const Split12Planes& planes, int N, int K, uint16_t* w, void* stream);
 constexpr int kCudaMaxM = 32;
 
-// Which CUDA kernels the launchers above pick (a benchmark knob, kept so bench/split12_kernels.py
-// times old and new side by side; process-global, not thread-safe; op split12_kernel_variant):
-//   1           M = 1: split12_gemv, 1 row per warp, 4 chunks per lane in flight (U = 4);
-//               tensor cores: tc_pipelined_kernel (cp.async ring, 3-4 spans per warp in flight).
-//   0 (default) M = 1: cuda_split12_stream_gemv below 2^28 weights (the layer shapes), else 2 rows
-//               per warp, U = 1; tc_linear_kernel. On the H200 (docs/PERF_NOTES.md) the register-fed
-//               M = 1 kernel beat 1-4 on every Qwen3-8B shape, and the streamed one took the engine's
-//               AR step 5% below it (2026-12-03).
-//   2, 3        M = 1 alternatives to 1 (R = 1, U = 2 / R = 2, U = 2), tensor cores as 1.
-//   4           1 launched with programmatic dependent launch (M = 1 and tensor cores): a kernel
-//               starts during the previous one and prefetches weights (csrc/cuda/split12_launch.h).
-//   5           0 without the streamed kernel (M = 1 always 2 rows per warp, U = 1: the default
-//               until 2026-12-03).
-//   6           0 with the streamed kernel's ring 4 stages deep per warp (2 by default since
-//               2026-12-04), split12_gemv_m1's included.
-// Only M = 1 and kernel "tc" change; every variant keeps every output bit of variant 0 (the
-// CUDA-core order is fixed by the format, the tensor-core kernels share their mma sequence).
-constexpr int kCudaVariantLatest = 1;  // the load-ahead kernels (variant 1's geometry)
-constexpr int kCudaVariantDefault = 0;
-constexpr int kCudaVariantRegisterFed = 5;
-constexpr int kCudaVariantDeepRing = 6;
-constexpr int kCudaVariantCount = 7;
-inline int& cuda_kernel_variant() {
-  static int variant = kCudaVariantDefault;
-  return variant;
-}
-// Variants 5 and 6 change only which M = 1 GEMV the layer shapes get (cuda_split12_linear); every
-// other launch treats them as 0.
-inline bool cuda_variant_like_default() {
-  const int v = cuda_kernel_variant();
-  return v == kCudaVariantDefault || v == kCudaVariantRegisterFed || v == kCudaVariantDeepRing;
-}
-
 }  // namespace split12
 }  // namespace specpilot
 #endif

@@ -177,7 +177,7 @@ def run(args) -> int:
         methods=methods, replay=traces.parse_replay(args.replay, block_size) if args.replay else None,
         weights=formats,
         max_seq_len=args.max_seq_len or _seq_len_bound(tokenizer, samples, args.max_new_tokens, block_size),
-        cuda_graphs=settings.get().cuda_graphs and not args.no_cuda_graphs)
+        cuda_graphs=not args.no_cuda_graphs)
     print(f"specpilot bench: loading {args.target} ({', '.join(methods)}) on {cfg.device} {args.dtype}",
           file=sys.stderr, flush=True)
     runners = e2e.build_runners(cfg, stop_ids)

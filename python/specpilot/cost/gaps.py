@@ -1,8 +1,8 @@
 """The gap table: each component's measured time against its ceiling, ranked by time lost per
 generated token. `cost_report(...)` is the API the agents read; `specpilot cost` prints it.
 
-measured: the live implementation timed on the device (on the GPU: our one-token GEMV (gemv_fusion)
-at M = 1, our skinny GEMM (skinny_linear) at 2..16 rows, bf16 matmul above, or, for split12 weights
+measured: the live implementation timed on the device (on the GPU: our one-token GEMV (ops/linear.py)
+at M = 1, our skinny GEMM (ops/linear.py) at 2..16 rows, bf16 matmul above, or, for split12 weights
 where the op is built, split12_linear with the kernel the engine picks for the row count
 (engine/linear_kernels.py); attention by our decode / verify kernel where it takes the call, SDPA
 otherwise; fp32 matmul and SDPA on the CPU). On the GPU each is timed as graph replays (timer.py)
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from specpilot.cost.ceilings import Ceilings, measure_ceilings
 from specpilot.cost.shapes import ModelShape, drafter_target_layers, step_components
 from specpilot.cost.timer import time_call
-from specpilot.models import gemv_fusion, skinny_linear
+from specpilot.ops import linear as ops_linear
 
 SPLIT12_BYTES_PER_WEIGHT = 1.5  # 8-bit low byte + 4-bit code (escapes are a fraction of a percent)
 SPLIT12_OP_MAX_M = 32           # the CUDA split12_linear takes M <= 32 (kCudaMaxM); larger M: bf16 matmul
@@ -101,29 +101,29 @@ class _Measurer:
         weights = [torch.randn(n, k, device=self.device, dtype=self.dtype)
                    for _ in range(self.copies(n * k * x.element_size()))]
         if m == 1 and self.one_token_gemv(weights[0]):      # what the engine's one-token steps run
-            return self._time_each(lambda w: gemv_fusion.linear(x, w), weights)
-        if skinny_linear.takes_weight(x, weights[0]):       # what the engine's verify / draft steps run
-            return self._time_each(lambda w: skinny_linear.matmul(x, w), weights)
+            return self._time_each(lambda w: ops_linear.gemv(x, w), weights)
+        if ops_linear.skinny_takes_weight(x, weights[0]):       # what the engine's verify / draft steps run
+            return self._time_each(lambda w: ops_linear.matmul(x, w), weights)
         return self._time_each(lambda w: F.linear(x, w), weights)
 
     def linear_label(self, dtype: str) -> str:
         if self.split12:
-            skinny = skinny_linear.enabled() and skinny_linear.available()
+            skinny = ops_linear.skinny_enabled() and ops_linear.skinny_available()
             return ("split12_linear op (CUDA-core GEMV at M = 1, "
-                    + (f"split12 skinny GEMM at 2..{skinny_linear.MAX_ROWS} rows, " if skinny else "")
+                    + (f"split12 skinny GEMM at 2..{ops_linear.SKINNY_MAX_ROWS} rows, " if skinny else "")
                     + "decode + cuBLAS above)")
         label = f"torch {dtype} matmul"
-        if self.device == "cuda" and skinny_linear.enabled() and skinny_linear.available():
-            label = f"skinny_gemm at M = 2..{skinny_linear.MAX_ROWS}, " + label + " otherwise"
-        if self.device == "cuda" and gemv_fusion.enabled() and gemv_fusion.available():
-            label = "gemv_m1 (gemv_fusion) at M = 1, " + label
+        if self.device == "cuda" and ops_linear.skinny_enabled() and ops_linear.skinny_available():
+            label = f"skinny_gemm at M = 2..{ops_linear.SKINNY_MAX_ROWS}, " + label + " otherwise"
+        if self.device == "cuda" and ops_linear.gemv_enabled() and ops_linear.gemv_available():
+            label = "gemv_m1 (ops/linear.py) at M = 1, " + label
         if self.weights == "split12" and self.device == "cuda":
             label += " (split12 op not built: stand-in)"
         return label
 
     @staticmethod
     def one_token_gemv(w) -> bool:
-        return gemv_fusion.enabled() and gemv_fusion.available() and gemv_fusion.weight_ok(w)
+        return ops_linear.gemv_enabled() and ops_linear.gemv_available() and ops_linear.gemv_weight_ok(w)
 
     @functools.lru_cache(maxsize=None)
     def attention(self, batch: int, q_len: int, heads: int, kv_heads: int, context: int, head_dim: int) -> float:

@@ -14,7 +14,7 @@ from .result import GenerationResult
 
 def run_ar(engine, ids, max_new_tokens: int, stop_ids: tuple, temperature: float, generator) -> GenerationResult:
     # ids [1, n]
-    if temperature == 0 and engine.fused_steps:
+    if temperature == 0 and engine.config.fused_steps:
         return run_ar_fused(engine, ids, max_new_tokens, stop_ids)
     runner, n = engine.runner, ids.shape[1]
     t0 = engine.clock()
@@ -38,14 +38,12 @@ def run_ar(engine, ids, max_new_tokens: int, stop_ids: tuple, temperature: float
 def run_ar_fused(engine, ids, max_new_tokens: int, stop_ids: tuple) -> GenerationResult:
     """Greedy: each token is one replay of a graph that embeds, runs the target, takes the argmax and
     advances its own position; the host only reads the token (one sync per token). With early launch
-    (fused_steps.set_early_launch) the next token's step is launched before this one is read, so the
+    (EngineConfig.early_launch) the next token's step is launched before this one is read, so the
     GPU never waits for the host; a stop token then leaves one launched step unused."""
-    from . import fused_steps
-
     runner, n = engine.runner, ids.shape[1]
     fused = runner.fused
     fused.capture_all(None)                                   # no-op once captured; before the clock
-    ahead = 1 if fused_steps.early_launch() else 0
+    ahead = 1 if engine.config.early_launch else 0
     t0 = engine.clock()
     logits, _ = runner.prefill(ids, with_features=False)      # [1, 1, V]
     first = int(torch.argmax(logits[0, -1]).item())

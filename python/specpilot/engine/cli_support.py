@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from specpilot.models.loading import load_pair  # noqa: F401  (the commands load through it)
+
 
 def add_model_args(parser, drafter_required: bool = True):
     parser.add_argument("--target", required=True, help="target model folder (HF format)")
@@ -35,17 +37,11 @@ def prompts_from_args(args, tokenizer):
     return out
 
 
-def load_pair(target_dir, drafter_dir, device, dtype, weights=None):
-    from specpilot.models import load_drafter, load_target, load_tokenizer
-
-    target = load_target(target_dir, device=device, dtype=dtype, weights=weights)
-    drafter = load_drafter(drafter_dir, target) if drafter_dir else None
-    return target, drafter, load_tokenizer(target_dir)
-
-
-def engine_for(target, drafter, prompts, max_new_tokens):
-    """An Engine whose caches fit the longest prompt + max_new_tokens (rounded up to 256)."""
+def engine_for(target, drafter, prompts, max_new_tokens, config=None):
+    """An Engine whose caches fit the longest prompt + max_new_tokens (rounded up to 256), with
+    `config` (an EngineConfig; None: the defaults)."""
+    from specpilot.config import EngineConfig
     from specpilot.engine import Engine
 
     need = max(len(ids) for _, ids in prompts) + max_new_tokens + 1
-    return Engine(target, drafter, max_seq_len=max(256, -(-need // 256) * 256))
+    return Engine(target, drafter, max_seq_len=max(256, -(-need // 256) * 256), config=config or EngineConfig())

@@ -5,23 +5,24 @@ import time
 
 import torch
 
-from specpilot import settings
+from specpilot.config import EngineConfig
 from specpilot.verify.sampling import validate_sampling
 
 from .ar_loop import run_ar
 from .cache import drafter_cache, target_cache
+from .graphs import kv_spans
+from .replay import GREEDY
 from .result import GenerationResult
-from .spec_loop import run_spec
+from .spec import run_spec
 from .steps import StepRunner
 
 
 class Engine:
-    def __init__(self, target, drafter=None, max_seq_len: int = 4096, cuda_graphs: bool = True,
-                 compile_layers: bool = False, fused_steps: bool = True):
-        """max_seq_len bounds prompt + new tokens.
-        CUDA graphs are used on CUDA when `cuda_graphs` and SPECPILOT_CUDA_GRAPHS=1 (eager on CPU).
-        compile_layers (opt-in, CUDA): torch.compile each decoder layer (fuses the elementwise ops
-        between the GEMMs; eager-equal bf16 rounding requested with emulate_precision_casts)."""
+    def __init__(self, target, drafter=None, max_seq_len: int = 4096, config: EngineConfig = EngineConfig()):
+        """max_seq_len bounds prompt + new tokens; config: every kernel and mechanism choice
+        (specpilot.config.EngineConfig; CUDA-only choices fall back by themselves elsewhere)."""
+        if not isinstance(config, EngineConfig):
+            raise TypeError(f"Engine config must be an EngineConfig, got {type(config).__name__}")
         if max_seq_len < 2:
             raise ValueError(f"max_seq_len={max_seq_len} must be >= 2")
         if drafter is not None and drafter.target is not target:
@@ -29,16 +30,16 @@ class Engine:
         self.target, self.drafter = target, drafter
         self.max_seq_len = max_seq_len
         self.device = target.device
-        self.fused_steps = bool(fused_steps)
-        self.use_graphs = bool(cuda_graphs and self.device.type == "cuda" and settings.get().cuda_graphs)
+        self.config = config
+        self.use_graphs = config.cuda_graphs and self.device.type == "cuda"
         self.cache = target_cache(target, 1, max_seq_len)
         self.draft_cache = drafter_cache(drafter, 1, max_seq_len) if drafter is not None else None
         target.ensure_rope(self.cache.slots)                   # every slot, the trash slot included
         target.prepare()
         if drafter is not None:
             drafter.ensure_rope(self.cache.slots)
-        self.runner = StepRunner(target, drafter, self.cache, self.draft_cache, self.use_graphs)
-        if compile_layers:
+        self.runner = StepRunner(target, drafter, self.cache, self.draft_cache, self.use_graphs, config=config)
+        if config.compile_layers:
             compile_decoder_layers(target, drafter)
 
     # -- helpers shared by the loops -------------------------------------------------------------
@@ -78,11 +79,9 @@ class Engine:
         overwrite before they are visible. Returns the number of graphs; no-op (0) without graphs."""
         if not self.use_graphs:
             return 0
-        from .graphs import kv_bucket
-
         b = block_size or (self.drafter.block_size if self.drafter is not None else 1)
         capacity = self.runner.capacity
-        spans = sorted({kv_bucket(n, capacity) for n in range(1, capacity + 1, 128)} | {capacity})
+        spans = kv_spans(capacity)
         ids = torch.zeros(1, b, dtype=torch.long, device=self.device)
         for span in spans:
             for t in sorted({1, b}):
@@ -93,7 +92,7 @@ class Engine:
                 ctx = torch.zeros(1, 1, len(self.runner.feature_layers) * self.target.config.hidden_size,
                                   device=self.device, dtype=self.target.dtype)
                 self.runner.draft_step(ctx, span - b - 1, ids, span - b, b)
-        if self.fused_steps:
+        if self.config.fused_steps:
             self.runner.fused.capture_all(b if self.drafter is not None else None)
         torch.cuda.synchronize()
         return len(self.runner.graphs) + len(self.runner.fused.graphs)
@@ -109,7 +108,8 @@ class Engine:
     @torch.inference_mode()
     def generate_spec(self, prompt_ids, max_new_tokens: int, stop_ids=(), temperature: float = 0.0,
                       block_size=None, replay=None, seed=None) -> GenerationResult:
-        """The stock DFlash loop (dflash 0.1.0 `dflash_generate`), token for token."""
+        """The stock DFlash loop (dflash 0.1.0 `dflash_generate`), token for token (engine/spec.py).
+        replay: an AcceptanceReplay forcing each step's accepted count (a benchmark device; greedy only)."""
         if self.drafter is None:
             raise ValueError("generate_spec needs a drafter: Engine(target, drafter)")
         block_size = self.drafter.block_size if block_size is None else int(block_size)
@@ -118,8 +118,8 @@ class Engine:
         if replay is not None and temperature > 0:
             raise ValueError("replay works with greedy decoding only (temperature=0)")
         ids = self.check_request(prompt_ids, max_new_tokens, temperature)
-        return run_spec(self, ids, max_new_tokens, tuple(stop_ids), temperature, block_size, replay,
-                        self.generator(seed))
+        return run_spec(self, ids, max_new_tokens, tuple(stop_ids), temperature, block_size,
+                        GREEDY if replay is None else replay, self.generator(seed))
 
 
 def compile_decoder_layers(target, drafter=None) -> None:

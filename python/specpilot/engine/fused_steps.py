@@ -13,15 +13,15 @@ Greedy DFlash step (block B, kv span S), control = CONTROL (int64, on the device
   2. draft block [anchor, mask x (B-1)] at positions start.. (rows >= vs, the tail padding, sit
      at the trash slot and are invisible: keys visible iff slot <= start + vs - 1), argmax.
      Replay (timing tier, `replay` = 1) overrides the drafts with row `step` of a table the host
-     filled before the clock (load_replay: AcceptanceReplay's drafts and planned counts for every
-     step; a replayed generation's positions do not depend on the model).
+     filled before the clock (load_plan: AcceptanceReplay.device_plan's drafts and planned counts
+     for every step; a replayed generation's positions do not depend on the model).
   3. verify [anchor, drafts] with the target (causal; padding rows at the trash slot), argmax,
      accepted-prefix length over the vs - 1 real drafts, features -> the context buffer.
-  4. the next step's control, as the host's stock bookkeeping would set it (produced = accepted + 1,
-     or the planned count under replay, capped by max_length; a stop token is the host's to see).
+  4. the next step's control, by the rule of accept.py (the planned count under replay; a stop
+     token is the host's to see).
   Output (int64 [2 + 2B]): [matched, block x B, posterior x B, start].
 So the host can launch the next step as soon as it has read this one's output and seen no stop
-(`set_early_launch`): no control upload on the critical path.
+(EngineConfig.early_launch): no control upload on the critical path.
 Exactness: the same arithmetic as the stepwise path (steps.py); a tail block (vs < B) runs padded
 to B rows, so its real rows differ from stock's vs-row block only by kernel rounding (masked keys
 add exact zeros; GEMM row count may change the GEMM kernel).
@@ -38,23 +38,8 @@ import collections
 import torch
 
 from . import step_kernels
+from .graphs import kv_bucket, kv_spans
 from .step_kernels import ANCHOR, CONTROL, START
-from .graphs import kv_bucket
-
-
-_early_launch = True
-
-
-def set_early_launch(on: bool) -> bool:
-    """Launch each greedy step as soon as the host has read the previous one (the spec step's
-    control advanced on the device; the AR step one token ahead). Returns the previous setting."""
-    global _early_launch
-    previous, _early_launch = _early_launch, bool(on)
-    return previous
-
-
-def early_launch() -> bool:
-    return _early_launch
 
 
 class _Readback:
@@ -78,10 +63,18 @@ class _Readback:
 
 
 class FusedSteps:
-    def __init__(self, runner):
-        self.runner = runner
-        self.target, self.drafter = runner.target, runner.drafter
-        device = self.target.device
+    def __init__(self, forwards, cache, draft_cache, drafter, dtype, feature_width: int, use_graphs: bool,
+                 step_factory, pool, step_kernels: bool):
+        """forwards: steps.StepForwards (the model calls); cache / draft_cache: the engine's KV caches
+        (draft_cache None without a drafter); feature_width: the drafter's context features;
+        step_kernels: EngineConfig.step_kernels."""
+        self.forwards, self.drafter, self.step_kernels = forwards, drafter, step_kernels
+        self.capacity, self.trash = cache.slots, cache.trash_slot
+        if draft_cache is not None and draft_cache.trash_slot != self.trash:
+            raise RuntimeError(f"target / draft caches differ in slots ({self.trash} vs {draft_cache.trash_slot})")
+        self.dtype, self.feature_width = dtype, feature_width
+        self.use_graphs, self.step_factory, self.pool = use_graphs, step_factory, pool
+        device = cache.k[0].device
         self.device = device
         self.graphs = {}                                        # ("ar", span) / ("spec", B, span) -> step
         self.ar_token = torch.zeros(1, dtype=torch.long, device=device)       # [1]
@@ -99,10 +92,9 @@ class FusedSteps:
     # -- buffers --------------------------------------------------------------------------------
     def _spec_buffers(self, b: int):
         if b not in self.ctx_feats:
-            f = len(self.runner.feature_layers) * self.target.config.hidden_size
-            self.ctx_feats[b] = torch.zeros(1, b, f, dtype=self.target.dtype, device=self.device)
+            self.ctx_feats[b] = torch.zeros(1, b, self.feature_width, dtype=self.dtype, device=self.device)
             self.spec_out[b] = _Readback(2 + 2 * b, self.device)
-            steps = self.runner.capacity + 1                    # a step makes at least one token
+            steps = self.capacity + 1                           # a step makes at least one token
             self.replay_drafts[b] = torch.zeros(steps, b - 1, dtype=torch.long, device=self.device)
             self.replay_accepted[b] = torch.zeros(steps, dtype=torch.long, device=self.device)
         return self.ctl, self.ctx_feats[b]
@@ -117,9 +109,7 @@ class FusedSteps:
     # -- the step functions (traced once per span when graphed) ---------------------------------
     def _ar_fn(self, span: int):
         def fn():
-            runner = self.runner
-            with runner.compiled_ctx(self.target):
-                logits, _ = runner._target(self.ar_token.view(1, 1), self.ar_pos, span, False)  # [1, 1, V]
+            logits, _ = self.forwards.target(self.ar_token.view(1, 1), self.ar_pos, span, False)  # [1, 1, V]
             self.ar_token.copy_(torch.argmax(logits[0, -1], dim=-1).view(1))
             self.ar_pos.add_(1)
             return self.ar_token
@@ -127,15 +117,12 @@ class FusedSteps:
 
     def _spec_fn(self, b: int, span: int):
         ctl, feats = self._spec_buffers(b)
-        runner, drafter = self.runner, self.drafter
-        trash = runner.draft_cache.trash_slot
+        forwards, trash, kernels = self.forwards, self.trash, self.step_kernels
         replay_drafts, replay_accepted = self.replay_drafts[b], self.replay_accepted[b]
-        if runner.cache.trash_slot != trash:
-            raise RuntimeError(f"target / draft caches differ in slots ({runner.cache.trash_slot} vs {trash})")
         # Constants and outputs, made outside the graph: row indices, [anchor, mask ...], the
         # verify block, its argmaxes, the packed output, the accept kernel's counter.
         rows = torch.arange(b, device=self.device)
-        mask_block = torch.full((1, b), drafter.mask_token_id, dtype=torch.long, device=self.device)
+        mask_block = torch.full((1, b), self.drafter.mask_token_id, dtype=torch.long, device=self.device)
         block = torch.zeros(b, dtype=torch.long, device=self.device)
         posterior = torch.zeros(b, dtype=torch.long, device=self.device)
         out = torch.zeros(2 + 2 * b, dtype=torch.long, device=self.device)
@@ -146,23 +133,16 @@ class FusedSteps:
             ctx_pos = torch.where(rows < ctx_count, ctx_start + rows, trash)         # [B]
             blk_pos = torch.where(rows < vs, start + rows, trash)                    # [B]
             mask_block[:, :1].copy_(anchor.view(1, 1))                               # [1, B]: anchor, masks
-            with runner.compiled_ctx(drafter), runner.kernel_ctx(b):   # (the LM head is the target's)
-                drafter.write_context(feats, ctx_pos, runner.draft_cache)
-                draft_logits = drafter.forward_block(mask_block, blk_pos, runner.draft_cache, span,
-                                                     last_visible=start + vs - 1)    # [1, B-1, V]
-            step_kernels.pick_drafts(draft_logits[0], ctl, replay_drafts, block)    # [anchor, drafts]
-            with runner.compiled_ctx(self.target):
-                logits, new_feats = runner._target(block.view(1, b), blk_pos, span, True)  # [1, B, V], [1, B, F]
+            forwards.write_context(feats, ctx_pos)
+            draft_logits = forwards.draft(mask_block, blk_pos, span, start + vs - 1)  # [1, B-1, V]
+            step_kernels.pick_drafts(draft_logits[0], ctl, replay_drafts, block, kernels)    # [anchor, drafts]
+            logits, new_feats = forwards.target(block.view(1, b), blk_pos, span, True)  # [1, B, V], [1, B, F]
             feats.copy_(new_feats)
-            step_kernels.accept_block(logits[0], block, replay_accepted, ctl, posterior, out, counter)
+            step_kernels.accept_block(logits[0], block, replay_accepted, ctl, posterior, out, counter, kernels)
             return out                                                               # [2 + 2B]
         return fn
 
     # -- graphs ---------------------------------------------------------------------------------
-    def spans(self):
-        capacity = self.runner.capacity
-        return sorted({kv_bucket(n, capacity) for n in range(1, capacity + 1, 128)} | {capacity})
-
     def _step(self, key, make_fn):
         step = self.graphs.get(key)
         if step is None:
@@ -171,7 +151,7 @@ class FusedSteps:
             # is safe too.
             state = [self.ar_token, self.ar_pos, self.ctl, *self.ctx_feats.values()]
             saved = [t.clone() for t in state]
-            step = self.runner.step_factory(make_fn(), (), self.runner.pool)
+            step = self.step_factory(make_fn(), (), self.pool)
             for t, s in zip(state, saved):
                 t.copy_(s)
             self.graphs[key] = step
@@ -181,13 +161,14 @@ class FusedSteps:
         """Captures the AR step (and the spec step for `block_size` > 1) for every kv span, with
         scratch control values (writes land in slots 0..B-1, rewritten by the next prefill).
         Must run outside a generation: a capture's warm-up calls execute the step."""
-        if not self.runner.use_graphs:
+        if not self.use_graphs:
             return 0
         spec = block_size is not None and block_size > 1 and self.drafter is not None
-        wanted = [("ar", s) for s in self.spans()] + ([("spec", block_size, s) for s in self.spans()] if spec else [])
+        spans = kv_spans(self.capacity)
+        wanted = [("ar", s) for s in spans] + ([("spec", block_size, s) for s in spans] if spec else [])
         if all(k in self.graphs for k in wanted):
             return len(self.graphs)                             # the per-generation call: nothing to do
-        for span in self.spans():
+        for span in spans:
             self.ar_pos.fill_(0)
             self._step(("ar", span), lambda: self._ar_fn(span))
             if spec:
@@ -209,8 +190,8 @@ class FusedSteps:
         """Launches the next AR step (at the position after the last one launched)."""
         if len(self.ar_pending) == len(self.ar_ring):
             raise RuntimeError(f"ar_launch: {len(self.ar_ring)} AR steps already in flight")
-        span = kv_bucket(self.ar_launched + 1, self.runner.capacity)
-        if self.runner.use_graphs:
+        span = kv_bucket(self.ar_launched + 1, self.capacity)
+        if self.use_graphs:
             out = self._step(("ar", span), lambda: self._ar_fn(span))()
         else:
             out = self._ar_fn(self.ar_launched + 1)()
@@ -233,39 +214,31 @@ class FusedSteps:
     # -- spec (host side) -----------------------------------------------------------------------
     def write_prompt_context(self, features) -> None:
         """Draft context for the whole prompt (features [1, n, F] at positions 0..n-1), eagerly."""
-        positions = torch.arange(features.shape[1], device=features.device)
-        with self.runner.kernel_ctx(features.shape[1]):
-            self.drafter.write_context(features, positions, self.runner.draft_cache)
+        self.forwards.write_context(features, torch.arange(features.shape[1], device=features.device))
 
-    def load_replay(self, replay, b: int, prompt_len: int, max_length: int) -> None:
-        """An AcceptanceReplay's drafts and planned accepted counts for every step of a generation
-        (prompt_len -> max_length) to the device, before its clock starts: with planned counts the
-        positions of every step are known in advance."""
+    def load_plan(self, policy, b: int, prompt_len: int, max_length: int) -> None:
+        """A replaying policy's drafts and planned accepted counts for every step of a generation
+        (prompt_len -> max_length) to the device, before its clock starts; nothing for GREEDY."""
+        if not policy.replays:
+            return
         self._spec_buffers(b)
-        vocab = self.target.config.vocab_size
-        drafts, accepted, start = [], [], prompt_len
-        while start + 1 < max_length:
-            vs = min(b, max_length - start)
-            want = replay.produced_at(len(accepted), vs)
-            drafts.append(replay.drafts(start - prompt_len, want - 1, b - 1, vocab))
-            accepted.append(want - 1)
-            start += min(want, max_length - start - 1)
-        self.replay_drafts[b][:len(drafts)].copy_(torch.tensor(drafts, dtype=torch.long).view(-1, b - 1))
-        self.replay_accepted[b][:len(accepted)].copy_(torch.tensor(accepted, dtype=torch.long))
+        drafts, accepted = policy.device_plan(b, prompt_len, max_length, self.drafter.target.config.vocab_size)
+        self.replay_drafts[b][:len(drafts)].copy_(drafts)
+        self.replay_accepted[b][:len(accepted)].copy_(accepted)
 
     def spec_send(self, b: int, start: int, ctx_start: int, ctx_count: int, anchor: int, max_length: int,
-                  step: int, replay) -> None:
+                  step: int, replay: bool) -> None:
         """Every control scalar of one spec step, from the host's own bookkeeping (a generation's
         first step: no context rows, its prompt already in the draft cache, step 0)."""
         self._spec_buffers(b)
         self._send(start=start, ctx_start=ctx_start, ctx_count=ctx_count, vs=min(b, max_length - start),
-                   anchor=anchor, replay=replay is not None, max_length=max_length, step=step)
+                   anchor=anchor, replay=bool(replay), max_length=max_length, step=step)
 
     def spec_launch(self, b: int, span_end: int) -> _Readback:
         """Replays the spec step for the control now on the device; span_end = start + vs of that
         step (the host's count), which picks the kv span. Read the result with `.values()`."""
-        if self.runner.use_graphs:
-            span = kv_bucket(span_end, self.runner.capacity)
+        if self.use_graphs:
+            span = kv_bucket(span_end, self.capacity)
             out = self._step(("spec", b, span), lambda: self._spec_fn(b, span))()
         else:
             out = self._spec_fn(b, span_end)()

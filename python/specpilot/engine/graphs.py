@@ -43,6 +43,11 @@ def kv_bucket(needed: int, capacity: int, smallest: int = 256) -> int:
     return min(span, capacity)
 
 
+def kv_spans(capacity: int) -> list:
+    """Every span kv_bucket can return for a cache of `capacity` slots: the graphs warmup captures."""
+    return sorted({kv_bucket(n, capacity) for n in range(1, capacity + 1, 128)} | {capacity})
+
+
 class StaticShapeStep:
     """CPU stand-in for GraphedStep with the same contract (static input buffers, outputs reused and
     overwritten by every call), so the graphed code path (padding, trash slot, kv buckets, output

@@ -2,23 +2,23 @@
 
 Split12Linear and Bf16Linear (formats/split12/linear.py) read their `kernel` attribute at call
 time: "simt" (CUDA-core GEMV, fastest at M = 1), "skinny" (TMA + wgmma skinny GEMM, 2..16 rows,
-while the skinny GEMM is on: models/skinny_linear.py), "tc" (mma.sync tensor cores, 2..16 rows
+while the skinny GEMM is on: ops/linear.py), "tc" (mma.sync tensor cores, 2..16 rows
 when the skinny GEMM cannot run; the simt kernel is ~5x slower than torch at M = 16) or "dense"
 (more rows, i.e. prefill: decode the weight, then cuBLAS). The engine sets it around each step, so
 a CUDA graph bakes in the right one. Exactness: Split12Linear and its Bf16Linear twin stay
 bit-identical under every kernel; the kernels differ from each other by fp32 summation order only
 (see formats/split12/ops.py). "dense" is also what a bf16 model's nn.Linear runs for prefill rows
-(F.linear), and "skinny" its skinny GEMM (skinny_linear.linear) on the same grid wherever the split12
+(F.linear), and "skinny" its skinny GEMM (ops/linear.py) on the same grid wherever the split12
 pair keeps the planner's grid, so there a split12 engine's prefill and verify steps give the bf16
 engine's bits. The pair's decode-bound grid (ops.skinny_pair_ctas: the 8B O projection cut in two K
-pieces) and the one-token GEMV (split12 lane tree vs gemv_fusion) differ from it by fp32 order.
+pieces) and the one-token GEMV (split12 lane tree vs the fused bf16 GEMV) differ from it by fp32 order.
 """
 from __future__ import annotations
 
 import contextlib
 
 from specpilot.formats.split12.ops import KERNELS
-from specpilot.models import skinny_linear
+from specpilot.ops import linear as ops_linear
 
 
 def switchable_linears(models):
@@ -61,9 +61,9 @@ def kernel_for_shape(rows: int, in_features: int) -> str:
     times the same choice)."""
     if rows == 1:
         return "simt"
-    if rows > skinny_linear.MAX_ROWS:
+    if rows > ops_linear.SKINNY_MAX_ROWS:
         return "dense"
-    skinny = skinny_linear.enabled() and skinny_linear.available() and in_features % 8 == 0
+    skinny = ops_linear.skinny_enabled() and ops_linear.skinny_available() and in_features % 8 == 0
     return "skinny" if skinny else "tc"
 
 

@@ -6,10 +6,35 @@ capped by the block and the tail. The target verifies as usual; if its posterior
 transcript earlier than planned (bf16 near-ties make a transcript from another run fork), the step is
 counted in `shortfalls` and the planned count is kept anyway, so timings follow the trace.
 Replay is a timing tool: its output equals the target's greedy output only while shortfalls == 0.
+
+Both speculative loops (engine/spec.py) take an acceptance policy: `GREEDY` (the target decides) or
+an AcceptanceReplay. The stepwise loop asks it for each step's drafts (`step_drafts`) and accepted
+count (`accepted`); the graphed step reads the same plan from device tables (`device_plan`) that the
+host fills before the clock, and the host still asks `accepted` for the count it commits.
 """
 from __future__ import annotations
 
 import math
+
+import torch
+
+from .accept import produced_count
+
+
+class GreedyAcceptance:
+    """The default policy: the drafter's tokens, the target's accepted count."""
+
+    replays = False
+    shortfalls = 0
+
+    def step_drafts(self, step: int, start_offset: int, drafted: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        return drafted
+
+    def accepted(self, step: int, verify_size: int, matched: int) -> int:
+        return matched
+
+
+GREEDY = GreedyAcceptance()
 
 
 def tau_pattern(tau: float, steps: int, block_size: int) -> list:
@@ -37,6 +62,33 @@ class AcceptanceReplay:
             return min(self.trace[step % len(self.trace)], block_size)
         lo, hi = math.floor(step * self.tau + 1e-9), math.floor((step + 1) * self.tau + 1e-9)
         return max(1, min(hi - lo, block_size))
+
+    replays = True
+
+    def step_drafts(self, step: int, start_offset: int, drafted: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """drafted [1, vs-1] (the drafter's, computed for its cost) -> the planned drafts of step `step`,
+        whose anchor is new token `start_offset`."""
+        vs = drafted.shape[1] + 1
+        planned = self.drafts(start_offset, self.produced_at(step, vs) - 1, vs - 1, vocab_size)
+        return torch.tensor([planned], dtype=torch.long, device=drafted.device)
+
+    def accepted(self, step: int, verify_size: int, matched: int) -> int:
+        """The planned accepted count; a step where the target accepted fewer is a shortfall."""
+        planned = self.produced_at(step, verify_size) - 1
+        self.shortfalls += matched < planned
+        return planned
+
+    def device_plan(self, block_size: int, prompt_len: int, max_length: int, vocab_size: int):
+        """Every step's (drafts [steps, B-1], accepted [steps]) of a generation prompt_len -> max_length:
+        with planned counts, each step's position is known in advance (a step makes >= 1 token)."""
+        drafts, accepted, start = [], [], prompt_len
+        while start + 1 < max_length:
+            want = self.produced_at(len(accepted), min(block_size, max_length - start))
+            drafts.append(self.drafts(start - prompt_len, want - 1, block_size - 1, vocab_size))
+            accepted.append(want - 1)
+            start += produced_count(want - 1, max_length - start - 1)
+        return (torch.tensor(drafts, dtype=torch.long).view(-1, block_size - 1),
+                torch.tensor(accepted, dtype=torch.long))
 
     def drafts(self, new_index: int, accept: int, count: int, vocab_size: int) -> list:
         """`count` draft tokens for the block whose anchor is new token `new_index`: the transcript's

@@ -9,8 +9,14 @@ a power-of-two bucket of kv_len (masked slots add nothing), eager calls the exac
 from __future__ import annotations
 
 import contextlib
+import functools
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
+
+from specpilot import config as config_module
+from specpilot.config import EngineConfig
 
 from .cache import KVCache
 from .graphs import GraphedStep, kv_bucket
@@ -18,8 +24,11 @@ from .linear_kernels import cuda_switchable, linear_kernel_for_rows
 
 
 @contextlib.contextmanager
-def compiled(model):
+def compiled_layers(model, on: bool = True):
     """Use the model's compiled layer forwards (if any) while a fixed-shape step is traced."""
+    if not on:
+        yield
+        return
     model.use_compiled = True
     try:
         yield
@@ -27,11 +36,22 @@ def compiled(model):
         model.use_compiled = False
 
 
+@dataclass(frozen=True)
+class StepForwards:
+    """The model forwards over the engine's caches that the fused steps (fused_steps.py) call, with
+    the models' compiled layers (if any) in use: what a whole-step graph is traced from."""
+    target: Callable          # (ids [1, T], positions [T], kv_len, with_features) -> (logits, features)
+    write_context: Callable   # (features [1, C, F], positions [C]) -> None: into the draft cache
+    draft: Callable           # (block_ids [1, T], positions [T], kv_len, last_visible) -> logits [1, T-1, V]
+
+
 class StepRunner:
     def __init__(self, target, drafter, cache: KVCache, draft_cache: KVCache | None, use_graphs: bool,
-                 step_factory=None):
-        """step_factory: GraphedStep (default, CUDA) or graphs.StaticShapeStep (CPU tests of the path)."""
+                 step_factory=None, config: EngineConfig = config_module.DEFAULT):
+        """step_factory: GraphedStep (default, CUDA) or graphs.StaticShapeStep (CPU tests of the path);
+        config: the engine's, handed to the models' op dispatch around every forward (kernel_ctx)."""
         self.target, self.drafter = target, drafter
+        self.config = config
         self.cache, self.draft_cache = cache, draft_cache
         self.use_graphs = use_graphs
         self.feature_layers = tuple(drafter.target_layer_ids) if drafter is not None else ()
@@ -41,27 +61,34 @@ class StepRunner:
         self.pool = torch.cuda.graph_pool_handle() if use_graphs and self.step_factory is GraphedStep else None
         from .fused_steps import FusedSteps
         self._switchable = None                               # split12 linears whose kernel we pick
-        self.fused = FusedSteps(self)                         # whole greedy steps, one graph each
+        forwards = StepForwards(target=functools.partial(self.forward_target, compiled=True),
+                                write_context=functools.partial(self.write_draft_context, compiled=True),
+                                draft=functools.partial(self.forward_draft, compiled=True))
+        self.fused = FusedSteps(forwards, cache, draft_cache, drafter, target.dtype,   # whole greedy steps
+                                len(self.feature_layers) * target.config.hidden_size, use_graphs,
+                                self.step_factory, self.pool, config.step_kernels)
 
-    def compiled_ctx(self, model):
-        return compiled(model)
-
+    @contextlib.contextmanager
     def kernel_ctx(self, rows: int):
-        """split12 / bf16-twin linears: the M=1 kernel for one row, tensor cores for more (CUDA)."""
+        """The engine's config for the models' op dispatch, and the split12 / bf16-twin linears'
+        kernel for `rows` token rows (the M=1 kernel for one row, tensor cores for more; CUDA)."""
         if self._switchable is None:
             self._switchable = cuda_switchable((self.target, self.drafter))
-        return linear_kernel_for_rows(self._switchable, rows)
+        with config_module.use(self.config), linear_kernel_for_rows(self._switchable, rows):
+            yield
 
     # -- target ---------------------------------------------------------------------------------
-    def _target(self, ids, positions, kv_len: int, with_features: bool, logits_rows=None):
+    def forward_target(self, ids, positions, kv_len: int, with_features: bool, logits_rows=None,
+                       compiled: bool = False):
+        """The target over ids [1, T] at `positions`, attending to cache slots [0, kv_len)."""
         layers = self.feature_layers if with_features else ()
-        with self.kernel_ctx(ids.shape[1]):
+        with self.kernel_ctx(ids.shape[1]), compiled_layers(self.target, compiled):
             return self.target(ids, positions, self.cache, kv_len, layers, logits_rows)
 
     def prefill(self, ids, with_features: bool):
         """ids [1, T] at positions 0..T-1 -> (last logits [1, 1, V], features [1, T, F] or None)."""
         positions = torch.arange(ids.shape[1], device=ids.device)
-        return self._target(ids, positions, ids.shape[1], with_features, logits_rows=1)
+        return self.forward_target(ids, positions, ids.shape[1], with_features, logits_rows=1)
 
     def target_step(self, ids, start: int, with_features: bool, graphed: bool = True):
         """ids [1, T] at positions start..start+T-1 -> (logits [1, T, V], features [1, T, F] or None).
@@ -71,22 +98,30 @@ class StepRunner:
         t = ids.shape[1]
         positions = torch.arange(start, start + t, device=ids.device)
         if not self.use_graphs or not graphed:
-            return self._target(ids, positions, start + t, with_features)
+            return self.forward_target(ids, positions, start + t, with_features)
         span = kv_bucket(start + t, self.capacity)
         key = ("target", t, with_features, span)
         if key not in self.graphs:
             def fn(i, p):
-                with compiled(self.target):
-                    return self._target(i, p, span, with_features)
+                return self.forward_target(i, p, span, with_features, compiled=True)
             self.graphs[key] = self.step_factory(fn, (ids, positions), self.pool)
         return self.graphs[key](ids, positions)
 
     # -- drafter --------------------------------------------------------------------------------
-    def _draft(self, ctx_features, ctx_positions, block_ids, block_positions, kv_len: int):
-        with self.kernel_ctx(ctx_features.shape[1]):
-            self.drafter.write_context(ctx_features, ctx_positions, self.draft_cache)
-        with self.kernel_ctx(block_ids.shape[1]):
-            return self.drafter.forward_block(block_ids, block_positions, self.draft_cache, kv_len)
+    def write_draft_context(self, features, positions, compiled: bool = False):
+        """Target features [1, C, F] at `positions` [C] into the draft cache."""
+        with self.kernel_ctx(features.shape[1]), compiled_layers(self.drafter, compiled):
+            self.drafter.write_context(features, positions, self.draft_cache)
+
+    def forward_draft(self, block_ids, positions, kv_len: int, last_visible=None, compiled: bool = False):
+        """The drafter over block_ids [1, T] at `positions` -> draft logits [1, T-1, V]."""
+        with self.kernel_ctx(block_ids.shape[1]), compiled_layers(self.drafter, compiled):
+            return self.drafter.forward_block(block_ids, positions, self.draft_cache, kv_len,
+                                              last_visible=last_visible)
+
+    def _draft(self, ctx_features, ctx_positions, block_ids, block_positions, kv_len: int, compiled: bool = False):
+        self.write_draft_context(ctx_features, ctx_positions, compiled)
+        return self.forward_draft(block_ids, block_positions, kv_len, compiled=compiled)
 
     def draft_step(self, ctx_features, ctx_start: int, block_ids, start: int, full_block: int):
         """Injects ctx_features [1, C, F] (target features at positions ctx_start..ctx_start+C-1) and
@@ -108,8 +143,7 @@ class StepRunner:
         key = ("draft", t, span)
         if key not in self.graphs:
             def fn(f, cp, b, bp):
-                with compiled(self.drafter):
-                    return self._draft(f, cp, b, bp, span)
+                return self._draft(f, cp, b, bp, span, compiled=True)
             self.graphs[key] = self.step_factory(fn, (ctx_features, ctx_positions, block_ids, block_positions),
                                                  self.pool)
         return self.graphs[key](ctx_features, ctx_positions, block_ids, block_positions)

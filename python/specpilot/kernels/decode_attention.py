@@ -2,7 +2,7 @@
 
 `decode_attention(q, k, v, last, scale)`: q [B, Hq, T, D] bf16, k/v [B, Hkv, span, D] bf16 (a view
 of the cache slots [0, span)), last int64 [T]: key slot j is visible to query row t iff
-j <= last[t]. Returns [B, T, Hq * D] bf16 (the layout `layers.attend` returns).
+j <= last[t]. Returns [B, T, Hq * D] bf16 (the layout `ops.attention.attend` returns).
 Exactness: softmax(q k^T * scale) v with fp32 scores and accumulation, P rounded to bf16 for the
 P.V tensor-core product (as flash attention); within bf16 rounding of an fp64 reference, not
 bit-identical to SDPA (tests/test_decode_attention_gpu.py). Outputs and workspace come from
@@ -14,21 +14,14 @@ import functools
 
 import torch
 
-from specpilot import _ext
+from specpilot import _ext, config
 
 HEAD_DIMS = (64, 128)
 MAX_TOKENS = 32          # csrc/include/specpilot/decode_attention.h kMaxTokens
 MAX_GROUPS = 8           # kMaxGroups
 MAX_SPLITS = 128         # kMaxSplits
-MAX_CLUSTER_SPLITS = 16  # kMaxClusterSplits: the most splits one thread-block cluster merges
 ROWS_PER_CTA = 64        # query rows (g * T) one CTA handles
 MIN_KEYS_PER_SPLIT = 32  # fewer keys per CTA than this costs more in partials than it saves
-_fused_rope = True       # set_fused_rope
-# set_cluster_merge's modes, as the op numbers them (csrc/bindings/attention_cuda.cpp ClusterMerge)
-CLUSTER_MERGE_MODES = {"none": 0, "all": 1, "multi_token": 2}
-# set_cluster_merge; the same default as the op's (a GPU test checks both). "none" because the cluster
-# measured no gain: verify -0.2% at 512 tokens, +0.9% at 2048 (H100; docs/PERF_NOTES.md, session 17).
-_cluster_merge = "none"
 
 
 @functools.lru_cache(maxsize=None)
@@ -56,23 +49,11 @@ def _sm_count(device: torch.device) -> int:
 def default_splits(batch: int, kv_heads: int, rows_per_kv_head: int, span: int, sm_count: int,
                    max_splits: int = MAX_SPLITS) -> int:
     """Key splits for a call: enough CTAs to give every SM one, each with >= MIN_KEYS_PER_SPLIT
-    keys at a full span, at most max_splits (split_cap()). Depends on the span, not on `last`, so a
+    keys at a full span, at most max_splits. Depends on the span, not on `last`, so a
     captured graph keeps its grid; splits beyond the visible keys do no work on the device."""
     row_blocks = -(-rows_per_kv_head // ROWS_PER_CTA)
     want = -(-sm_count // (batch * kv_heads * row_blocks))
     return max(1, min(want, span // MIN_KEYS_PER_SPLIT, max_splits))
-
-
-def cluster_merges(tokens: int) -> bool:
-    """Whether a call of `tokens` query tokens merges its key splits inside a cluster under the current
-    mode; the op applies the same rule at launch (attention_cuda.cpp cluster_merges)."""
-    return _cluster_merge == "all" or (_cluster_merge == "multi_token" and tokens > 1)
-
-
-def split_cap(tokens: int) -> int:
-    """The most key splits a call of `tokens` query tokens gets: one cluster's worth where its splits
-    merge in a cluster."""
-    return MAX_CLUSTER_SPLITS if cluster_merges(tokens) else MAX_SPLITS
 
 
 def decode_attention(q, k, v, last, scale: float, splits: int | None = None,
@@ -86,8 +67,9 @@ def decode_attention(q, k, v, last, scale: float, splits: int | None = None,
     if q.stride(-1) != 1 or any(s % 8 for s in q.stride()[:3]):
         q = q.contiguous()
     if splits is None:
-        splits = default_splits(b, hkv, (hq // hkv) * t, span, _sm_count(q.device), split_cap(t))
+        splits = default_splits(b, hkv, (hq // hkv) * t, span, _sm_count(q.device))
     last = last.to(dtype=torch.int64).contiguous()
+    sync_pdl()
     out = torch.empty((b, t, hq * d), dtype=q.dtype, device=q.device)
     workspace = torch.empty((splits, b * t * hq, d + 1), dtype=torch.float32, device=q.device)
     _ext.ops().decode_attention(q, k, v, last, span, float(scale), out, workspace, bool(writes_at_last))
@@ -102,7 +84,8 @@ def decode_attention_rope(qkv, q_weight, k_weight, cos, sin, positions, eps: flo
     position), k/v_cache [B, Hkv, S, D] (slot positions[0] written) -> [B, 1, Hq * D] over slots
     [0, kv_len). The same key splits as decode_attention over the kv_len view, so the same sums."""
     b, hkv, d = qkv.shape[0], k_cache.shape[1], k_cache.shape[3]
-    splits = default_splits(b, hkv, num_q_heads // hkv, kv_len, _sm_count(qkv.device), split_cap(1))
+    splits = default_splits(b, hkv, num_q_heads // hkv, kv_len, _sm_count(qkv.device))
+    sync_pdl()
     out = torch.empty((b, 1, num_q_heads * d), dtype=qkv.dtype, device=qkv.device)
     workspace = torch.empty((splits, b * num_q_heads, d + 1), dtype=torch.float32, device=qkv.device)
     _ext.ops().decode_attention_rope(qkv, q_weight, k_weight, cos, sin, positions, float(eps), k_cache, v_cache,
@@ -110,17 +93,10 @@ def decode_attention_rope(qkv, q_weight, k_weight, cos, sin, positions, eps: flo
     return out
 
 
-def set_fused_rope(enable: bool) -> bool:
-    """Run a one-token target step's rope / cache write inside the attention kernel (the default:
-    measured faster) or as its own kernel before it; returns the previous setting. Read when a step
-    is traced, so a CUDA graph keeps the setting it was captured with."""
-    global _fused_rope
-    previous, _fused_rope = _fused_rope, bool(enable)
-    return previous
-
-
 def fused_rope_enabled() -> bool:
-    return _fused_rope and _rope_op_available()
+    """Whether a one-token target step runs its rope / cache write inside the attention kernel
+    (EngineConfig.attention_fused_rope, measured faster) rather than as its own kernel before it."""
+    return config.current().attention_fused_rope and _rope_op_available()
 
 
 @functools.lru_cache(maxsize=None)
@@ -128,25 +104,18 @@ def _rope_op_available() -> bool:
     return _ext.has_cuda_op("decode_attention_rope")
 
 
-def set_cluster_merge(mode: str) -> str:
-    """Which calls merge their key splits inside a thread-block cluster over distributed shared
-    memory, with splits capped at MAX_CLUSTER_SPLITS, instead of with the combine kernel over the
-    fp32 workspace: "none", "all", or "multi_token" (calls of more than one query token: the verify
-    and draft blocks). Returns the previous mode. The same bits for the same split count. Read when a
-    call is traced or launched, so a CUDA graph keeps the mode it was captured with."""
-    global _cluster_merge
-    if mode not in CLUSTER_MERGE_MODES:
-        raise ValueError(f"set_cluster_merge: mode must be one of {sorted(CLUSTER_MERGE_MODES)}, got {mode!r}")
-    _ext.ops().decode_attention_cluster_merge(CLUSTER_MERGE_MODES[mode])
-    previous, _cluster_merge = _cluster_merge, mode
-    return previous
+_pdl_applied = [True]    # the op's own default (csrc/bindings/attention_pdl.h)
 
 
-def set_pdl(enable: bool) -> bool:
-    """Launch the attention path (qk_norm_rope_cache, split and combine kernels) with programmatic
-    dependent launch (the default: measured faster); returns the previous setting. Read at launch,
-    so a CUDA graph keeps the setting it was captured with."""
-    return bool(_ext.ops().decode_attention_pdl(int(enable)))
+def sync_pdl() -> None:
+    """Makes the attention path (qk_norm_rope_cache, split and combine kernels) launch with
+    programmatic dependent launch or not, as the running EngineConfig.attention_pdl says. The op
+    reads a process-wide flag at launch, so every launcher of the path calls this first; a CUDA
+    graph keeps the value it was captured with."""
+    enable = config.current().attention_pdl
+    if enable != _pdl_applied[0] and _ext.has_cuda_op("decode_attention_pdl"):
+        _ext.ops().decode_attention_pdl(int(enable))
+        _pdl_applied[0] = enable
 
 
 def _register() -> None:

@@ -2,8 +2,9 @@
 
 An op family registers its implementations in priority order with a predicate that says whether
 it can run here (`register`). `live_implementations()` reports, per op, the first that can; the
-`specpilot env` command prints it. Variants integrated by the agent loop are looked up per
-(GPU, op, shape) with `integrated_variant` and take precedence in the op's own dispatch.
+`specpilot env` command prints it. Variants integrated by the agent loop are written to a manifest
+(`integrate_variant`; the agents' default file is `variants_file()`) and dispatched only by an
+engine whose EngineConfig.variants_manifest names that file (kernels/dispatch.py).
 """
 import json
 from collections import OrderedDict
@@ -36,8 +37,8 @@ def _import_op_families() -> None:
     # Importing an op family's Python module registers its implementations.
     import importlib
 
-    for module in ("specpilot.formats.split12.ops", "specpilot.models.fused_ops",
-                   "specpilot.models.gemv_fusion", "specpilot.kernels.decode_attention"):
+    for module in ("specpilot.formats.split12.ops", "specpilot.ops.norm_rope", "specpilot.ops.linear",
+                   "specpilot.kernels.decode_attention"):
         try:
             importlib.import_module(module)
         except ImportError:
@@ -45,12 +46,14 @@ def _import_op_families() -> None:
 
 
 def variants_file():
+    """The manifest the agent loop writes its integrated variants to."""
     return settings.get().kernel_cache.parent / "integrated_variants.json"
 
 
-def integrated_variant(gpu: str, op: str, shape: tuple) -> dict | None:
-    """The agent-validated variant for this GPU, op and shape, or None."""
-    path = variants_file()
+def integrated_variant(gpu: str, op: str, shape: tuple, path=None) -> dict | None:
+    """The agent-validated variant for this GPU, op and shape in the manifest `path` (default
+    variants_file()), or None."""
+    path = variants_file() if path is None else path
     if not path.exists():
         return None
     table = json.loads(path.read_text())

@@ -9,17 +9,19 @@ stock's "crop the draft cache to `start`" is implicit (the block's slots are ove
 
 Exactness: per-row arithmetic as stock (k_norm on context and block K, RoPE at absolute positions,
 SDPA without a causal mask); differs from stock only by kernel rounding (with the fused CUDA kernels
-on bf16, fused_ops, that includes the fp32 sum-of-squares order of the RMSNorms).
+on bf16, ops/norm_rope.py, that includes the fp32 sum-of-squares order of the RMSNorms).
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from specpilot.ops import linear
+from specpilot.ops.attention import attend, attention_mask
+from specpilot.ops.norm_rope import add_rms_norm, qk_norm_rope_cache
+
 from .config import DrafterConfig
-from . import skinny_linear
-from .fused_ops import add_rms_norm, qk_norm_rope_cache
-from .layers import PreNormBlock, RMSNorm, RopeTables, attend, attention_mask
+from .layers import PreNormBlock, RMSNorm, RopeTables
 
 
 class DraftAttention(nn.Module):
@@ -37,7 +39,7 @@ class DraftAttention(nn.Module):
         """x [B, T, H] -> k (normed, rotated) and v written into k/v_cache [B, Hkv, S, D] at `positions`.
         q [B, T, Hq*D] (the q projection, optional) -> returned normed and rotated, [B, Hq, T, D]."""
         b, t, _ = x.shape
-        kv = skinny_linear.linear(self.kv, x)
+        kv = linear.linear(self.kv, x)
         k, v = kv.view(b, t, 2 * self.nkv, self.d).split(self.nkv, dim=2)   # views of [k; v]
         if q is not None:
             q = q.view(b, t, self.nq, self.d)
@@ -45,9 +47,9 @@ class DraftAttention(nn.Module):
                                   cos, sin, positions, self.k_norm.eps, k_cache, v_cache)
 
     def forward(self, x, cos, sin, positions, k_cache, v_cache, kv_len, mask):
-        q = self.project_to_cache(x, cos, sin, positions, k_cache, v_cache, q=skinny_linear.linear(self.q, x))
+        q = self.project_to_cache(x, cos, sin, positions, k_cache, v_cache, q=linear.linear(self.q, x))
         out = attend(q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], mask, self.scale)
-        return skinny_linear.linear(self.o, out)
+        return linear.linear(self.o, out)
 
 
 class DFlashDrafter(RopeTables, nn.Module):
@@ -112,7 +114,7 @@ class DFlashDrafter(RopeTables, nn.Module):
 
     def compute_logits(self, hidden):
         """Stock `compute_logits`: target LM head, then output_multiplier and tanh softcapping."""
-        logits = skinny_linear.linear(self.target.lm_head, hidden)
+        logits = linear.linear(self.target.lm_head, hidden)
         if self.config.output_multiplier != 1.0:
             logits = logits * self.config.output_multiplier
         cap = self.config.final_logit_softcapping

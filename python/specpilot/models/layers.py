@@ -3,8 +3,9 @@
 Exactness: RMSNorm and RoPE follow Hugging Face transformers' Qwen3/LLaMA arithmetic step by step
 (fp32 statistics, cast back, then the weight multiply; cos/sin computed in fp32 and cast to the model
 dtype), so per-row results match HF up to GEMM/attention kernel rounding. The elementwise work runs
-through fused_ops (fused CUDA kernels on bf16 CUDA, else the unchanged eager formulas; see there for
-what the kernels change: only the fp32 sum-of-squares order of the norms).
+through ops/norm_rope.py (fused CUDA kernels on bf16 CUDA, else the unchanged eager formulas; see
+there for what the kernels change: only the fp32 sum-of-squares order of the norms); linears through
+ops/linear.py, attention through ops/attention.py.
 """
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ import math
 import torch
 from torch import nn
 
-from . import skinny_linear
-from .attention_backend import AttentionMask, masked_attention, use_decode_kernel
+from specpilot.ops import linear
+from specpilot.ops.norm_rope import add_rms_norm, silu_mul
+
 from .config import RopeConfig
-from .fused_ops import add_rms_norm, apply_rope, rms_normalize, rotate_half, silu_mul  # noqa: F401 (re-exported)
 
 
 class RMSNorm(nn.Module):
@@ -65,41 +66,7 @@ class SwiGLU(nn.Module):
         self.down = nn.Linear(inter, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return skinny_linear.linear(self.down, silu_mul(skinny_linear.linear(self.gate_up, x)))
-
-
-def attention_mask(last: torch.Tensor, kv_len: int, groups: int, dtype, writes_at_last: bool = False) -> AttentionMask:
-    """The visibility "key slot j visible to row t iff j <= last[t]" (last: int64 [T], one per row) over
-    kv_len slots, in both forms: `last` for the decode kernel, and the additive mask [1, 1, g*T, S]
-    (0 / -inf) for SDPA over `attend`'s folded GQA rows, built on first use only. writes_at_last: the
-    forward writes exactly the cache slots `last` names (the target's causal steps; the decode kernel
-    then loads older keys early). Built once per forward instead of once per layer."""
-    last = last.reshape(-1).to(torch.int64).contiguous()
-
-    def additive():
-        visible = torch.arange(kv_len, device=last.device)[None, :] <= last[:, None]            # [T, S]
-        mask = torch.zeros(visible.shape, dtype=dtype, device=last.device).masked_fill_(~visible, float("-inf"))
-        return mask.repeat(groups, 1)[None, None]
-
-    return AttentionMask(additive, last, writes_at_last)
-
-
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, scale: float) -> torch.Tensor:
-    """q [B, Hq, T, D], k/v [B, Hkv, S, D], mask from attention_mask -> [B, T, Hq*D].
-
-    GQA without copying K/V: the g query heads sharing a KV head (HF's repeat_kv order: q head h
-    uses KV head h // g) are folded into the row axis, so K/V are read once per KV head.
-    On CUDA bf16 our decode kernel (attention_backend) takes T <= 32 calls and writes [B, T, Hq*D].
-    """
-    if use_decode_kernel(q, k, mask):
-        from specpilot.kernels.decode_attention import decode_attention
-        return decode_attention(q, k, v, mask.last, scale, writes_at_last=mask.writes_at_last)
-    b, hq, t, d = q.shape
-    hkv = k.shape[1]
-    q = q.reshape(b, hkv, (hq // hkv) * t, d)                # rows j*T + t
-    out = masked_attention(q, k, v, mask, scale)             # SDPA unless attention_backend says otherwise
-    out = out.reshape(b, hq, t, d)
-    return out.transpose(1, 2).reshape(b, t, hq * d)
+        return linear.linear(self.down, silu_mul(linear.linear(self.gate_up, x)))
 
 
 class PreNormBlock(nn.Module):

@@ -160,3 +160,12 @@ def load_tokenizer(folder):
     if not (Path(folder) / "tokenizer.json").exists() and not (Path(folder) / "tokenizer_config.json").exists():
         raise FileNotFoundError(f"{folder} has no tokenizer (tokenizer.json / tokenizer_config.json)")
     return AutoTokenizer.from_pretrained(str(folder))
+
+
+def load_pair(target_dir, drafter_dir=None, device="cpu", dtype=torch.bfloat16, weights=None):
+    """(target, drafter, tokenizer) from HF folders: the target on `device` in `dtype` with `weights`
+    ("bf16", "split12" or None: as stored), the drafter (None without drafter_dir) loaded against it
+    (its weights follow the target's), and the target folder's tokenizer."""
+    target = load_target(target_dir, device=device, dtype=dtype, weights=weights)
+    drafter = load_drafter(drafter_dir, target) if drafter_dir else None
+    return target, drafter, load_tokenizer(target_dir)

@@ -9,8 +9,8 @@ positions are simply overwritten by the next write at that position.
 
 Exactness: same per-row arithmetic as HF Qwen3ForCausalLM / LlamaForCausalLM; outputs differ from HF
 only by GEMM / attention kernel rounding (fused QKV and gate/up change the GEMM shapes) and, with the
-fused CUDA kernels on bf16 (fused_ops), by the fp32 sum-of-squares order of the RMSNorms; with
-gemv_fusion on, one-token steps run their linears through our GEMV (another fp32 summation order).
+fused CUDA kernels on bf16 (ops/norm_rope.py), by the fp32 sum-of-squares order of the RMSNorms; with
+EngineConfig.fused_gemv on, one-token steps run their linears through our GEMV (another fp32 summation order).
 """
 from __future__ import annotations
 
@@ -19,11 +19,12 @@ from torch import nn
 
 from specpilot.kernels.decode_attention import decode_attention_rope, fused_rope_enabled
 
-from . import gemv_fusion, skinny_linear
-from .attention_backend import AttentionMask, use_decode_kernel
+from specpilot.ops import linear
+from specpilot.ops.attention import AttentionMask, attend, attention_mask, use_decode_kernel
+from specpilot.ops.norm_rope import add_rms_norm, qk_norm_rope_cache, rope_kernel_takes
+
 from .config import TargetConfig
-from .fused_ops import add_rms_norm, qk_norm_rope_cache, rope_kernel_takes
-from .layers import PreNormBlock, RMSNorm, RopeTables, attend, attention_mask
+from .layers import PreNormBlock, RMSNorm, RopeTables
 
 
 class Attention(nn.Module):
@@ -39,9 +40,9 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, positions, k_cache, v_cache, kv_len, mask):
         # x [B, T, H]; cos/sin [T, D]; positions [T]; k/v_cache [B, Hkv, S, D]; mask [1, 1, g*T, kv_len]
-        qkv = skinny_linear.linear(self.qkv, x)
+        qkv = linear.linear(self.qkv, x)
         out = self.attend_qkv(qkv, cos, sin, positions, k_cache, v_cache, kv_len, mask)
-        return skinny_linear.linear(self.o, out)
+        return linear.linear(self.o, out)
 
     def attend_qkv(self, qkv, cos, sin, positions, k_cache, v_cache, kv_len, mask):
         """Attention from the QKV projection's output [B, T, (Hq + 2 Hkv) D]: [B, T, Hq D], before O."""
@@ -69,18 +70,18 @@ class Attention(nn.Module):
 
 
 class TargetBlock(PreNormBlock):
-    """The target's decoder block. A one-token step with gemv_fusion on runs each linear as a GEMV
-    with the norm or SwiGLU gate before it fused in; every other call is PreNormBlock's."""
+    """The target's decoder block. A one-token step with the fused GEMV on (ops/linear.py) runs each
+    linear as a GEMV with the norm or SwiGLU gate before it fused in; every other call is PreNormBlock's."""
 
     def forward(self, x, delta, cos, sin, positions, k_cache, v_cache, kv_len, mask):
         attn, mlp = self.attn, self.mlp
-        if not gemv_fusion.takes(x, attn.qkv, attn.o, mlp.gate_up, mlp.down, norm_hidden=x.shape[-1]):
+        if not linear.gemv_takes(x, attn.qkv, attn.o, mlp.gate_up, mlp.down, norm_hidden=x.shape[-1]):
             return super().forward(x, delta, cos, sin, positions, k_cache, v_cache, kv_len, mask)
-        block_input, qkv = gemv_fusion.norm_linear(x, delta, self.attn_norm.weight, self.attn_norm.eps, attn.qkv)
+        block_input, qkv = linear.norm_gemv(x, delta, self.attn_norm.weight, self.attn_norm.eps, attn.qkv)
         attn_out = attn.attend_qkv(qkv, cos, sin, positions, k_cache, v_cache, kv_len, mask)
-        h, gate_up = gemv_fusion.norm_linear(block_input, gemv_fusion.linear(attn_out, attn.o),
+        h, gate_up = linear.norm_gemv(block_input, linear.gemv(attn_out, attn.o),
                                              self.mlp_norm.weight, self.mlp_norm.eps, mlp.gate_up)
-        return block_input, h, gemv_fusion.silu_mul_linear(gate_up, mlp.down)
+        return block_input, h, linear.silu_mul_gemv(gate_up, mlp.down)
 
 
 class TargetLM(RopeTables, nn.Module):
@@ -127,9 +128,9 @@ class TargetLM(RopeTables, nn.Module):
             block_input, x, delta = layer(x, delta, cos, sin, positions, cache.k[i], cache.v[i], kv_len, mask)
             if i > 0 and i - 1 in feature_layers:
                 feats[i - 1] = block_input
-        if last not in feature_layers and gemv_fusion.takes(x, self.lm_head, norm_hidden=x.shape[-1]):
+        if last not in feature_layers and linear.gemv_takes(x, self.lm_head, norm_hidden=x.shape[-1]):
             # one token: the final add + norm fused into the LM head's GEMV (logits_rows changes nothing)
-            _, logits = gemv_fusion.norm_linear(x, delta, self.norm.weight, self.norm.eps, self.lm_head,
+            _, logits = linear.norm_gemv(x, delta, self.norm.weight, self.norm.eps, self.lm_head,
                                                 keep_sum=False)
         else:
             _, x = add_rms_norm(x, delta, self.norm.weight, self.norm.eps)   # the last layer's add + final norm
@@ -137,7 +138,7 @@ class TargetLM(RopeTables, nn.Module):
                 feats[last] = x
             if logits_rows is not None:
                 x = x[:, -logits_rows:]
-            logits = skinny_linear.linear(self.lm_head, x)
+            logits = linear.linear(self.lm_head, x)
         features = torch.cat([feats[i] for i in feature_layers], dim=-1) if feature_layers else None
         return logits, features
 

@@ -15,7 +15,7 @@
 // Launch: grid = ceil(N / SPLIT12_GEMV_ROWS_PER_BLOCK) blocks of SPLIT12_GEMV_THREADS threads,
 // no dynamic shared memory, on the caller's stream (CUDA-graph capturable: no allocation, no sync).
 // A variant that wants another geometry defines both macros itself before including this header
-// and keeps the (NVRTC-only) line of csrc/cuda/split12_gemv.cu that exports them,
+// and exports them (NVRTC only),
 //   extern "C" __constant__ int split12_gemv_geometry[2] = {threads, rows_per_block};
 // the JIT launcher reads that symbol back (absent: the defaults below).
 // NVRTC include paths: -I csrc/include -I csrc/cuda (the kernel body is csrc/cuda/split12_kernel.cuh).
@@ -37,15 +37,4 @@
 // first is used, i.e. 48 * SPLIT12_GEMV_UNROLL bytes in flight per lane and row.
 #ifndef SPLIT12_GEMV_UNROLL
 #define SPLIT12_GEMV_UNROLL 4
-#endif
-
-#ifndef __CUDACC_RTC__
-namespace specpilot {
-namespace split12 {
-// The extension's launcher of the contract kernel (csrc/cuda/split12_gemv.cu); returns a cudaError_t.
-int cuda_split12_gemv(const uint16_t* x, const uint8_t* lo, const uint8_t* codes, const uint8_t* base,
-                      const int32_t* esc_rowptr, const int32_t* esc_col, const int16_t* esc_val, int N, int K,
-                      uint16_t* y, void* stream);
-}  // namespace split12
-}  // namespace specpilot
 #endif

@@ -24,7 +24,7 @@ import functools
 
 import torch
 
-from specpilot import _ext
+from specpilot import _ext, config
 from specpilot.kernels import registry, skinny_workspace
 from specpilot.kernels.dispatch import integrated_launcher
 
@@ -33,40 +33,20 @@ from .reference import Split12Tensor
 CUDA_MAX_M = 32  # rows per CUDA launch; larger M is split into chunks (rows are independent)
 KERNELS = ("simt", "tc", "skinny", "dense")  # CUDA-core lane-tree order (CPU-identical) / mma.sync / TMA + wgmma /
 #                                             decode + torch's GEMM
-# CUDA kernel variants (csrc/include/specpilot/split12_format.h): which launch geometry / load
-# pipeline the CUDA ops use at M = 1 and for kernel="tc". Every variant gives the same output bits.
-KERNEL_VARIANTS = {0: "shipped", 1: "load-ahead", 2: "M=1 R=1 U=2", 3: "M=1 R=2 U=2", 4: "load-ahead + PDL launch",
-                   5: "M=1 register-fed (the default before the streamed kernel)",
-                   6: "M=1 streamed with a 4-stage ring (the default before 2026-12-04)"}
-# Variant 0 ships: the fastest on the H200 (docs/PERF_NOTES.md: 2026-12-02 against 1-4; 2026-12-03 its
-# M = 1 layer shapes moved to the streamed kernel, 5 keeps the register-fed one for comparison).
-SHIPPED_VARIANT = 0
 
 
 # The grid of the kernel="skinny" pair. The split12 skinny GEMM is limited by its decoder warps, about
-# one stage per 1.6-1.8 us per SM whatever the grid, not by HBM (docs/PERF_NOTES.md, eighth session),
-# so an SM without a CTA is decode throughput lost. The bf16 planner (skinny_plan_ctas) gives a whole
-# row block per CTA where it can, which on the Qwen3-8B O projection (64 row blocks) leaves half the
-# SMs idle. The decode-bound grid cuts each row block into the most equal K pieces that still give
-# one CTA per SM, where the planner's grid covers fewer than half the SMs (O: 64 -> 128 CTAs; the
-# ninth session's probe on the H200: 1.26 -> 1.12x the bf16 kernel's time). Both members of the pair
-# take the same grid, so they stay bit-identical; the cut changes the fp32 order against the
-# planner's grid (K pieces summed in K order). Measured on an H100 (docs/PERF_NOTES.md, eighteenth
-# session): O at 16 rows 15.2 -> 13.7 us, the split12 verify step 5.27 -> 5.16 ms (knob_ab --knob
-# split12_decode_grid --split12, three A/B pairs).
+# one stage per 1.6-1.8 us per SM whatever the grid, not by HBM, so an SM without a CTA is decode
+# throughput lost. The bf16 planner (skinny_plan_ctas) gives a whole row block per CTA where it can,
+# which on the Qwen3-8B O projection (64 row blocks) leaves half the SMs idle. The decode-bound grid
+# cuts each row block into the most equal K pieces that still give one CTA per SM, where the
+# planner's grid covers fewer than half the SMs (O: 64 -> 128 CTAs; H200: 1.26 -> 1.12x the bf16
+# kernel's time). Both members of the pair take the same grid, so they stay bit-identical; the cut
+# changes the fp32 order against the planner's grid (K pieces summed in K order). H100: O at 16 rows
+# 15.2 -> 13.7 us, the split12 verify step 5.27 -> 5.16 ms (docs/PERF_NOTES.md).
+# EngineConfig.split12_decode_grid turns it off.
 STEP_K = 256       # weight columns per skinny step (kStepK, csrc/cuda/skinny_common.cuh)
 ROWS_PER_BLOCK = 64  # weight rows per row block (kRowsPerCta, csrc/include/specpilot/skinny_gemm.h)
-_decode_bound_grid = True
-
-
-def set_decode_bound_grid(on: bool) -> bool:
-    """Turns the decode-bound grid of the kernel="skinny" pair on or off (for launches and CUDA-graph
-    captures from now on); returns the previous setting."""
-    global _decode_bound_grid
-    previous, _decode_bound_grid = _decode_bound_grid, bool(on)
-    return previous
-
-
 def decode_bound_ctas(n: int, k: int, sms: int, planned: int) -> int:
     """The decode-bound grid for an N x K weight on `sms` SMs where the planner gives `planned` CTAs;
     0 where it keeps the planner's."""
@@ -85,8 +65,8 @@ def _pair_ctas(n: int, k: int, device_index: int) -> int:
 
 def skinny_pair_ctas(n: int, k: int, device: torch.device) -> int:
     """The grid both kernel="skinny" launches of an N x K weight use: 0 (the planner's) unless the
-    decode-bound grid is on and differs."""
-    return _pair_ctas(n, k, device.index or 0) if _decode_bound_grid else 0
+    decode-bound grid (EngineConfig.split12_decode_grid) is on and differs."""
+    return _pair_ctas(n, k, device.index or 0) if config.current().split12_decode_grid else 0
 
 
 def _cuda_live() -> bool:
@@ -115,14 +95,6 @@ def _check_kernel(name: str, kernel: str, x: torch.Tensor) -> None:
 def _op(name: str, kernel: str, x: torch.Tensor):
     """The simt or tc op (the skinny kernels launch through kernels/skinny_workspace.run)."""
     return getattr(_ext.ops(), name + "_tc" if kernel == "tc" else name)
-
-
-def kernel_variant(variant: int | None = None) -> int:
-    """Read (None) or set the process-wide CUDA kernel variant; returns the previous one.
-    A benchmark knob for old-vs-new timing: outputs are bit-identical under every variant."""
-    if variant is not None and variant not in KERNEL_VARIANTS:
-        raise ValueError(f"kernel_variant: variant must be one of {sorted(KERNEL_VARIANTS)}, got {variant!r}")
-    return int(_ext.ops().split12_kernel_variant(-1 if variant is None else variant))
 
 
 def pack(w: torch.Tensor) -> Split12Tensor:

@@ -196,6 +196,12 @@ class GemvParams:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_params(cls, params: dict) -> "GemvParams":
+        """The geometry named in a candidate's or an integrated record's params (missing keys: defaults)."""
+        keys = ("threads_per_row", "rows_per_block", "vec_groups", "unroll")
+        return cls(**{k: int(params[k]) for k in keys if k in params})
+
     def label(self) -> str:
         if self.naive:
             return "naive"

@@ -1,4 +1,5 @@
-"""The elementwise work around the decoder's GEMMs, as fused ops with their eager torch references.
+"""The norm / rope family (and the SwiGLU gate): the elementwise work around the decoder's GEMMs, as
+fused ops with their eager torch references beside them.
 
   add_rms_norm(x, delta, weight, eps) -> (x + delta, RMSNorm(x + delta))  residual add + the next norm
   qk_norm_rope_cache(q, k, v, ...)    -> q_out    q/k head norm + RoPE + the K/V cache write
@@ -6,8 +7,8 @@
   rms_normalize, rotate_half, apply_rope: the reference formulas (HF Qwen3/LLaMA arithmetic).
 
 Dispatch: the CUDA kernels (torch.ops.specpilot.*, csrc/cuda/{fused_norm,rope_cache,silu_mul}.cu) run
-when every tensor is CUDA bf16 in a layout they take, the extension has them, the process-wide switch
-is on (`set_fused_kernels`, default on) and no torch.compile trace is running (the compiled layers
+when every tensor is CUDA bf16 in a layout they take, the extension has them, the running
+EngineConfig.fused_kernels is on (the default) and no torch.compile trace is running (the compiled layers
 fuse the reference themselves). Otherwise the eager reference runs. Like the attention backend, the
 choice is read when a step runs eagerly or is captured into a CUDA graph: captured graphs keep theirs.
 
@@ -25,25 +26,15 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from specpilot import _ext
-from specpilot.kernels import registry
+from specpilot import _ext, config
+from specpilot.kernels import decode_attention, registry
 
 OPS = ("add_rms_norm", "qk_norm_rope_cache", "silu_mul")
 ROPE_HEAD_DIMS = (64, 128, 256)        # what csrc/cuda/rope_cache.cu instantiates
 MAX_NORM_HIDDEN = 32768                # csrc/include/specpilot/fused_ops.h kMaxHidden
 
-_enabled = True
-
-
-def set_fused_kernels(on: bool) -> bool:
-    """Turns the CUDA kernels on or off for steps run or captured from now on; returns the previous."""
-    global _enabled
-    previous, _enabled = _enabled, bool(on)
-    return previous
-
-
 def fused_kernels_enabled() -> bool:
-    return _enabled
+    return config.current().fused_kernels
 
 
 @functools.lru_cache(maxsize=None)
@@ -60,7 +51,7 @@ def _cuda_ops():
 
 def _kernels_for(*tensors):
     """The ops namespace if the CUDA kernels may run on these tensors (None entries ignored)."""
-    if not _enabled or torch.compiler.is_compiling():
+    if not fused_kernels_enabled() or torch.compiler.is_compiling():
         return None
     for t in tensors:
         if t is not None and (not t.is_cuda or t.dtype != torch.bfloat16):
@@ -131,6 +122,7 @@ def qk_norm_rope_cache(q, k, v, q_weight, k_weight, cos, sin, positions, eps: fl
     d = k.shape[-1]
     if rope_kernel_takes(q, k, v, q_weight, k_weight, cos, sin, positions, k_cache, v_cache):
         q_out = None if q is None else q.new_empty(q.shape[0], q.shape[2], q.shape[1], d)
+        decode_attention.sync_pdl()                       # the attention path's PDL flag
         _cuda_ops().qk_norm_rope_cache(q, k, v, q_weight, k_weight, cos, sin, positions, eps, k_cache, v_cache, q_out)
         return q_out
     if q is not None:

@@ -1,0 +1,94 @@
+"""EngineConfig: every kernel and mechanism choice of the engine, in one frozen dataclass.
+
+The defaults are the measured winners (docs/PERF_NOTES.md). A choice that cannot apply falls back
+on its own: on the CPU, or in fp32, or in a build without the CUDA op, the CUDA-only fields are
+ignored and the torch references run. Environment variables hold paths and credentials only
+(settings.py), never speed switches.
+
+The Engine hands its config down to the models through `use(config)` around every forward it runs
+(StepRunner.kernel_ctx), and the op dispatch reads `current()`: a forward run outside an engine
+sees the defaults. A CUDA graph keeps the choices it was captured with.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from dataclasses import dataclass, fields
+
+ATTENTION_CHOICES = ("auto", "specpilot", "sdpa")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    cuda_graphs: bool = True
+    """Run the fixed-shape steps (AR, verify, draft, the fused steps) as CUDA graphs (CUDA only;
+    eager elsewhere)."""
+    compile_layers: bool = False
+    """torch.compile each decoder layer for the graphed steps (opt-in, CUDA); fuses the elementwise
+    ops between the GEMMs, with eager-equal bf16 rounding (emulate_precision_casts)."""
+    fused_steps: bool = True
+    """Greedy decoding runs each AR token / speculative block as one whole-step call (fused_steps.py)
+    instead of separate draft and verify calls with host glue between them."""
+    early_launch: bool = True
+    """Launch each fused greedy step as soon as the host has read the previous one: the spec step
+    writes the next step's control on the device, the AR loop keeps one token in flight."""
+    step_kernels: bool = True
+    """The fused spec step's argmax / accept bookkeeping as two CUDA kernels (csrc/cuda/spec_step.cu)
+    instead of ~25 small torch kernels (bf16 CUDA logits)."""
+    fused_kernels: bool = True
+    """add_rms_norm, qk_norm_rope_cache and silu_mul as fused CUDA kernels (bf16 CUDA). Off also
+    turns off fused_gemv and skinny_gemm, whose prologues are these kernels' arithmetic."""
+    fused_gemv: bool = True
+    """One-token steps run their bf16 linears as our GEMV with the norm / SwiGLU gate fused in
+    (ops/linear.py): AR step 4.49 vs 5.25 ms with cuBLAS (Qwen3-8B shape, H200)."""
+    gemv_pdl: bool = True
+    """Launch the fused GEMVs with programmatic dependent launch (overlaps the previous kernel's tail)."""
+    skinny_gemm: bool = True
+    """Steps of 2..16 token rows (verify, draft) run their linears through our TMA + wgmma skinny GEMM
+    (ops/linear.py): verify 4.74 vs 5.10 ms with cuBLAS (Qwen3-8B shape, H200)."""
+    split12_decode_grid: bool = True
+    """The split12 skinny GEMM pair cuts row blocks into K pieces to give every SM a CTA where the
+    planner's grid covers fewer than half of them (split12 verify 5.27 -> 5.16 ms, H100)."""
+    attention: str = "auto"
+    """Which attention `ops.attention.attend` runs: "auto" (our split-KV decode kernel where it takes the
+    call, SDPA elsewhere and inside torch.compile), "specpilot" (the kernel; an error on CUDA
+    without it built) or "sdpa" (torch's scaled_dot_product_attention everywhere)."""
+    attention_fused_rope: bool = True
+    """A one-token target step's q/k norm, rope and cache write run inside the attention kernel."""
+    attention_pdl: bool = True
+    """Launch the attention kernels (rope prologue, split, combine) with programmatic dependent launch."""
+    variants_manifest: str | None = None
+    """A JSON manifest of agent-integrated kernel variants ("gpu|op|NxK" -> record, written by the
+    agent loop) to dispatch the split12 M = 1 GEMV to; None: the shipped kernels only."""
+
+    def __post_init__(self):
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "bool" and not isinstance(value, bool):
+                raise ValueError(f"EngineConfig.{f.name} must be True or False, got {value!r}")
+        if self.attention not in ATTENTION_CHOICES:
+            raise ValueError(f"EngineConfig.attention must be one of {ATTENTION_CHOICES}, got {self.attention!r}")
+        if self.variants_manifest is not None and not isinstance(self.variants_manifest, str):
+            raise ValueError(f"EngineConfig.variants_manifest must be a path string or None, "
+                             f"got {self.variants_manifest!r}")
+
+
+DEFAULT = EngineConfig()
+_current: contextvars.ContextVar[EngineConfig] = contextvars.ContextVar("specpilot_engine_config", default=DEFAULT)
+
+
+def current() -> EngineConfig:
+    """The config of the forward being run (the defaults outside an engine)."""
+    return _current.get()
+
+
+@contextlib.contextmanager
+def use(config: EngineConfig):
+    """Within the block, op dispatch reads `config`."""
+    if not isinstance(config, EngineConfig):
+        raise TypeError(f"use() needs an EngineConfig, got {type(config).__name__}")
+    token = _current.set(config)
+    try:
+        yield config
+    finally:
+        _current.reset(token)
