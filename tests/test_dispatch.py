@@ -129,15 +129,12 @@ def test_engine_forcer_runs_the_real_token_forcing(temp_registry):
 def test_engine_forcer_fails_a_mechanism_that_changes_outputs(temp_registry, monkeypatch):
     """The forcer is the verdict: an accept rule that takes every draft changes the speculative output,
     and the forcer refuses it (what the agents would integrate)."""
-    from specpilot.engine import fused_steps, spec_fused, spec_loop
+    from test_verify_planted import accept_all, host_control
 
-    def accept_all(packed, width, replay, step, verify_size):
-        block, posterior = packed[1:1 + width], packed[1 + width:1 + 2 * width]
-        return block[1:verify_size] + [posterior[verify_size - 1]]
+    from specpilot.engine.replay import GreedyAcceptance
 
-    monkeypatch.setattr(fused_steps, "_early_launch", False)   # the host's control: the fault reaches the output
-    for module in (spec_loop, spec_fused):
-        monkeypatch.setattr(module, "greedy_new_tokens", accept_all)
+    host_control(monkeypatch)            # the host's control: the fault reaches the output
+    monkeypatch.setattr(GreedyAcceptance, "accepted", accept_all)
     force, target_dir, drafter_dir = _zoo_forcer(12)
     outcome = force(target_dir, drafter_dir, {"cand_id": "none", "shape": [64, 96]})
     assert not outcome.passed and outcome.report["spec_mismatches"] > 0, outcome.reason

@@ -1,15 +1,17 @@
 """Planted broken engines: the verdict (token_force, and `specpilot verify` end to end) must FAIL each,
-and PASS the same engine unbroken. Each fault goes in where the real loop runs: the accept rule
-(greedy_new_tokens) and commit of engine/spec_loop.py, bound by name in both loops that use them
-(spec_loop's stepwise run_spec and spec_fused's run_spec_fused, which the CPU runs by default), and
-the drafter's context injection (DFlashDrafter.write_context, both loops), so generate_spec -> run_spec
--> commit / greedy_new_tokens is the path broken, as the CLI runs it. CPU, fp32.
+and PASS the same engine unbroken. Each fault goes in where the real loop runs: the greedy policy's
+accepted count (engine/replay.GreedyAcceptance.accepted), the new-token rule and the commit of
+engine/accept.py as engine/spec.py binds them (both the stepwise run_spec and the graphed
+run_spec_graphed, which the CPU runs by default), and the drafter's context injection
+(DFlashDrafter.write_context, both loops), so generate_spec -> run_spec -> accept / commit is the path
+broken, as the CLI runs it. CPU, fp32.
 
 The tiny random pair's drafts are never right (tau 1), so a fault that needs accepted drafts (a commit
 that drops the last accepted one) is planted there with an oracle drafter: the honest transcript's
 next tokens are put on top of the drafter's logits, which changes drafts only, never what a lossless
 engine outputs. The zoo pair (skipped when absent) has a trained drafter; a stale draft context
 changes its acceptance, not its output, which fp32 runs judge (stock's acceptance lengths)."""
+import dataclasses
 import json
 
 import pytest
@@ -19,53 +21,58 @@ from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU 
 from test_engine_helpers import Pair, fresh_seed
 from specpilot import settings
 from specpilot.cli import main
-from specpilot.engine import fused_steps, spec_fused, spec_loop
+from specpilot.engine import accept, spec
+from specpilot.engine.engine import Engine
+from specpilot.engine.replay import GreedyAcceptance
 from specpilot.models.drafter import DFlashDrafter
 from specpilot.verify.forcing import token_force
 
-REAL_GREEDY, REAL_COMMIT = spec_loop.greedy_new_tokens, spec_loop.commit
+
+def accept_all(self, step, verify_size, matched):
+    return verify_size - 1
 
 
-def _block_and_posterior(packed, width):
-    return packed[1:1 + width], packed[1 + width:1 + 2 * width]
+def accept_one_too_many(self, step, verify_size, matched):
+    return min(matched + 1, verify_size - 1)
 
 
-def accept_all(packed, width, replay, step, verify_size):
-    block, posterior = _block_and_posterior(packed, width)
-    return block[1:verify_size] + [posterior[verify_size - 1]]
-
-
-def accept_one_too_many(packed, width, replay, step, verify_size):
-    accepted = min(len(REAL_GREEDY(packed, width, replay, step, verify_size)), verify_size - 1)
-    block, posterior = _block_and_posterior(packed, width)
-    return block[1:accepted + 1] + [posterior[accepted]]
-
-
-def wrong_bonus(packed, width, replay, step, verify_size):
-    new = REAL_GREEDY(packed, width, replay, step, verify_size)
-    _, posterior = _block_and_posterior(packed, width)
-    return new[:-1] + [posterior[len(new) - 2]]           # one row early (none accepted: the last row)
+def wrong_bonus(block, posterior, accepted):
+    return list(block[1:accepted + 1]) + [posterior[accepted - 1]]    # one row early (none accepted: the last)
 
 
 def drops_last_accepted(new, room, stop, tokens):
-    return REAL_COMMIT(new[:-2] + new[-1:] if len(new) > 1 else new, room, stop, tokens)
+    return accept.commit(new[:-2] + new[-1:] if len(new) > 1 else new, room, stop, tokens)
 
 
-def plant(monkeypatch, fault: str) -> None:
-    """Breaks every engine of this process (both loops, any instance) with the named fault. A host-side
-    fault runs with the fused loop's host control (early launch off): with early launch the device
-    advances each step's control itself and the loop's own check stops a host that disagrees (a
-    RuntimeError, "fused spec step ran at position ..."), so the fault would never reach the output."""
+def host_control(monkeypatch, engines=()) -> None:
+    """`engines` and every engine built from here on run the graphed loop with the host's control (early launch off):
+    with early launch the device advances each step's control itself and the loop's own check stops a
+    host that disagrees (a RuntimeError, "fused spec step ran at position ..."), so a host-side fault
+    would never reach the output."""
+    real_init = Engine.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        self.config = dataclasses.replace(self.config, early_launch=False)
+
+    monkeypatch.setattr(Engine, "__init__", init)
+    for engine in engines:
+        monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, early_launch=False))
+
+
+def plant(monkeypatch, fault: str, engines=()) -> None:
+    """Breaks `engines` and every engine built from here on (both loops) with the named fault."""
     if fault == "stale_context":
         _plant_stale_context(monkeypatch)
         return
-    monkeypatch.setattr(fused_steps, "_early_launch", False)
-    name, fn = {"accept_all": ("greedy_new_tokens", accept_all),
-                "accept_one_too_many": ("greedy_new_tokens", accept_one_too_many),
-                "wrong_bonus": ("greedy_new_tokens", wrong_bonus),
-                "drops_last_accepted": ("commit", drops_last_accepted)}[fault]
-    for module in (spec_loop, spec_fused):
-        monkeypatch.setattr(module, name, fn)
+    host_control(monkeypatch, engines)
+    if fault in ("accept_all", "accept_one_too_many"):
+        monkeypatch.setattr(GreedyAcceptance, "accepted", {"accept_all": accept_all,
+                                                           "accept_one_too_many": accept_one_too_many}[fault])
+    elif fault == "wrong_bonus":
+        monkeypatch.setattr(spec, "new_tokens", wrong_bonus)
+    else:
+        monkeypatch.setattr(spec, "commit", drops_last_accepted)
 
 
 def _plant_stale_context(monkeypatch):
@@ -154,7 +161,7 @@ def _oracle_if_needed(monkeypatch, pair, fault, prompt):
 @pytest.mark.parametrize("loop", ["fused", "stepwise"])
 @pytest.mark.parametrize("fault", TINY_FAULTS)
 def test_token_force_fails_each_planted_fault(pair, fault, loop, monkeypatch):
-    monkeypatch.setattr(pair.engine, "fused_steps", loop == "fused")
+    monkeypatch.setattr(pair.engine, "config", dataclasses.replace(pair.engine.config, fused_steps=loop == "fused"))
     prompt = varied_prompt(pair)
     honest_ar = pair.engine.generate_ar(prompt, NEW_TOKENS).tokens
     _oracle_if_needed(monkeypatch, pair, fault, prompt)
@@ -162,7 +169,7 @@ def test_token_force_fails_each_planted_fault(pair, fault, loop, monkeypatch):
     assert_honest(honest.summary(), fault)
     if fault == "drops_last_accepted":
         assert honest.per_prompt[0]["our_tau"] > 1.5, honest.per_prompt    # drafts are accepted
-    plant(monkeypatch, fault)
+    plant(monkeypatch, fault, [pair.engine])
     assert pair.engine.generate_spec(prompt, NEW_TOKENS).tokens != honest_ar, f"{fault} changed nothing"
     bad = token_force(pair.engine, pair.stock, [prompt], NEW_TOKENS)
     assert not bad.passed and bad.spec_mismatches > 0, bad.summary()
@@ -186,7 +193,7 @@ def test_cli_verify_fails_each_planted_fault(pair, cli_prompts, fault, monkeypat
     assert_honest(json.loads(honest[-1]), fault)
     assert honest[-2].startswith("verdict: PASS" if fault != "drops_last_accepted" else "verdict: FAIL: 1 prompts"), \
         honest[-2]
-    plant(monkeypatch, fault)
+    plant(monkeypatch, fault, [pair.engine])
     assert pair.engine.generate_spec(prompt, NEW_TOKENS).tokens != pair.engine.generate_ar(prompt, NEW_TOKENS).tokens, \
         f"{fault} changed nothing on this prompt"
     rc = main(args)
@@ -228,7 +235,7 @@ def test_zoo_pair_token_force_fails_each_planted_fault(zoo_setup, fault, monkeyp
     stop = ()                                                  # 48 tokens whatever the prompt
     honest = engine.generate_spec(prompt, 48, stop_ids=stop)
     assert honest.tau > 1.5, honest.acceptance_lengths        # the trained drafter is accepted
-    plant(monkeypatch, fault)
+    plant(monkeypatch, fault, [engine])
     broken = engine.generate_spec(prompt, 48, stop_ids=stop)
     assert (broken.tokens, broken.acceptance_lengths) != (honest.tokens, honest.acceptance_lengths), fault
     bad = token_force(engine, stock, [prompt], 48, stop_ids=stop, referee=referee)
@@ -259,8 +266,7 @@ def test_zoo_pair_cli_verify_passes_honest_and_fails_a_stale_draft_context(tmp_p
 def test_cli_verify_with_early_launch_stops_a_host_side_fault(pair, cli_prompts, monkeypatch, capsys):
     """The CLI's default loop (fused, early launch): the device advances each step itself, so a host
     accept rule that disagrees is caught by the loop's own check and verify exits with the error."""
-    plant(monkeypatch, "accept_all")
-    monkeypatch.setattr(fused_steps, "_early_launch", True)
+    monkeypatch.setattr(GreedyAcceptance, "accepted", accept_all)     # early launch stays on (the default)
     rc = main(["verify", "--target", str(pair.target_dir), "--drafter", str(pair.drafter_dir), "--prompts",
                str(cli_prompts), "--max-new-tokens", str(NEW_TOKENS), "--device", "cpu", "--dtype", "fp32"])
     assert rc == 2 and "fused spec step ran at position" in capsys.readouterr().err
