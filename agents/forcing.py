@@ -5,7 +5,7 @@ The engine provides `specpilot.verify.forcing.token_force` (docs/CONTRACTS.md), 
 forcer(target_dir, drafter_dir, variant) -> ForcingOutcome, and passes exactly when that verdict
 does (its forced paths, our speculative output against stock's and against our greedy AR output,
 which is the M = 1 path an integrated GEMV variant serves, and the referee's rule). The variant is
-written into the registry (so the engine's dispatch, kernels/dispatch.py, picks it up:
+written into the registry's manifest, which the forced engine's EngineConfig names (so its dispatch, kernels/dispatch.py, picks it up:
 split12_linear with M = 1 on CUDA) before forcing and taken out again if forcing fails. The
 outcome says whether the dispatch really served the variant (`variant_dispatched`). Tests pass a
 fake forcer; with no engine, `engine_forcer()` is None and the loop records the winner as
@@ -27,7 +27,9 @@ def engine_forcer(device: str, n_prompts: int = 3, max_new_tokens: int = 48, blo
     try:
         import torch
 
+        from specpilot.config import EngineConfig
         from specpilot.engine import Engine
+        from specpilot.kernels.registry import variants_file
         from specpilot.models import load_drafter, load_target
         from specpilot.verify.forcing import token_force
         from specpilot.verify.referee import load_referee
@@ -41,7 +43,8 @@ def engine_forcer(device: str, n_prompts: int = 3, max_new_tokens: int = 48, blo
         dtype = torch.bfloat16  # split12 weights are bf16 by definition (the engine requires it)
         try:
             target = load_target(target_dir, device=device, dtype=dtype, weights="split12")
-            engine = Engine(target, load_drafter(drafter_dir, target))
+            manifest = str(variants_file())                     # the manifest the variant was written to
+            engine = Engine(target, load_drafter(drafter_dir, target), config=EngineConfig(variants_manifest=manifest))
             stock = load_stock(target_dir, drafter_dir, device=device, dtype=dtype)
             referee = load_referee(target_dir, dtype, device)
             report = token_force(engine, stock, _prompts(target_dir, n_prompts), max_new_tokens,
@@ -49,7 +52,7 @@ def engine_forcer(device: str, n_prompts: int = 3, max_new_tokens: int = 48, blo
         except Exception as e:
             return ForcingOutcome(False, f"token forcing raised {type(e).__name__}: {e}")
         summary = {k: _plain(v) for k, v in report.summary().items()}
-        summary["variant_dispatched"] = _dispatched(variant, device)
+        summary["variant_dispatched"] = _dispatched(variant, device, manifest)
         verdict = "token forcing passed " if report.passed else \
             "token forcing failed: " + "; ".join(report.reasons) + " "
         return ForcingOutcome(bool(report.passed), verdict + str(summary), summary)
@@ -57,7 +60,7 @@ def engine_forcer(device: str, n_prompts: int = 3, max_new_tokens: int = 48, blo
     return force
 
 
-def _dispatched(variant: dict, device: str):
+def _dispatched(variant: dict, device: str, manifest: str):
     """Whether the engine's split12 dispatch serves this variant (True/False), None when the
     record names no GEMV shape. False on the GPU means forcing ran the engine's own kernel."""
     shape = variant.get("shape") if variant else None
@@ -65,7 +68,7 @@ def _dispatched(variant: dict, device: str):
         return None
     from specpilot.kernels.dispatch import integrated_launcher
 
-    launch = integrated_launcher("split12_gemv", tuple(shape), device)
+    launch = integrated_launcher("split12_gemv", tuple(shape), device, manifest)
     return launch is not None and launch.record.get("cand_id") == variant.get("cand_id")
 
 
