@@ -25,11 +25,7 @@ STEP_KEYS = ("ar_ms", "verify_ms", "draft_ms", "e2e_ar_ms_per_token", "e2e_spec_
 
 
 def engine_config_class():
-    """EngineConfig, or a clear exit where this tree has none. MERGE: drop the guard after the merge."""
-    try:
-        from specpilot.config import EngineConfig
-    except ImportError as e:
-        raise SystemExit(f"engine_ab: specpilot.config.EngineConfig is not importable ({e})") from None
+    from specpilot.config import EngineConfig
     return EngineConfig
 
 

@@ -76,13 +76,13 @@ for step in $steps; do
                --configs default,weights=split12 --out "$OUT/engine.jsonl" ;;
     # Each default against its alternative, one EngineConfig field at a time, with whole replayed
     # generations (host time between steps counts for the loop's mechanisms).
-    # MERGE: the field names below are checked against EngineConfig by tests/test_bench_engine_ab.py.
+    # The field names below are checked against EngineConfig by tests/test_bench_engine_ab.py.
     ab)      run_step ab timeout 400 python3 -m specpilot.bench.engine_ab --preset qwen3-8b --e2e \
                --configs default,early_launch=false,step_kernels=false --out "$OUT/ab.jsonl" ;;
-    # The defaults chosen on H100s, A/B'd again where the issues measure (an H200): the split12
-    # decode-bound grid and the fused split12 GEMV, with split12 weights. ~5 min.
+    # The defaults chosen on H100s, A/B'd again on the card in hand: the split12 decode-bound grid and
+    # the fused one-token GEMV, with split12 weights. ~5 min.
     defaults_ab) run_step defaults_ab timeout 400 python3 -m specpilot.bench.engine_ab --preset qwen3-8b \
-                   --configs weights=split12,weights=split12+split12_decode_grid=false,weights=split12+fused_split12_gemv=true \
+                   --configs weights=split12,weights=split12+split12_decode_grid=false,weights=split12+fused_gemv=false \
                    --out "$OUT/defaults_ab.jsonl" ;;
     # The cost model on the Qwen3-8B pair's configs (no weights): each step against its ceilings on
     # this card, both formats, with the picture (~1 min).

@@ -28,8 +28,7 @@ def _event_ms(fn, iters: int) -> float:
 
 @torch.inference_mode()
 def step_times(engine, block: int = 16, iters: int = 30, context: int = CONTEXT) -> dict:
-    """{ar_ms, verify_ms, draft_ms}: the steps the speculative loop runs, each timed alone.
-    MERGE: these reach the step runner; follow its names once the restructure lands."""
+    """{ar_ms, verify_ms, draft_ms}: the steps the speculative loop runs, each timed alone."""
     runner, dev, cfg = engine.runner, engine.device, engine.target.config
     prompt = torch.randint(0, cfg.vocab_size - 2, (1, context), device=dev)
     runner.prefill(prompt, with_features=True)
@@ -45,8 +44,7 @@ def step_times(engine, block: int = 16, iters: int = 30, context: int = CONTEXT)
 @torch.inference_mode()
 def replayed_generation(engine, prompt: list, tokens: int, tau: float) -> dict:
     """AR ms per token, spec ms per step and spec tokens/s over whole generations (decode time: after
-    the prefill's token). The spec run replays `tau` over this engine's own AR transcript.
-    MERGE: replay is passed as generate_spec(replay=...) today; follow the restructure's policy."""
+    the prefill's token). The spec run replays `tau` over this engine's own AR transcript."""
     from specpilot.engine.replay import AcceptanceReplay
 
     engine.warmup(engine.drafter.block_size)

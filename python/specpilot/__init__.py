@@ -24,10 +24,9 @@ The names load on first use, so `import specpilot` stays cheap (no torch import)
 __version__ = "0.1.0"
 
 # name -> module that defines it, imported on first access (PEP 562).
-# MERGE: point load_pair at its final home once the restructure branch lands.
 _LAZY = {"Engine": "specpilot.engine",
          "EngineConfig": "specpilot.config",
-         "load_pair": "specpilot.engine.cli_support"}
+         "load_pair": "specpilot.models.loading"}
 
 __all__ = ["Engine", "EngineConfig", "load_pair", "__version__"]
 
