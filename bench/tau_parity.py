@@ -181,7 +181,28 @@ def markdown(summary: dict, rows: list, info: dict) -> str:
             f"token-weighted (tokens / steps); [95 % bootstrap CI over prompts, {BOOTSTRAP_RESAMPLES} resamples, "
             f"seed {info['seed']}], difference paired.\n\n{summary_table(summary)}\n\n"
             f"## Identical outputs: acceptance per step (first {SIDE_BY_SIDE_STEPS} steps)\n\n{side_by_side(rows)}\n\n"
-            f"## Different outputs\n\n{divergences(rows)}\n")
+            f"## Different outputs\n\n{divergences(rows)}\n{probes(rows)}")
+
+
+def probes(rows: list) -> str:
+    """The --probe section: the drafters at the first differing step of identical-output prompts."""
+    done = [r for r in rows if "draft_probe" in r]
+    if not done:
+        return ""
+    lines = ["| set | id | step | draft row | differing rows | stock top 2 (ids: logits) | our top 2 (ids: logits) | "
+             "stock margin (bf16 ulps) | logit change of the two tokens | median logit diff |", "|" + " --- |" * 10]
+    for r in done:
+        p = r["draft_probe"]
+        if p.get("row") is None:
+            note = "reruns did not reproduce the run" if "row" not in p else "no draft argmax differs"
+            lines.append(f"| {r['set']} | {r['id']} | {p['step']} | {note} |" + " |" * 6)
+            continue
+        def top(t):
+            return f"{t['ids'][0]}, {t['ids'][1]}: {t['logits'][0]:.4f}, {t['logits'][1]:.4f}"
+        lines.append(f"| {r['set']} | {r['id']} | {p['step']} | {p['row']} | {p['differing_rows']} / {p['draft_rows']} | "
+                     f"{top(p['stock_top2'])} | {top(p['our_top2'])} | {p['stock_gap']:.4f} ({p['stock_gap_ulps']}) | "
+                     f"{p['choices_noise']:.4f} | {p['median_abs_logit_diff']:.5f} |")
+    return "\n## Drafters at the first differing step (identical outputs)\n\n" + "\n".join(lines) + "\n"
 
 
 def plot(rows: list, path: Path) -> Path:
@@ -224,11 +245,16 @@ def parse_args(argv=None):
                    help="seconds: start no prompt that the mean time per prompt so far says would end past it")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     p.add_argument("--plot", action="store_true", help="also write scatter.png (per-prompt tau, stock vs ours)")
+    p.add_argument("--probe", type=int, default=0, metavar="N",
+                   help="for up to N prompts with identical outputs but different acceptance, rerun both sides "
+                        "and compare the drafters' logits at the first differing step (tau_parity_probe)")
     args = p.parse_args(argv)
     if args.limit is not None and args.limit < 1:
         p.error(f"--limit must be >= 1, got {args.limit}")
     if args.max_new_tokens < 1:
         p.error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.probe < 0:
+        p.error(f"--probe must be >= 0, got {args.probe}")
     if args.time_budget is not None and args.time_budget <= 0:
         p.error(f"--time-budget must be > 0 seconds, got {args.time_budget}")
     if args.device == "cuda":
@@ -279,6 +305,16 @@ def run(args) -> tuple:
                   f"{taus[1]}, {'identical' if row['identical'] else 'DIFFERENT'} outputs"
                   f"{'' if row['acceptance_identical'] else ', different acceptance'} "
                   f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    probed = [r for r in rows if r["identical"] and not r["acceptance_identical"]][:args.probe]
+    if probed:
+        from .tau_parity_probe import probe
+        by_id = {(s, pid): ids for s, pid, ids in prompts}
+        for r in probed:
+            r["draft_probe"] = probe(engine, stock, by_id[r["set"], r["id"]], args.max_new_tokens, stop_ids,
+                                     args.block_size, r)
+            print(f"probe {r['set']} {r['id']}: {r['draft_probe']}", file=sys.stderr)
+        with open(out / "rows.jsonl", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
     info = {"tier": "real (trained pair, measured acceptance)", "target": args.target, "drafter": args.drafter,
             "device": device_name(args.device), "dtype": args.dtype, "weights": weights,
             "sets": ", ".join(f"{n} ({p})" for n, p in sets), "prompts run": f"{len(rows)} of {len(prompts)}"

@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU thread)
 from specpilot import settings
@@ -180,3 +181,22 @@ def test_zoo_pair_catches_a_wrong_bonus_token(tmp_path, monkeypatch, host_contro
     assert not any(r["identical"] for r in rows)
     assert all(r["first_token_difference"] == r["stock_acceptance"][0] for r in rows)   # the first bonus
     assert "## Different outputs" in (tmp_path / "report.md").read_text()
+
+
+def test_compare_drafts_finds_the_first_flipped_row_and_its_margins():
+    from specpilot.bench.tau_parity_probe import bf16_ulp, compare_drafts
+
+    stock = torch.tensor([[5.0, 1.0, 0.0], [8.5, 8.4375, 0.0], [0.0, 3.0, 2.0]])
+    ours = stock.clone()
+    ours[1, 1] = 8.5625                       # row 1's top two swap by two bf16 ulps (0.0625 at 8.5)
+    ours[2, 2] = 3.5                          # row 2 flips too, later
+    d = compare_drafts(stock, ours)
+    assert (d["row"], d["differing_rows"], d["draft_rows"]) == (1, 2, 3)
+    assert d["stock_top2"]["ids"] == [0, 1] and d["our_top2"]["ids"] == [1, 0]
+    assert d["stock_gap"] == pytest.approx(0.0625) and d["our_gap"] == pytest.approx(0.0625)
+    assert d["stock_gap_ulps"] == pytest.approx(1.0) and d["choices_noise"] == pytest.approx(0.125)
+    assert d["max_abs_logit_diff"] == pytest.approx(1.5)
+    assert compare_drafts(stock, stock)["row"] is None
+    assert bf16_ulp(8.5) == 0.0625 and bf16_ulp(1.0) == 2 ** -7
+    with pytest.raises(ValueError, match="draft logits of different shapes"):
+        compare_drafts(stock, stock[:2])
