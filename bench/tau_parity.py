@@ -33,6 +33,9 @@ SIDE_BY_SIDE_STEPS = 12
 
 def resolve_sets(folders: list, names: list) -> list:
     """[(set name, file)] with each name found in the first folder holding `<name>.jsonl`."""
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"--sets names {', '.join(repeated)} more than once")
     out = []
     for name in names:
         hits = [Path(d) / f"{name}.jsonl" for d in folders if (Path(d) / f"{name}.jsonl").is_file()]
@@ -128,7 +131,9 @@ def summarize(rows: list, seed: int = 0) -> dict:
                 "identical_acceptance": sum(r["acceptance_identical"] for r in same)}
 
     sets = list(dict.fromkeys(r["set"] for r in rows))
+    same = [r for r in rows if r["identical"]]
     return {"all": {**agreement(rows), **pooled_stats(rows, seed)},
+            "identical_outputs_only": {**agreement(same), **pooled_stats(same, seed)},
             "sets": {s: {**agreement(rs), **pooled_stats(rs, seed)}
                      for s in sets for rs in [[r for r in rows if r["set"] == s]]}}
 
@@ -144,7 +149,8 @@ def summary_table(summary: dict) -> str:
             "our tau", "ours - stock", "stock tau (token-weighted)", "our tau (token-weighted)",
             "ours - stock (token-weighted)"]
     lines = ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
-    for name, s in [*summary["sets"].items(), ("all", summary["all"])]:
+    for name, s in [*summary["sets"].items(), ("all", summary["all"]),
+                    ("all, identical outputs only", summary["identical_outputs_only"])]:
         cells = [name, s["prompts"], s["with_tau"], s["identical_outputs"], s["identical_acceptance"]]
         lines.append("| " + " | ".join(map(str, cells + [_ci(s[k]) for k in STAT_NAMES])) + " |")
     return "\n".join(lines)
@@ -185,24 +191,27 @@ def markdown(summary: dict, rows: list, info: dict) -> str:
 
 
 def probes(rows: list) -> str:
-    """The --probe section: the drafters at the first differing step of identical-output prompts."""
+    """The --probe section: the drafters at the first step whose acceptance differs."""
     done = [r for r in rows if "draft_probe" in r]
     if not done:
         return ""
-    lines = ["| set | id | step | draft row | differing rows | stock top 2 (ids: logits) | our top 2 (ids: logits) | "
-             "stock margin (bf16 ulps) | logit change of the two tokens | median logit diff |", "|" + " --- |" * 10]
+    lines = ["| set | id | outputs | step | draft row | differing rows | stock top 2 (ids: logits) | our top 2 (ids: logits) | "
+             "stock margin (bf16 ulps) | logit change of the two tokens | median logit diff |", "|" + " --- |" * 11]
     for r in done:
         p = r["draft_probe"]
+        same = "identical" if r["identical"] else "different"
         if p.get("row") is None:
-            note = "reruns did not reproduce the run" if "row" not in p else "no draft argmax differs"
-            lines.append(f"| {r['set']} | {r['id']} | {p['step']} | {note} |" + " |" * 6)
+            note = (f"the outputs parted first (step {p['outputs_parted_at_step']}, equal acceptance before)"
+                    if "outputs_parted_at_step" in p else "the reruns did not reproduce the run" if "row" not in p
+                    else "the drafts agree: the target's verify parted")
+            lines.append(f"| {r['set']} | {r['id']} | {same} | {p['step']} | {note} |" + " |" * 6)
             continue
         def top(t):
             return f"{t['ids'][0]}, {t['ids'][1]}: {t['logits'][0]:.4f}, {t['logits'][1]:.4f}"
-        lines.append(f"| {r['set']} | {r['id']} | {p['step']} | {p['row']} | {p['differing_rows']} / {p['draft_rows']} | "
+        lines.append(f"| {r['set']} | {r['id']} | {same} | {p['step']} | {p['row']} | {p['differing_rows']} / {p['draft_rows']} | "
                      f"{top(p['stock_top2'])} | {top(p['our_top2'])} | {p['stock_gap']:.4f} ({p['stock_gap_ulps']}) | "
                      f"{p['choices_noise']:.4f} | {p['median_abs_logit_diff']:.5f} |")
-    return "\n## Drafters at the first differing step (identical outputs)\n\n" + "\n".join(lines) + "\n"
+    return "\n## Drafters at the first step whose acceptance differs\n\n" + "\n".join(lines) + "\n"
 
 
 def plot(rows: list, path: Path) -> Path:
@@ -246,7 +255,7 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     p.add_argument("--plot", action="store_true", help="also write scatter.png (per-prompt tau, stock vs ours)")
     p.add_argument("--probe", type=int, default=0, metavar="N",
-                   help="for up to N prompts with identical outputs but different acceptance, rerun both sides "
+                   help="for up to N prompts whose acceptance differs (identical outputs first), rerun both sides "
                         "and compare the drafters' logits at the first differing step (tau_parity_probe)")
     args = p.parse_args(argv)
     if args.limit is not None and args.limit < 1:
@@ -305,7 +314,8 @@ def run(args) -> tuple:
                   f"{taus[1]}, {'identical' if row['identical'] else 'DIFFERENT'} outputs"
                   f"{'' if row['acceptance_identical'] else ', different acceptance'} "
                   f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
-    probed = [r for r in rows if r["identical"] and not r["acceptance_identical"]][:args.probe]
+    parted = [r for r in rows if not r["acceptance_identical"] and r["first_step_difference"] is not None]
+    probed = sorted(parted, key=lambda r: not r["identical"])[:args.probe]       # identical outputs first
     if probed:
         from .tau_parity_probe import probe
         by_id = {(s, pid): ids for s, pid, ids in prompts}
@@ -320,7 +330,9 @@ def run(args) -> tuple:
             "sets": ", ".join(f"{n} ({p})" for n, p in sets), "prompts run": f"{len(rows)} of {len(prompts)}"
             + (" (stopped by --time-budget)" if stopped_by_budget else ""),
             "max_new_tokens": args.max_new_tokens, "block_size": args.block_size or drafter.block_size,
-            "stop_ids": list(stop_ids), "seconds": round(time.perf_counter() - t0, 1), "seed": args.seed,
+            "stop_ids": list(stop_ids), "seconds": round(time.perf_counter() - t0, 1),
+            "stock / our seconds (generation calls)": f"{sum(r['stock_s'] for r in rows):.1f} / "
+                                                      f"{sum(r['our_s'] for r in rows):.1f}", "seed": args.seed,
             "versions": versions()}
     return rows, info
 

@@ -83,12 +83,27 @@ def bf16_ulp(x: float) -> float:
     return 2.0 ** (math.frexp(abs(x) or 1.0)[1] - 8)
 
 
+def step_of_token(acceptance: list, token) -> int | None:
+    """The step that produced new token `token` (token 0 is the prefill's: step -1), None for None."""
+    if token is None or token == 0:
+        return None if token is None else -1
+    produced = 1
+    for step, n in enumerate(acceptance):
+        produced += n
+        if token < produced:
+            return step
+    return len(acceptance)                          # past stock's end: ours went on
+
+
 def probe(engine, stock, prompt_ids, max_new_tokens, stop_ids, block_size, row) -> dict:
     """For a tau_parity row with identical outputs and different acceptance: the drafters at the first
     differing step. `engine` is the run's engine; the probe drafts stepwise on a twin of it."""
     from specpilot.engine import Engine
 
     step = row["first_step_difference"]
+    parted = step_of_token(row["stock_acceptance"], row["first_token_difference"])
+    if parted is not None and parted < step:        # the drafts at `step` saw different contexts: no probe
+        return {"step": step, "outputs_parted_at_step": parted}
     twin = Engine(engine.target, engine.drafter, max_seq_len=engine.max_seq_len, fused_steps=False)
     ref, stock_calls = _recorded_stock(stock, prompt_ids, max_new_tokens, stop_ids, block_size)
     ours, our_calls = _recorded_ours(twin, prompt_ids, max_new_tokens, stop_ids, block_size)

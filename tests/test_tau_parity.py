@@ -69,6 +69,9 @@ def test_summary_counts_identical_outputs_and_acceptance_per_set():
     s = tp.summarize(rows)
     assert (s["all"]["prompts"], s["all"]["identical_outputs"], s["all"]["identical_acceptance"]) == (3, 2, 1)
     assert s["sets"]["a"]["identical_acceptance"] == 1 and s["sets"]["b"]["identical_outputs"] == 0
+    only = s["identical_outputs_only"]
+    assert (only["prompts"], only["identical_acceptance"]) == (2, 1)
+    assert only["diff_tau"]["value"] == pytest.approx((4 / 3 - 2) / 2)
     assert rows[1]["first_step_difference"] == 0 and rows[2]["first_token_difference"] == 2
     text = tp.markdown(s, rows, {"seed": 0})
     assert "| a | p | 2 | 2 2 | 1 1 2 | 0 |" in text             # side by side, first differing step
@@ -84,6 +87,8 @@ def test_resolve_sets_first_folder_wins_and_names_a_missing_set(tmp_path):
     assert tp.resolve_sets(folders, ["s"]) == [("s", tmp_path / "x" / "s.jsonl")]
     with pytest.raises(FileNotFoundError, match="prompt set 'nope': no nope.jsonl"):
         tp.resolve_sets(folders, ["s", "nope"])
+    with pytest.raises(ValueError, match="--sets names s more than once"):
+        tp.resolve_sets(folders, ["s", "s"])
 
 
 def test_bad_arguments_are_named(capsys):
@@ -200,3 +205,11 @@ def test_compare_drafts_finds_the_first_flipped_row_and_its_margins():
     assert bf16_ulp(8.5) == 0.0625 and bf16_ulp(1.0) == 2 ** -7
     with pytest.raises(ValueError, match="draft logits of different shapes"):
         compare_drafts(stock, stock[:2])
+
+
+def test_step_of_token():
+    from specpilot.bench.tau_parity_probe import step_of_token
+
+    acc = [3, 1, 2]                           # tokens 1-3 from step 0, 4 from step 1, 5-6 from step 2
+    assert [step_of_token(acc, t) for t in range(8)] == [-1, 0, 0, 0, 1, 2, 2, 3]
+    assert step_of_token(acc, None) is None
