@@ -50,9 +50,13 @@ def _recorded_ours(stepwise_engine, prompt_ids, max_new_tokens, stop_ids, block_
 
 
 def _top2(row: torch.Tensor) -> dict:
-    values, ids = row.topk(2)
-    return {"ids": ids.tolist(), "logits": [round(v, 5) for v in values.tolist()],
-            "margin": round(float(values[0] - values[1]), 5)}
+    """The argmax (first index of a tie, as torch.argmax and both loops choose) and the runner-up."""
+    first = int(row.argmax())
+    rest = row.clone()
+    rest[first] = -math.inf
+    second = int(rest.argmax())
+    values = [float(row[first]), float(row[second])]
+    return {"ids": [first, second], "logits": [round(v, 5) for v in values], "margin": round(values[0] - values[1], 5)}
 
 
 def compare_drafts(stock_logits: torch.Tensor, our_logits: torch.Tensor) -> dict:

@@ -203,6 +203,10 @@ def test_compare_drafts_finds_the_first_flipped_row_and_its_margins():
     assert d["max_abs_logit_diff"] == pytest.approx(1.5)
     assert compare_drafts(stock, stock)["row"] is None
     assert bf16_ulp(8.5) == 0.0625 and bf16_ulp(1.0) == 2 ** -7
+    tie = torch.tensor([[1.0, 7.0, 7.0, 2.0]])   # an exact tie: argmax takes the first index, both sides alike
+    d = compare_drafts(tie, torch.tensor([[1.0, 7.0, 7.0625, 2.0]]))
+    assert d["stock_top2"] == {"ids": [1, 2], "logits": [7.0, 7.0], "margin": 0.0}
+    assert d["our_top2"]["ids"] == [2, 1] and (d["stock_gap"], d["stock_gap_ulps"]) == (0.0, 0.0)
     with pytest.raises(ValueError, match="draft logits of different shapes"):
         compare_drafts(stock, stock[:2])
 
