@@ -157,13 +157,17 @@ def summary_table(summary: dict) -> str:
 
 
 def side_by_side(rows: list, steps: int = SIDE_BY_SIDE_STEPS) -> str:
-    """Prompts with identical outputs: both acceptance sequences (first `steps` steps) and where they part."""
+    """Prompts with identical outputs: both acceptance sequences and where they part (`steps` steps from
+    the start, or from 2 before the first differing step)."""
     lines = ["| set | id | steps | stock acceptance | our acceptance | first differing step |", "|" + " --- |" * 6]
     for r in rows:
         if r["identical"]:
-            def seq(acc):
-                return " ".join(map(str, acc[:steps])) + (" …" if len(acc) > steps else "")
             diff = r["first_step_difference"]
+            first = 0 if diff is None else max(0, diff - 2)
+
+            def seq(acc):
+                shown = " ".join(map(str, acc[first:first + steps]))
+                return ("… " if first else "") + shown + (" …" if len(acc) > first + steps else "")
             lines.append(f"| {r['set']} | {r['id']} | {len(r['stock_acceptance'])} | {seq(r['stock_acceptance'])} | "
                          f"{seq(r['our_acceptance'])} | {'–' if diff is None else diff} |")
     return "\n".join(lines)
@@ -186,7 +190,8 @@ def markdown(summary: dict, rows: list, info: dict) -> str:
             f"tau = mean acceptance length per prompt (bonus included), pooled as the mean over prompts and "
             f"token-weighted (tokens / steps); [95 % bootstrap CI over prompts, {BOOTSTRAP_RESAMPLES} resamples, "
             f"seed {info['seed']}], difference paired.\n\n{summary_table(summary)}\n\n"
-            f"## Identical outputs: acceptance per step (first {SIDE_BY_SIDE_STEPS} steps)\n\n{side_by_side(rows)}\n\n"
+            f"## Identical outputs: acceptance per step ({SIDE_BY_SIDE_STEPS} steps from the first, or from 2 before "
+            f"the first differing step)\n\n{side_by_side(rows)}\n\n"
             f"## Different outputs\n\n{divergences(rows)}\n{probes(rows)}")
 
 
@@ -251,7 +256,8 @@ def parse_args(argv=None):
     p.add_argument("--block-size", type=int, default=None, help="default: the drafter's")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--time-budget", type=float, default=None,
-                   help="seconds: start no prompt that the mean time per prompt so far says would end past it")
+                   help="seconds: start no prompt that the mean time per prompt so far says would end past it "
+                        "(--probe reruns come after, outside the budget)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     p.add_argument("--plot", action="store_true", help="also write scatter.png (per-prompt tau, stock vs ours)")
     p.add_argument("--probe", type=int, default=0, metavar="N",

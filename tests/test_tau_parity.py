@@ -76,6 +76,8 @@ def test_summary_counts_identical_outputs_and_acceptance_per_set():
     text = tp.markdown(s, rows, {"seed": 0})
     assert "| a | p | 2 | 2 2 | 1 1 2 | 0 |" in text             # side by side, first differing step
     assert "| b | p | 4 | 4 | 2 | 3.00 | 3.00 |" in text          # the different output, first token 2
+    late = row("c", [1] * 20 + [3, 1], [1] * 20 + [2, 2])
+    assert "| c | p | 22 | … 1 1 3 1 | … 1 1 2 2 | 20 |" in tp.side_by_side([late], steps=12)
 
 
 def test_resolve_sets_first_folder_wins_and_names_a_missing_set(tmp_path):
