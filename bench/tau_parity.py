@@ -208,7 +208,7 @@ def probes(rows: list) -> str:
         if p.get("row") is None:
             note = (f"the outputs parted first (step {p['outputs_parted_at_step']}, equal acceptance before)"
                     if "outputs_parted_at_step" in p else "the reruns did not reproduce the run" if "row" not in p
-                    else "the drafts agree: the target's verify parted")
+                    else "the drafts agree: the target's side parted (its verify or the accept rule)")
             lines.append(f"| {r['set']} | {r['id']} | {same} | {p['step']} | {note} |" + " |" * 6)
             continue
         def top(t):

@@ -219,3 +219,29 @@ def test_step_of_token():
     acc = [3, 1, 2]                           # tokens 1-3 from step 0, 4 from step 1, 5-6 from step 2
     assert [step_of_token(acc, t) for t in range(8)] == [-1, 0, 0, 0, 1, 2, 2, 3]
     assert step_of_token(acc, None) is None
+
+
+@zoo
+def test_zoo_pair_probe_clears_the_drafter_when_the_accept_rule_is_broken(tmp_path, monkeypatch, host_control):
+    """The planted short acceptance leaves the drafts alone: the probe finds them equal at the first
+    differing step (fp32: not one logit moved) instead of blaming the drafter."""
+    from specpilot.engine import spec_fused, spec_loop
+
+    for module in (spec_loop, spec_fused):
+        monkeypatch.setattr(module, "greedy_new_tokens", capped_greedy(1))
+    assert tp.main(zoo_argv(tmp_path, limit=1) + ["--probe", "1"]) == 0
+    probed = [r for r in read_rows(tmp_path) if "draft_probe" in r]
+    assert len(probed) == 1
+    p = probed[0]["draft_probe"]
+    assert p["stock_reproduced"] and p["stepwise_reproduced"] and p["step"] == probed[0]["first_step_difference"]
+    assert p["row"] is None and p["max_abs_logit_diff"] == 0.0
+    assert "the drafts agree" in (tmp_path / "report.md").read_text()
+
+
+@zoo
+def test_zoo_pair_time_budget_stops_cleanly(tmp_path):
+    assert tp.main(zoo_argv(tmp_path, tokens=8) + ["--time-budget", "0.001"]) == 0
+    assert len(read_rows(tmp_path)) == 1                     # the first prompt always runs
+    info = json.loads((tmp_path / "summary.json").read_text())["info"]
+    assert info["prompts run"] == "1 of 4 (stopped by --time-budget)"
+    assert "stopped by --time-budget" in (tmp_path / "report.md").read_text()
