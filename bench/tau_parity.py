@@ -175,7 +175,8 @@ def side_by_side(rows: list, steps: int = SIDE_BY_SIDE_STEPS) -> str:
 
 def divergences(rows: list) -> str:
     """Prompts whose outputs differ: the first differing token and both taus."""
-    lines = ["| set | id | stock tokens | our tokens | first differing token | stock tau | our tau |", "|" + " --- |" * 7]
+    lines = ["| set | id | stock tokens | our tokens | first differing token | stock tau | our tau |",
+             "|" + " --- |" * 7]
     for r in rows:
         if not r["identical"]:
             taus = [("–" if t is None else f"{t:.2f}") for t in (r["stock_tau"], r["our_tau"])]
@@ -185,38 +186,16 @@ def divergences(rows: list) -> str:
 
 
 def markdown(summary: dict, rows: list, info: dict) -> str:
+    from .tau_parity_probe import probe_section
+
     head = "\n".join(f"- {k}: {v}" for k, v in info.items())
     return (f"# Acceptance parity: stock dflash_generate vs our generate_spec (greedy)\n\n{head}\n\n"
             f"tau = mean acceptance length per prompt (bonus included), pooled as the mean over prompts and "
-            f"token-weighted (tokens / steps); [95 % bootstrap CI over prompts, {BOOTSTRAP_RESAMPLES} resamples, "
-            f"seed {info['seed']}], difference paired.\n\n{summary_table(summary)}\n\n"
-            f"## Identical outputs: acceptance per step ({SIDE_BY_SIDE_STEPS} steps from the first, or from 2 before "
-            f"the first differing step)\n\n{side_by_side(rows)}\n\n"
-            f"## Different outputs\n\n{divergences(rows)}\n{probes(rows)}")
-
-
-def probes(rows: list) -> str:
-    """The --probe section: the drafters at the first step whose acceptance differs."""
-    done = [r for r in rows if "draft_probe" in r]
-    if not done:
-        return ""
-    lines = ["| set | id | outputs | step | draft row | differing rows | stock top 2 (ids: logits) | our top 2 (ids: logits) | "
-             "stock margin (bf16 ulps) | logit change of the two tokens | median logit diff |", "|" + " --- |" * 11]
-    for r in done:
-        p = r["draft_probe"]
-        same = "identical" if r["identical"] else "different"
-        if p.get("row") is None:
-            note = (f"the outputs parted first (step {p['outputs_parted_at_step']}, equal acceptance before)"
-                    if "outputs_parted_at_step" in p else "the reruns did not reproduce the run" if "row" not in p
-                    else "the drafts agree: the target's side parted (its verify or the accept rule)")
-            lines.append(f"| {r['set']} | {r['id']} | {same} | {p['step']} | {note} |" + " |" * 6)
-            continue
-        def top(t):
-            return f"{t['ids'][0]}, {t['ids'][1]}: {t['logits'][0]:.4f}, {t['logits'][1]:.4f}"
-        lines.append(f"| {r['set']} | {r['id']} | {same} | {p['step']} | {p['row']} | {p['differing_rows']} / {p['draft_rows']} | "
-                     f"{top(p['stock_top2'])} | {top(p['our_top2'])} | {p['stock_gap']:.4f} ({p['stock_gap_ulps']}) | "
-                     f"{p['choices_noise']:.4f} | {p['median_abs_logit_diff']:.5f} |")
-    return "\n## Drafters at the first step whose acceptance differs\n\n" + "\n".join(lines) + "\n"
+            f"token-weighted (tokens / steps); [95 % bootstrap CI over prompts, {BOOTSTRAP_RESAMPLES} "
+            f"resamples, seed {info['seed']}], difference paired.\n\n{summary_table(summary)}\n\n"
+            f"## Identical outputs: acceptance per step ({SIDE_BY_SIDE_STEPS} steps from the first, or from 2 "
+            f"before the first differing step)\n\n{side_by_side(rows)}\n\n"
+            f"## Different outputs\n\n{divergences(rows)}\n{probe_section(rows)}")
 
 
 def plot(rows: list, path: Path) -> Path:

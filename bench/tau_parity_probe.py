@@ -116,3 +116,32 @@ def probe(engine, stock, prompt_ids, max_new_tokens, stop_ids, block_size, row) 
     if not (out["stock_reproduced"] and out["stepwise_reproduced"]):
         return out                                  # the reruns are not the runs measured: nothing to compare
     return {**out, **compare_drafts(stock_calls[step], our_calls[step])}
+
+
+def probe_section(rows: list) -> str:
+    """report.md's --probe section: the drafters at the first step whose acceptance differs."""
+    done = [r for r in rows if "draft_probe" in r]
+    if not done:
+        return ""
+    cols = ["set", "id", "outputs", "step", "draft row", "differing rows", "stock top 2 (ids: logits)",
+            "our top 2 (ids: logits)", "stock margin (bf16 ulps)", "logit change of the two tokens",
+            "median logit diff"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
+    for r in done:
+        p = r["draft_probe"]
+        cells = [r["set"], r["id"], "identical" if r["identical"] else "different", p["step"]]
+        if "outputs_parted_at_step" in p:
+            cells.append(f"the outputs parted first, at step {p['outputs_parted_at_step']}")
+        elif "row" not in p:
+            cells.append("the reruns did not reproduce the run")
+        elif p["row"] is None:
+            cells.append("the drafts agree: the target's side parted (its verify or the accept rule)")
+        else:
+            def top(t):
+                return f"{t['ids'][0]}, {t['ids'][1]}: {t['logits'][0]:.4f}, {t['logits'][1]:.4f}"
+            cells += [p["row"], f"{p['differing_rows']} / {p['draft_rows']}", top(p["stock_top2"]),
+                      top(p["our_top2"]), f"{p['stock_gap']:.4f} ({p['stock_gap_ulps']})",
+                      f"{p['choices_noise']:.4f}", f"{p['median_abs_logit_diff']:.5f}"]
+        cells += [""] * (len(cols) - len(cells))
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return "\n## Drafters at the first step whose acceptance differs\n\n" + "\n".join(lines) + "\n"
