@@ -245,3 +245,12 @@ def test_zoo_pair_time_budget_stops_cleanly(tmp_path):
     info = json.loads((tmp_path / "summary.json").read_text())["info"]
     assert info["prompts run"] == "1 of 4 (stopped by --time-budget)"
     assert "stopped by --time-budget" in (tmp_path / "report.md").read_text()
+
+
+def test_device_cuda_without_one_is_named(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this torch sees a CUDA device")
+    with pytest.raises(SystemExit):
+        tp.parse_args(["--target", "t", "--drafter", "d", "--datasets", "x", "--sets", "s", "--out", "o",
+                       "--device", "cuda"])
+    assert "--device cuda: this torch sees no CUDA device" in capsys.readouterr().err
