@@ -102,13 +102,16 @@ def step_of_token(acceptance: list, token) -> int | None:
 def probe(engine, stock, prompt_ids, max_new_tokens, stop_ids, block_size, row) -> dict:
     """For a tau_parity row with identical outputs and different acceptance: the drafters at the first
     differing step. `engine` is the run's engine; the probe drafts stepwise on a twin of it."""
+    import dataclasses
+
     from specpilot.engine import Engine
 
     step = row["first_step_difference"]
     parted = step_of_token(row["stock_acceptance"], row["first_token_difference"])
     if parted is not None and parted < step:        # the drafts at `step` saw different contexts: no probe
         return {"step": step, "outputs_parted_at_step": parted}
-    twin = Engine(engine.target, engine.drafter, max_seq_len=engine.max_seq_len, fused_steps=False)
+    twin = Engine(engine.target, engine.drafter, max_seq_len=engine.max_seq_len,
+                  config=dataclasses.replace(engine.config, fused_steps=False))
     ref, stock_calls = _recorded_stock(stock, prompt_ids, max_new_tokens, stop_ids, block_size)
     ours, our_calls = _recorded_ours(twin, prompt_ids, max_new_tokens, stop_ids, block_size)
     out = {"step": step, "stock_reproduced": list(ref.acceptance_lengths) == row["stock_acceptance"],

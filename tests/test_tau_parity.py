@@ -142,33 +142,20 @@ def test_zoo_pair_fp32_reports_parity_and_prompts_as_verify_encodes_them(tmp_pat
 
 
 @pytest.fixture
-def host_control():
-    """The fused step takes its next control from the host (no early launch), so a planted host-side
-    commit rule steers the run instead of tripping the position check."""
-    from specpilot.engine import fused_steps
+def host_control(monkeypatch):
+    """The graphed step takes its next control from the host (no early launch), so a planted host-side
+    accept rule steers the run instead of tripping the position check."""
+    from test_verify_planted import host_control as engines_take_host_control
 
-    was = fused_steps.set_early_launch(False)
-    yield
-    fused_steps.set_early_launch(was)
-
-
-def capped_greedy(cap, bonus_shift=0):
-    """A planted greedy commit: accepts at most `cap` drafts; bonus_shift != 0 also breaks the bonus token."""
-    from specpilot.engine.spec_loop import greedy_new_tokens
-
-    def planted(packed, width, replay, step, verify_size):
-        new = greedy_new_tokens([min(packed[0], cap)] + packed[1:], width, replay, step, verify_size)
-        return new[:-1] + [new[-1] + bonus_shift]
-    return planted
+    engines_take_host_control(monkeypatch)
 
 
 @zoo
 def test_zoo_pair_catches_an_engine_that_accepts_too_few_drafts(tmp_path, monkeypatch, host_control):
     """Lossless output, fewer tokens per step: outputs identical, acceptance not, our tau below stock's."""
-    from specpilot.engine import spec_fused, spec_loop
+    from specpilot.engine.replay import GreedyAcceptance
 
-    for module in (spec_loop, spec_fused):
-        monkeypatch.setattr(module, "greedy_new_tokens", capped_greedy(1))
+    monkeypatch.setattr(GreedyAcceptance, "accepted", lambda self, step, verify_size, matched: min(matched, 1))
     assert tp.main(zoo_argv(tmp_path, limit=1)) == 0
     rows = read_rows(tmp_path)
     assert all(r["identical"] for r in rows) and not any(r["acceptance_identical"] for r in rows)
@@ -179,10 +166,13 @@ def test_zoo_pair_catches_an_engine_that_accepts_too_few_drafts(tmp_path, monkey
 
 @zoo
 def test_zoo_pair_catches_a_wrong_bonus_token(tmp_path, monkeypatch, host_control):
-    from specpilot.engine import spec_fused, spec_loop
+    from specpilot.engine import accept, spec
 
-    for module in (spec_loop, spec_fused):
-        monkeypatch.setattr(module, "greedy_new_tokens", capped_greedy(99, bonus_shift=1))
+    def shifted_bonus(block, posterior, accepted):
+        new = accept.new_tokens(block, posterior, accepted)
+        return new[:-1] + [new[-1] + 1]
+
+    monkeypatch.setattr(spec, "new_tokens", shifted_bonus)
     assert tp.main(zoo_argv(tmp_path, limit=1)) == 0
     rows = read_rows(tmp_path)
     assert not any(r["identical"] for r in rows)
@@ -225,10 +215,9 @@ def test_step_of_token():
 def test_zoo_pair_probe_clears_the_drafter_when_the_accept_rule_is_broken(tmp_path, monkeypatch, host_control):
     """The planted short acceptance leaves the drafts alone: the probe finds them equal at the first
     differing step (fp32: not one logit moved) instead of blaming the drafter."""
-    from specpilot.engine import spec_fused, spec_loop
+    from specpilot.engine.replay import GreedyAcceptance
 
-    for module in (spec_loop, spec_fused):
-        monkeypatch.setattr(module, "greedy_new_tokens", capped_greedy(1))
+    monkeypatch.setattr(GreedyAcceptance, "accepted", lambda self, step, verify_size, matched: min(matched, 1))
     assert tp.main(zoo_argv(tmp_path, limit=1) + ["--probe", "1"]) == 0
     probed = [r for r in read_rows(tmp_path) if "draft_probe" in r]
     assert len(probed) == 1
