@@ -18,6 +18,9 @@ def render_report(memory, run_id: str, deployment: str, ceilings: dict | None = 
         "SELECT DISTINCT cand_id, label FROM measurements WHERE run_id=? AND metric='time_s'", (run_id,)))
     if labels:
         lines += [f"Timings: {', '.join(f'{k} ({n})' for k, n in labels.items())} (fake = injected, not measured)", ""]
+    if "cpu-wall" in labels or "fake" in labels or deployment.startswith("cpu|"):
+        lines += ["CPU run: these timings exercise the loop's plumbing (gates, memory, integration); "
+                  "they are not kernel results.", ""]
 
     lines += ["## Before / after per gap", "",
               "| gap | ceiling us | before us | after us | speedup | of roofline | best variant | integrated |",
