@@ -209,7 +209,7 @@ def _round(cfg, memory, run_id, deployment, rnd, gap, state, proposers, pool, se
         log(f"  incumbent {gap.incumbent_label} failed its gate this round: it stays out of integration")
     paired = None
     if best is not None and best.cand_id != inc_id and before is not None:
-        paired = _paired(cfg, pool, state, gap.incumbent, best)
+        paired = _paired(cfg, pool, gap.incumbent, best, knob_evaluator if gap.op == "engine.block_size" else None)
         if paired.get("incumbent_s"):
             before, best_t = paired["incumbent_median_s"], paired["candidate_median_s"]
     wins = best is not None and best.cand_id != inc_id and (before is None or bool(paired and paired.get("wins")))
@@ -233,12 +233,27 @@ def _round(cfg, memory, run_id, deployment, rnd, gap, state, proposers, pool, se
     log(f"  round {rnd}: winner {best.label} {best_t * 1e6:.2f} us ({speed} over the incumbent); {note}")
 
 
-def _paired(cfg, pool, state, incumbent, best) -> dict:
-    """Incumbent and candidate re-timed in one worker, interleaved, cfg.repeats times. The candidate
-    wins when the mean paired difference exceeds noise_sigmas standard errors of the differences."""
-    task = {"pair": [incumbent.to_dict(), best.to_dict()], "device": cfg.device, "timer": cfg.timer,
-            "repeats": cfg.repeats}
-    (r,) = pool.run([task])
+def _paired(cfg, pool, incumbent, best, knob_evaluator=None) -> dict:
+    """Incumbent and candidate re-timed side by side, interleaved, cfg.repeats times (kernels in one
+    worker; engine knobs through the knob evaluator). The candidate wins when the mean paired
+    difference exceeds noise_sigmas standard errors of the differences."""
+    if knob_evaluator is not None:
+        from specpilot.agents.knobs import evaluate_knob
+
+        r = {"verdicts": [], "incumbent_s": [], "candidate_s": []}
+        for rep in range(cfg.repeats):
+            for key, c in ((("incumbent_s", incumbent), ("candidate_s", best))[::1 if rep % 2 == 0 else -1]):
+                out = evaluate_knob(c, knob_evaluator)
+                if out["time_s"] is None:
+                    r = {"verdicts": out["verdicts"]}
+                    break
+                r[key].append(out["time_s"])
+            if "incumbent_s" not in r:
+                break
+    else:
+        task = {"pair": [incumbent.to_dict(), best.to_dict()], "device": cfg.device, "timer": cfg.timer,
+                "repeats": cfg.repeats}
+        (r,) = pool.run([task])
     if not r.get("incumbent_s"):
         return {"wins": False, "failed": _first_fail(r["verdicts"])}
     diffs = [a - b for a, b in zip(r["incumbent_s"], r["candidate_s"])]
