@@ -61,7 +61,7 @@ def test_loop_improves_integrates_reports_and_transfers(cache_env):
     assert mem.gaps(summary["run_id"])
     assert all(v["reason"] == "" for v in mem.verdict_rows(summary["run_id"]) if v["passed"])
     report = open(summary["report_path"]).read()
-    assert "Before / after per gap" in report and "fake" in report
+    assert "Before / after per gap" in report and "fake" in report and "not kernel results" in report
     assert any(line.startswith("[round 0]") for line in logs)
 
     # a new deployment starts from the nearest deployment's validated mechanisms
