@@ -2,13 +2,17 @@
 
 Kinds (all share one calling convention per op, so the gate's logic is the same code):
 - "cuda":    CUDA source under the NVRTC launch contract + launch geometry; GPU only.
-- "cpu":     a factory "module:function" returning a torch callable under the same contract.
+- "python":  Python source defining the op's entry point (split12_gemv / chain_accept) in torch,
+             on either device: what the LLM proposer emits when asked for torch code.
+- "cpu":     a factory "module:function" returning a torch callable under the same contract
+             (the built-in templates' CPU twins).
 - "knob":    engine settings (e.g. block_size), judged end to end by the engine.
 The id is a hash of everything that defines the candidate, so records are idempotent.
 """
 import hashlib
 import importlib
 import json
+import types
 from dataclasses import asdict, dataclass, field
 
 
@@ -16,10 +20,10 @@ from dataclasses import asdict, dataclass, field
 class Candidate:
     op: str                    # "split12_gemv" | "chain_accept" | "engine.block_size"
     shape: tuple               # (N, K) for GEMV; () for knobs
-    kind: str                  # cuda | cpu | knob
+    kind: str                  # cuda | python | cpu | knob
     proposer: str              # builtin | llm:<model> | transfer | incumbent | exploit:<name>
     params: dict = field(default_factory=dict)
-    source: str | None = None  # CUDA source for kind == "cuda"
+    source: str | None = None  # CUDA source (kind "cuda") or Python source (kind "python")
     label: str = ""
 
     @property
@@ -54,7 +58,25 @@ def build_callable(c: Candidate):
         return factory(c)
     if c.kind == "cuda":
         return _cuda_callable(c)
+    if c.kind == "python":
+        return python_callable(c)
     raise ValueError(f"candidate kind {c.kind!r} has no callable form (op {c.op})")
+
+
+ENTRY_POINTS = {"split12_gemv": "split12_gemv", "chain_accept": "chain_accept"}
+
+
+def python_callable(c: Candidate):
+    """Python source run in a fresh module namespace (in the worker, never the controller)."""
+    entry = ENTRY_POINTS.get(c.op)
+    if entry is None:
+        raise ValueError(f"no Python entry point for op {c.op!r}")
+    module = types.ModuleType(f"specpilot_candidate_{c.cand_id}")
+    exec(compile(c.source or "", f"<candidate {c.label or c.cand_id}>", "exec"), module.__dict__)
+    fn = module.__dict__.get(entry)
+    if not callable(fn):
+        raise ValueError(f"the candidate's source defines no function {entry}(...)")
+    return fn
 
 
 def _cuda_callable(c: Candidate):
@@ -62,11 +84,6 @@ def _cuda_callable(c: Candidate):
 
     geometry = gemv_geometry(c.params)
     kernel = JitKernel(c.source, "split12_gemv")
-    launcher = c.params.get("launcher", "default")
-    if launcher != "default":  # exploit launchers (hidden stream, patched timer) live with the exploits
-        from specpilot.agents import exploits
-
-        return exploits.cuda_launcher(launcher, kernel, geometry)
 
     def split12_gemv(lo, codes, base, esc_rowptr, esc_col, esc_val, x, y, N, K, kpad):
         grid, block = geometry.launch(N)

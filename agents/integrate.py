@@ -1,7 +1,8 @@
 """Integration of a round's winner: token-force the engine with it on, then keep it in the registry.
 
 Order: write the variant's source next to the kernel cache, put its record in the registry
-(atomic), token-force; a failed forcing puts the previous record back. With no forcer (the engine
+(atomic), token-force; a failed forcing, or one that ran without the variant dispatched
+(`variant_dispatched` not true: it judged another kernel), puts the previous record back. With no forcer (the engine
 cannot token-force yet) nothing is written to the registry: the winner stays kernel-validated only
 (it still becomes the incumbent the search continues from, and the memory says which it is).
 Replaying this after a kill rewrites the same files with the same content (idempotent).
@@ -43,4 +44,9 @@ def integrate_winner(cfg, deployment: str, gap, best, best_t, before, forcer, lo
         registry.restore_variant(gpu, gap.op, gap.shape, previous)
         log(f"  token forcing rejected {best.label}: {outcome.reason}")
         return False, f"not integrated: {outcome.reason}", evidence
+    if outcome.report.get("variant_dispatched") is not True:  # forcing judged some other kernel
+        registry.restore_variant(gpu, gap.op, gap.shape, previous)
+        why = f"token forcing ran without the variant dispatched (variant_dispatched={outcome.report.get('variant_dispatched')})"
+        log(f"  {best.label} not integrated: {why}")
+        return False, f"not integrated: {why}", evidence
     return True, f"integrated; {outcome.reason}", evidence

@@ -1,6 +1,7 @@
 """The optimization loop. Each round: take the largest gap the agents can act on, let K proposers
 suggest candidates (in parallel), judge each in a worker (gate + timing, the incumbent re-measured
-beside them), token-force the winner and integrate it, record everything in memory.
+beside them), re-time the best against the incumbent side by side (interleaved, repeated: it wins
+only by more than the measured noise), token-force the winner and integrate it, record everything.
 
 Resume: a round's candidate list is recorded before any evaluation, each evaluation commits on its
 own, and a round closes in one transaction; `resume=True` continues the last unfinished run of the
@@ -8,6 +9,7 @@ deployment, re-using recorded proposals and skipping judged candidates.
 """
 import math
 import os
+import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -42,7 +44,8 @@ class LoopConfig:
     seed: int = 0
     shapes: list | None = None           # explicit GEMV gaps [(name, N, K, count)] instead of the cost model
     llm: dict | None = None              # {"base_url", "model", "api_key", "token_budget"}
-    min_gain: float = 0.01               # a winner must beat the re-measured incumbent by 1%
+    noise_sigmas: float = 3.0            # a winner beats the incumbent by more than this many standard
+    repeats: int = 5                     # errors of the paired differences over this many repeats
     out_dir: str | None = None
     quick_cost: bool = True
 
@@ -70,7 +73,7 @@ def run_optimize(cfg: LoopConfig, forcer="auto", knob_evaluator=None, log=print)
         forcer = engine_forcer(cfg.device, block_size=cfg.block_size)
     state = gapmod.GapState(gaps, copy_bw, cfg)
     state.seed_incumbents(memory, deployment, run_id, log)
-    proposers = _proposers(cfg)
+    proposers = _proposers(cfg, log)
     pool = make_pool(cfg.workers, cfg.device, cfg.timeout_s, cfg.backend)
     started = time.monotonic()
     try:
@@ -98,15 +101,45 @@ def run_optimize(cfg: LoopConfig, forcer="auto", knob_evaluator=None, log=print)
     return {"run_id": run_id, "deployment": deployment, "best": state.summary(), "report_path": report["path"]}
 
 
-def _proposers(cfg: LoopConfig) -> list:
+class FallbackProposer:
+    """The LLM agent, replaced for the rest of the run by a built-in proposer the first time the
+    LLM turns out to be unusable (no client package, endpoint unreachable): one message, no crash."""
+
+    def __init__(self, make_llm, log):
+        self.fallback, self.log = BuiltinProposer(), log
+        from specpilot.agents.proposers.llm import LLMUnavailable
+
+        self.unavailable = LLMUnavailable
+        try:
+            self.llm = make_llm()
+        except LLMUnavailable as e:
+            self._give_up(e)
+        self.name = self.llm.name if self.llm is not None else self.fallback.name
+
+    def _give_up(self, e) -> None:
+        self.llm = None
+        self.log(f"LLM proposer unavailable ({e}): this run continues with the built-in proposer")
+
+    def propose(self, ctx):
+        if self.llm is not None:
+            try:
+                return self.llm.propose(ctx)
+            except self.unavailable as e:
+                self._give_up(e)
+        return self.fallback.propose(ctx)
+
+
+def _proposers(cfg: LoopConfig, log=print) -> list:
     proposers = [BuiltinProposer() for _ in range(max(1, cfg.agents))]
     if cfg.llm and cfg.llm.get("base_url") and cfg.llm.get("model"):
-        from specpilot.agents.proposers.llm import LLMProposer
+        def make_llm():
+            from specpilot.agents.proposers.llm import LLMProposer
 
-        llm = LLMProposer(cfg.llm["base_url"], cfg.llm["model"], cfg.llm.get("api_key", ""),
-                          token_budget=int(cfg.llm.get("token_budget", 200_000)),
-                          usd_per_mtok=cfg.llm.get("usd_per_mtok"), usd_budget=cfg.llm.get("usd_budget"))
-        proposers[-1] = llm  # the last agent is the LLM
+            return LLMProposer(cfg.llm["base_url"], cfg.llm["model"], cfg.llm.get("api_key", ""),
+                               token_budget=int(cfg.llm.get("token_budget", 200_000)),
+                               usd_per_mtok=cfg.llm.get("usd_per_mtok"), usd_budget=cfg.llm.get("usd_budget"),
+                               token_param=cfg.llm.get("token_param") or "max_tokens")
+        proposers[-1] = FallbackProposer(make_llm, log)  # the last agent is the LLM
     return proposers
 
 
@@ -174,14 +207,23 @@ def _round(cfg, memory, run_id, deployment, rnd, gap, state, proposers, pool, se
     best_t, best = min(passing, key=lambda tc: tc[0]) if passing else (None, None)
     if before is None and inc_id is not None:
         log(f"  incumbent {gap.incumbent_label} failed its gate this round: it stays out of integration")
-    wins = best is not None and best.cand_id != inc_id and (before is None or best_t < before * (1 - cfg.min_gain))
+    paired = None
+    if best is not None and best.cand_id != inc_id and before is not None:
+        paired = _paired(cfg, pool, gap.incumbent, best, knob_evaluator if gap.op == "engine.block_size" else None)
+        if paired.get("incumbent_s"):
+            before, best_t = paired["incumbent_median_s"], paired["candidate_median_s"]
+    wins = best is not None and best.cand_id != inc_id and (before is None or bool(paired and paired.get("wins")))
     if not wins:
-        note = "no candidate beat the incumbent" if best is not None else "no candidate passed the gates"
+        note = "no candidate passed the gates" if best is None else (
+            "no candidate beat the incumbent" if best.cand_id == inc_id else
+            f"{best.label} did not beat the incumbent beyond the noise: {_paired_text(paired)}")
         memory.finish_round(run_id, rnd, None, before, before, False, note, None)
         gap.observe(gap.incumbent, before, False, before)
         log(f"  round {rnd}: {note}; best so far {gap.best_text}")
         return
     integrated, note, evidence = integrate_winner(cfg, deployment, gap, best, best_t, before, forcer, log)
+    if paired is not None:
+        evidence["paired"] = paired
     mechanism = {"deployment": deployment, "op": gap.op, "shape": gap.shape, "cand_id": best.cand_id,
                  "label": best.label, "params": best.params, "before_s": before, "after_s": best_t,
                  "integrated": integrated, "evidence": evidence}
@@ -189,6 +231,48 @@ def _round(cfg, memory, run_id, deployment, rnd, gap, state, proposers, pool, se
     gap.observe(best, best_t, True, before)
     speed = f"{before / best_t:.2f}x" if before else "n/a"
     log(f"  round {rnd}: winner {best.label} {best_t * 1e6:.2f} us ({speed} over the incumbent); {note}")
+
+
+def _paired(cfg, pool, incumbent, best, knob_evaluator=None) -> dict:
+    """Incumbent and candidate re-timed side by side, interleaved, cfg.repeats times (kernels in one
+    worker; engine knobs through the knob evaluator). The candidate wins when the mean paired
+    difference exceeds noise_sigmas standard errors of the differences."""
+    if knob_evaluator is not None:
+        from specpilot.agents.knobs import evaluate_knob
+
+        r = {"verdicts": [], "incumbent_s": [], "candidate_s": []}
+        for rep in range(cfg.repeats):
+            for key, c in ((("incumbent_s", incumbent), ("candidate_s", best))[::1 if rep % 2 == 0 else -1]):
+                out = evaluate_knob(c, knob_evaluator)
+                if out["time_s"] is None:
+                    r = {"verdicts": out["verdicts"]}
+                    break
+                r[key].append(out["time_s"])
+            if "incumbent_s" not in r:
+                break
+    else:
+        task = {"pair": [incumbent.to_dict(), best.to_dict()], "device": cfg.device, "timer": cfg.timer,
+                "repeats": cfg.repeats}
+        (r,) = pool.run([task])
+    if not r.get("incumbent_s"):
+        return {"wins": False, "failed": _first_fail(r["verdicts"])}
+    diffs = [a - b for a, b in zip(r["incumbent_s"], r["candidate_s"])]
+    mean = statistics.fmean(diffs)
+    sem = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("inf")
+    return {"incumbent_s": r["incumbent_s"], "candidate_s": r["candidate_s"],
+            "incumbent_median_s": statistics.median(r["incumbent_s"]),
+            "candidate_median_s": statistics.median(r["candidate_s"]),
+            "mean_diff_s": mean, "sem_s": sem, "sigmas": cfg.noise_sigmas,
+            "wins": mean > 0 and mean > cfg.noise_sigmas * sem}
+
+
+def _paired_text(paired) -> str:
+    if not paired:
+        return "not re-timed"
+    if "failed" in paired:
+        return f"paired re-timing failed: {paired['failed']}"
+    return (f"mean gain {paired['mean_diff_s'] * 1e6:.3f} us vs {paired['sigmas']:g} x "
+            f"{paired['sem_s'] * 1e6:.3f} us standard error over {len(paired['incumbent_s'])} interleaved repeats")
 
 
 def _first_fail(verdicts) -> str:

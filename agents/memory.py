@@ -163,7 +163,14 @@ class Memory:
                        "WHERE run_id=? AND round=?", (winner, before_s, after_s, int(integrated), note, run_id, rnd))
             if mechanism:
                 m = mechanism
-                db.execute("INSERT OR REPLACE INTO mechanisms VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                # the best validated result per mechanism: integrated beats kernel-validated only,
+                # then the faster; a slower or less validated result never overwrites it
+                db.execute("INSERT INTO mechanisms VALUES (?,?,?,?,?,?,?,?,?,?,?) "
+                           "ON CONFLICT(deployment, op, shape) DO UPDATE SET cand_id=excluded.cand_id, "
+                           "label=excluded.label, params=excluded.params, before_s=excluded.before_s, "
+                           "after_s=excluded.after_s, integrated=excluded.integrated, evidence=excluded.evidence, "
+                           "updated=excluded.updated WHERE excluded.integrated > mechanisms.integrated OR "
+                           "(excluded.integrated = mechanisms.integrated AND excluded.after_s < mechanisms.after_s)",
                            (m["deployment"], m["op"], json.dumps(list(m["shape"])), m["cand_id"], m["label"],
                             json.dumps(m["params"], sort_keys=True), m["before_s"], m["after_s"],
                             int(m["integrated"]), json.dumps(m.get("evidence", {}), sort_keys=True), time.time()))

@@ -19,51 +19,34 @@ catch work finished later by a thread.
 """
 import torch
 
+from specpilot.timing import HOLD_MAX_S, cuda_sync, hold_stream, still_held  # noqa: F401 (one stream hold)
+
 BF16_NAN = float("nan")
 HOLD_START_S = 2e-3    # an honest launch from Python takes ~10-100 us of host time
-HOLD_MAX_S = 2.0       # a GEMV launch that blocks the host longer than this is rejected
-
-_cuda_sync = torch.cuda.synchronize      # bound at import, before any candidate runs
-_sleep = getattr(torch.cuda, "_sleep", None)
-_Event = torch.cuda.Event
-_event_record = torch.cuda.Event.record
-_event_query = torch.cuda.Event.query
-_event_elapsed = torch.cuda.Event.elapsed_time
-_cycles_per_s = None
 
 
 class StreamOrderError(Exception):
     """Raised with a reason the gate turns into a verdict."""
 
 
-def _cycles_per_second() -> float:
-    """GPU clock cycles per second, measured once with events around torch's sleep kernel."""
-    global _cycles_per_s
-    if _cycles_per_s is None:
-        if _sleep is None:
-            raise RuntimeError("torch.cuda._sleep is missing in this torch: the stream-order check needs it")
-        cycles = 4_000_000
-        _sleep(1000)  # warm the kernel up
-        start, end = _Event(enable_timing=True), _Event(enable_timing=True)
-        _event_record(start)
-        _sleep(cycles)
-        _event_record(end)
-        _cuda_sync()
-        _cycles_per_s = cycles / max(_event_elapsed(start, end) * 1e-3, 1e-6)
-    return _cycles_per_s
+GUARD = 64                # guard elements on each side of every staged input and output buffer
+CANARY_BITS = 0x7FA5      # a NaN payload no kernel produces: a guard element holding anything else was written
 
 
-def hold_stream(seconds: float):
-    """Keep the current stream busy for about `seconds`; returns an event that completes when the
-    hold ends (query it after queueing work to learn whether the stream was still held)."""
-    _sleep(int(seconds * _cycles_per_second()))
-    released = _Event()
-    _event_record(released)
-    return released
+def guarded(n: int, fill: float, device: str):
+    """-> (buffer, view): a [n] bf16 view filled with `fill` inside a buffer whose GUARD elements on
+    each side hold CANARY_BITS; `guard_written(buffer)` counts what anything wrote outside the view."""
+    buf = torch.empty(n + 2 * GUARD, dtype=torch.bfloat16, device=device)
+    buf.view(torch.int16).fill_(CANARY_BITS)
+    view = buf[GUARD:GUARD + n]
+    view.fill_(fill)
+    return buf, view
 
 
-def still_held(released) -> bool:
-    return not _event_query(released)
+def guard_written(buf: torch.Tensor) -> torch.Tensor:
+    """Device-side count of guard elements that lost their canary (no host sync)."""
+    bits = buf.view(torch.int16)
+    return (bits[:GUARD] != CANARY_BITS).sum() + (bits[-GUARD:] != CANARY_BITS).sum()
 
 
 class OrderedCall:
@@ -77,37 +60,41 @@ class OrderedCall:
         # scheduled ahead of side-stream work that waited for the same input
         self.stream = torch.cuda.Stream(priority=-1) if device == "cuda" else None
 
-    def __call__(self, fn, planes, x, N: int, K: int, kpad: int):
-        """-> (y_seen, y_settled): what the caller's stream read right after the call, and the
-        buffer after a device-wide sync. Raises StreamOrderError when the hold could not cover the call."""
+    def __call__(self, fn, planes, x, N: int, K: int, kpad: int, y_buf=None):
+        """-> (y_seen, y_buf, x_buf): what the caller's stream read right after the call, the guarded
+        output buffer after a device-wide sync (view [GUARD:GUARD+N]) and the guarded staged input.
+        `y_buf` reuses an output buffer (same pointer as an earlier call). Raises StreamOrderError
+        when the hold could not cover the call."""
         if self.device != "cuda":
-            return self._attempt(fn, planes, x, N, K, kpad)
-        _cuda_sync()  # inputs made on other streams are complete before the gate's stream uses them
+            return self._attempt(fn, planes, x, N, K, kpad, y_buf)
+        cuda_sync()  # inputs made on other streams are complete before the gate's stream uses them
         with torch.cuda.stream(self.stream):
-            return self._attempt(fn, planes, x, N, K, kpad)
+            return self._attempt(fn, planes, x, N, K, kpad, y_buf)
 
-    def _attempt(self, fn, planes, x, N, K, kpad):
+    def _attempt(self, fn, planes, x, N, K, kpad, y_buf):
         cuda = self.device == "cuda"
-        x_in = torch.full_like(x, BF16_NAN)                                                   # [K] poison
-        y = torch.full((N,), BF16_NAN, dtype=torch.bfloat16, device=self.device)              # [N] poison
+        x_buf, x_in = guarded(K, BF16_NAN, self.device)                                        # [K] poison
+        if y_buf is None:
+            y_buf, _ = guarded(N, BF16_NAN, self.device)
+        y = y_buf[GUARD:GUARD + N]                                                             # [N]
         while True:
+            y.fill_(BF16_NAN)
             if cuda:
-                _cuda_sync()
+                cuda_sync()
             released = hold_stream(self.hold_s) if cuda else None
             x_in.copy_(x)                 # the producer: lands only when the hold ends
             fn(*planes, x_in, y, N, K, kpad)
             held = still_held(released) if cuda else True
             y_seen = y.clone()            # the consumer: the next op on the caller's stream
             if cuda:
-                _cuda_sync()
+                cuda_sync()
             if held:
-                return y_seen, y
+                return y_seen, y_buf, x_buf
             if self.hold_s >= HOLD_MAX_S:
                 raise StreamOrderError(f"the call kept the host busy past a {self.hold_s:.1f} s hold of the "
                                        "stream: a launch must return at once (stream order cannot be checked)")
             self.hold_s = min(HOLD_MAX_S, self.hold_s * 4)
             x_in.fill_(BF16_NAN)
-            y.fill_(BF16_NAN)
 
 
 def settled_mismatch(y_seen: torch.Tensor, y: torch.Tensor) -> str | None:
@@ -118,26 +105,3 @@ def settled_mismatch(y_seen: torch.Tensor, y: torch.Tensor) -> str | None:
     rows = changed.nonzero().flatten()[:5].tolist()
     return (f"output changed after the caller's stream read it ({int(changed.sum())} of {y.numel()} rows, "
             f"first {rows}): the work finishes off the caller's stream (side stream or thread, not joined back)")
-
-
-class TimingHooks:
-    """Stream-order staging for timed runs. The timer calls stage(i) just before its start event and
-    collect(i) just after its end event (neither is timed); run(i) launches on the staged input.
-    After the timer, `seen[i]` holds what the caller's stream read from input set i's last run."""
-
-    def __init__(self, xs, n: int, device: str):
-        self.xs = xs
-        self.x_in = torch.full_like(xs[0], BF16_NAN)                                          # [K]
-        self.ys = [torch.full((n,), BF16_NAN, dtype=torch.bfloat16, device=device) for _ in xs]
-        self.seen = [torch.full_like(y, BF16_NAN) for y in self.ys]
-
-    def stage(self, i: int) -> None:
-        self.ys[i].fill_(BF16_NAN)     # a side stream that wrote during the hold is overwritten
-        self.x_in.copy_(self.xs[i])
-
-    def collect(self, i: int) -> None:
-        self.seen[i].copy_(self.ys[i])
-        self.x_in.fill_(BF16_NAN)      # the next run's early reader gets NaN
-
-    def mismatches(self) -> list:
-        return [m for m in (settled_mismatch(s, y) for s, y in zip(self.seen, self.ys)) if m]

@@ -11,33 +11,45 @@ from multiprocessing.connection import wait
 _TIMERS = {}
 
 
-def evaluate_task(task: dict) -> dict:
-    """Runs inside a worker: build the candidate, gate it, time it. Returns plain data."""
+def _timer(spec: dict):
+    """One timer per spec per worker, made before any candidate code of the task is imported."""
     import json
 
-    from specpilot.agents.candidates import Candidate, build_callable
     from specpilot.agents.timing import make_timer
 
+    key = json.dumps(spec, sort_keys=True)
+    if key not in _TIMERS:
+        _TIMERS[key] = make_timer(spec)
+    return _TIMERS[key]
+
+
+def evaluate_task(task: dict) -> dict:
+    """Runs inside a worker: build the candidate, gate it, time it. Returns plain data.
+    A task with "pair" re-times two gated candidates side by side (see time_pair)."""
+    from specpilot.agents.candidates import Candidate, build_callable
+
+    if "pair" in task:
+        return time_pair(task)
     cand = Candidate.from_dict(task["candidate"])
     device = task["device"]
     if cand.op == "chain_accept":
         from specpilot.agents.gate_accept import check_chain_accept
 
-        fn = build_callable(cand)
+        try:
+            fn = build_callable(cand)
+        except Exception as e:
+            return _fail("build", f"{type(e).__name__}: {str(e)[:2000]}")
         r = check_chain_accept(fn, device=device)
         return {"verdicts": [vars(v) for v in r.verdicts], "time_s": None}
     if cand.op != "split12_gemv":
         return _fail("build", f"no worker evaluation for op {cand.op!r}")
     if cand.kind == "cuda" and device != "cuda":
         return _fail("build", "a CUDA candidate needs a GPU (this run is on the CPU)")
+    timer = _timer(task["timer"])
     try:
         fn = build_callable(cand)
     except Exception as e:  # compile errors are verdicts
         return _fail("build", f"{type(e).__name__}: {str(e)[:2000]}")
-    key = json.dumps(task["timer"], sort_keys=True)
-    if key not in _TIMERS:
-        _TIMERS[key] = make_timer(task["timer"])
-    timer = _TIMERS[key]
     from specpilot.agents.gate import Split12GemvGate
 
     bandwidth = task.get("copy_bandwidth") or getattr(timer, "bandwidth", None)
@@ -50,6 +62,30 @@ def evaluate_task(task: dict) -> dict:
     if compiled is not None:
         out["cubin_key"] = compiled.key
     return out
+
+
+def time_pair(task: dict) -> dict:
+    """Incumbent and candidate (both already gated) re-timed in one worker, interleaved, `repeats`
+    times (the order alternates), each timing on fresh inputs with every per-call check on.
+    -> {"incumbent_s": [...], "candidate_s": [...]} or a failed verdict."""
+    from specpilot.agents.candidates import Candidate, build_callable
+    from specpilot.agents.gate import Rejected, Split12GemvGate
+
+    timer = _timer(task["timer"])
+    cands = [Candidate.from_dict(d) for d in task["pair"]]
+    try:
+        fns = [build_callable(c) for c in cands]
+    except Exception as e:
+        return _fail("build", f"{type(e).__name__}: {str(e)[:2000]}")
+    gate = Split12GemvGate(task["device"], timer)
+    times = [[], []]
+    try:
+        for r in range(int(task.get("repeats", 5))):
+            for i in ((0, 1) if r % 2 == 0 else (1, 0)):
+                times[i].append(gate.time_once(fns[i], tuple(cands[i].shape), cands[i]).seconds)
+    except Rejected as e:
+        return {**_fail(e.check, f"{e.reason} (during the paired re-timing)"), "restart": True}
+    return {"verdicts": [], "incumbent_s": times[0], "candidate_s": times[1]}
 
 
 def _fail(check: str, reason: str) -> dict:

@@ -1,8 +1,9 @@
 """Wall-clock timing that is honest on a GPU: synchronize the device before reading the clock."""
-import time
 from contextlib import contextmanager
 
 import torch
+
+from specpilot.timing import perf_counter
 
 
 def sync(device) -> None:
@@ -15,7 +16,7 @@ def sync(device) -> None:
 def now(device) -> float:
     """perf_counter after a device sync (the same clock dflash's `_cuda_time` reads)."""
     sync(device)
-    return time.perf_counter()
+    return perf_counter()
 
 
 @contextmanager

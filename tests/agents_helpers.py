@@ -20,16 +20,25 @@ def tiny_drafter(folder: Path, block_size: int = 8) -> Path:
     return folder
 
 
-class FakeForcer:
-    """Stands in for the engine's token forcing; remembers what the registry held during each call."""
+def flat_time(candidate, shape) -> float:
+    """A FakeTimer model under which every variant is equally fast (only noise differs)."""
+    return 1e-5
 
-    def __init__(self, passed: bool = True):
-        self.passed, self.calls = passed, []
+
+class FakeForcer:
+    """Stands in for the engine's token forcing; remembers what the registry held during each call.
+    `variant_dispatched` is what the real forcer reports: whether the registry served the variant
+    (forced to False with dispatched=False: forcing that ran some other kernel)."""
+
+    def __init__(self, passed: bool = True, dispatched: bool = True):
+        self.passed, self.dispatched, self.calls = passed, dispatched, []
 
     def __call__(self, target_dir, drafter_dir, variant):
         from specpilot.agents.forcing import ForcingOutcome
         from specpilot.kernels import registry
 
-        self.calls.append({"variant": variant, "registry": json.loads(registry.variants_file().read_text())})
+        held = json.loads(registry.variants_file().read_text())
+        self.calls.append({"variant": variant, "registry": held})
+        served = self.dispatched and any(v.get("cand_id") == variant["cand_id"] for v in held.values())
         return ForcingOutcome(self.passed, "fake forcing " + ("passed" if self.passed else "failed"),
-                              {"prompts": 1, "mismatches": 0 if self.passed else 3})
+                              {"prompts": 1, "mismatches": 0 if self.passed else 3, "variant_dispatched": served})

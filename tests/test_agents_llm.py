@@ -114,3 +114,84 @@ def test_loop_with_an_llm_agent_records_its_proposal(tmp_path, monkeypatch):
     # on the CPU a CUDA edit cannot run: judged and recorded as such, never counted
     assert llm and not llm[0]["passed"] and "needs a GPU" in llm[0]["reason"]
     assert any(r["proposer"] == "builtin" and r["passed"] for r in rows)
+
+
+class _StrictServer(_Server):
+    """Rejects max_tokens the way newer OpenAI models do (400, asking for max_completion_tokens)."""
+
+    def __init__(self, replies):
+        super().__init__(replies)
+        handler = self.httpd.RequestHandlerClass
+        outer, ok_post = self, handler.do_POST
+
+        def do_POST(h):
+            length = int(h.headers["Content-Length"])
+            raw = h.rfile.read(length)
+            body = json.loads(raw)
+            if "max_tokens" in body:
+                outer.requests.append({"path": h.path, "body": body})
+                err = json.dumps({"error": {"message": "Unsupported parameter: 'max_tokens' is not supported with "
+                                            "this model. Use 'max_completion_tokens' instead.",
+                                            "type": "invalid_request_error", "param": "max_tokens"}}).encode()
+                h.send_response(400)
+                h.send_header("Content-Type", "application/json")
+                h.send_header("Content-Length", str(len(err)))
+                h.end_headers()
+                h.wfile.write(err)
+                return
+            import io
+
+            h.rfile = io.BytesIO(raw)
+            ok_post(h)
+        handler.do_POST = do_POST
+
+
+def test_llm_proposer_switches_to_max_completion_tokens_when_max_tokens_is_rejected():
+    good = json.dumps({"rationale": "r", "threads_per_row": 64, "rows_per_block": 2, "source": EDIT})
+    server = _StrictServer([good])
+    try:
+        p = LLMProposer(server.url, "strict-model", token_budget=10_000, max_retries=0)
+        (cand,) = p.propose(_ctx())
+    finally:
+        server.close()
+    assert cand.source == EDIT and p.token_param == "max_completion_tokens"
+    assert "max_tokens" in server.requests[0]["body"] and server.requests[1]["body"]["max_completion_tokens"] == 4096
+
+
+def test_unreachable_llm_endpoint_falls_back_to_the_builtin_proposer_with_one_message(tmp_path, monkeypatch):
+    from agents_helpers import tiny_target
+
+    from specpilot.agents.loop import LoopConfig, run_optimize
+    from specpilot.agents.memory import Memory
+
+    monkeypatch.setenv("SPECPILOT_KERNEL_CACHE", str(tmp_path / "k"))
+    logs = []
+    cfg = LoopConfig(target_dir=str(tiny_target(tmp_path / "t")), ops=("split12_gemv",), rounds=2, agents=2,
+                     per_agent=1, memory_url=str(tmp_path / "m.sqlite"), timer={"kind": "fake"},
+                     shapes=[("o", 64, 64, 1)], llm={"base_url": "http://127.0.0.1:9/v1", "model": "gone"})
+    summary = run_optimize(cfg, forcer=None, log=logs.append)
+    unavailable = [line for line in logs if "LLM proposer unavailable" in line]
+    assert len(unavailable) == 1 and "APIConnectionError" in unavailable[0], logs
+    rounds = Memory(str(tmp_path / "m.sqlite")).rounds(summary["run_id"])
+    assert [r["status"] for r in rounds] == ["done", "done"]
+
+
+def test_missing_openai_package_falls_back_with_one_message(monkeypatch):
+    import builtins
+
+    from specpilot.agents.loop import FallbackProposer
+
+    real_import = builtins.__import__
+
+    def no_openai(name, *args, **kwargs):
+        if name == "openai":
+            raise ImportError("No module named 'openai'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_openai)
+    logs = []
+    p = FallbackProposer(lambda: LLMProposer("http://127.0.0.1:9/v1", "m"), logs.append)
+    ctx = _ctx((64, 64))
+    ctx.device = "cpu"
+    assert p.llm is None and len(logs) == 1 and "`openai` package is not installed" in logs[0]
+    assert p.propose(ctx) and len(logs) == 1

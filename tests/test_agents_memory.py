@@ -55,3 +55,23 @@ def test_memory_show_cli(tmp_path, capsys):
     assert data["cpu|t|none|b1|bsdefault"]["rejections"] == {"roofline": 1}
     assert cli.main(["memory", "show", "--memory", str(path), "--deployment", "nope"]) == 2
     assert cli.main(["memory", "show", "--memory", str(tmp_path / "none.sqlite")]) == 2
+
+
+def test_a_slower_or_less_validated_result_never_replaces_the_best(tmp_path):
+    m = Memory(str(tmp_path / "m.sqlite"))
+    m.upsert_deployment("d", {"gpu": "cpu"})
+    m.start_run("r", "d", {})
+
+    def close(rnd, cand_id, after_s, integrated):
+        m.record_proposals("r", rnd, "g", [])
+        m.finish_round("r", rnd, cand_id, 2e-6, after_s, integrated, "", {
+            "deployment": "d", "op": "split12_gemv", "shape": (64, 64), "cand_id": cand_id, "label": cand_id,
+            "params": {}, "before_s": 2e-6, "after_s": after_s, "integrated": integrated})
+
+    close(0, "fast", 1.0e-6, True)
+    close(1, "slower", 1.5e-6, True)          # slower: ignored
+    close(2, "faster-unforced", 0.5e-6, False)  # faster but not integrated: ignored
+    assert [x["cand_id"] for x in m.mechanisms("d")] == ["fast"]
+    close(3, "faster", 0.8e-6, True)          # faster and integrated: replaces
+    (best,) = m.mechanisms("d")
+    assert best["cand_id"] == "faster" and best["after_s"] == 0.8e-6

@@ -10,8 +10,7 @@ import time
 
 from agents_helpers import tiny_target
 
-from specpilot.agents import exploits
-from specpilot.agents.candidates import gemv_candidate
+from specpilot.agents.candidates import Candidate, gemv_candidate
 from specpilot.agents.memory import Memory
 from specpilot.agents.workers import WorkerPool
 
@@ -84,7 +83,8 @@ def test_kill_mid_round_then_resume_matches_uninterrupted_run(tmp_path):
 
 def test_hung_candidate_is_killed_and_the_worker_replaced(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECPILOT_KERNEL_CACHE", str(tmp_path / "k"))
-    hung = exploits.cpu_candidate("hung_kernel", (32, 64))
+    hung = Candidate("split12_gemv", (32, 64), "python", "test", {},
+                     "import time\n\ndef split12_gemv(*args):\n    while True:\n        time.sleep(1)\n", "hung_kernel")
     honest = gemv_candidate((32, 64), {"threads_per_row": 32, "rows_per_block": 1}, "builtin", "cpu")
     pool = WorkerPool(1, "cpu", timeout_s=4)
     try:

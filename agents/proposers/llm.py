@@ -5,10 +5,11 @@ given a price per million tokens, a USD budget; the
 client retries transport errors (max_retries), and an unparsable or contract-breaking reply is
 re-asked with the error (max_attempts). What it returns is only a proposal: the gate decides.
 """
+import hashlib
 import json
 import re
 
-from specpilot.agents.candidates import Candidate, gemv_geometry
+from specpilot.agents.candidates import ENTRY_POINTS, Candidate, gemv_geometry
 from specpilot.agents.proposers import ProposalContext
 from specpilot.kernels.variants.split12_gemv_cuda import render
 
@@ -27,20 +28,74 @@ calls. The grid is ceil(N / rows_per_block) blocks of threads_per_row * rows_per
 Reply with one JSON object only: {"rationale": str, "threads_per_row": int, "rows_per_block": int,
 "source": str (the complete .cu source)}."""
 
+PYTHON_OPTION = """On this device you may instead reply with torch code: {"rationale": str, "language": "python",
+"source": str} where the source defines def split12_gemv(lo, codes, base, esc_rowptr, esc_col,
+esc_val, x, y, N, K, kpad) writing y in place, under the same rules."""
+_CUDA_ENTRY = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(__launch_bounds__\([^)]*\)\s*)?split12_gemv\s*\(')
+
+
+def parse_reply(text: str, op: str, shape, proposer: str) -> Candidate:
+    """An LLM reply -> a Candidate (kind "cuda" or "python"); ValueError says what is unusable."""
+    body = text.strip()
+    fenced = re.search(r"```(?:json)?\s*(\{.*\})\s*```", body, re.S)
+    if fenced:
+        body = fenced.group(1)
+    try:
+        reply = json.loads(body)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not JSON ({e.msg} at char {e.pos})") from None
+    if not isinstance(reply, dict):
+        raise ValueError("the JSON must be an object")
+    source, language = reply.get("source"), reply.get("language", "cuda")
+    if not isinstance(source, str):
+        raise ValueError('"source" must be a string')
+    params = {"rationale": str(reply.get("rationale", ""))[:500]}
+    if language == "python":
+        entry = ENTRY_POINTS.get(op)
+        if entry is None or not re.search(rf"^def\s+{entry}\s*\(", source, re.M):
+            raise ValueError(f'"source" must define def {entry or op}(...) at top level')
+        return Candidate(op, tuple(shape), "python", proposer, params, source, f"llm-py-{_digest(source)}")
+    if language != "cuda":
+        raise ValueError(f'"language" must be "cuda" or "python", got {language!r}')
+    if op != "split12_gemv" or not _CUDA_ENTRY.search(source):
+        raise ValueError('"source" must define extern "C" __global__ void split12_gemv(...)')
+    try:
+        geometry = {"threads_per_row": int(reply["threads_per_row"]), "rows_per_block": int(reply["rows_per_block"])}
+        gemv_geometry(geometry).validate()
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"bad launch geometry: {e}") from None
+    params.update(geometry)
+    label = f"llm-tpr{geometry['threads_per_row']}-rpb{geometry['rows_per_block']}-{_digest(source)}"
+    return Candidate(op, tuple(shape), "cuda", proposer, params, source, label)
+
+
+def _digest(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()[:6]
+
+
+class LLMUnavailable(RuntimeError):
+    """The LLM cannot be used in this run (no client package, endpoint unreachable, auth)."""
+
 
 class LLMProposer:
     def __init__(self, base_url: str, model: str, api_key: str = "", max_tokens: int = 4096,
                  token_budget: int = 200_000, max_attempts: int = 3, max_retries: int = 2, timeout_s: float = 180,
-                 usd_per_mtok: float | None = None, usd_budget: float | None = None):
+                 usd_per_mtok: float | None = None, usd_budget: float | None = None,
+                 token_param: str = "max_tokens"):
+        """token_param: "max_tokens", or "max_completion_tokens" for models that reject max_tokens
+        (switched to automatically on that specific error)."""
         if not base_url or not model:
             raise ValueError(f"LLM proposer needs a base URL and a model (got base_url={base_url!r}, model={model!r})")
         try:
             from openai import OpenAI
-        except ImportError as e:
-            raise RuntimeError("the LLM proposer needs the `openai` package (pip install openai)") from e
+        except ImportError:
+            raise LLMUnavailable("the `openai` package is not installed (pip install openai)") from None
         self.client = OpenAI(base_url=base_url, api_key=api_key or "EMPTY", max_retries=max_retries, timeout=timeout_s)
         self.model, self.max_tokens, self.token_budget, self.max_attempts = model, max_tokens, token_budget, max_attempts
         self.usd_per_mtok, self.usd_budget = usd_per_mtok, usd_budget
+        if token_param not in ("max_tokens", "max_completion_tokens"):
+            raise ValueError(f"token_param must be max_tokens or max_completion_tokens, got {token_param!r}")
+        self.token_param = token_param
         self.tokens_used = 0
         self.calls = 0
         self.name = f"llm:{model}"
@@ -74,15 +129,31 @@ class LLMProposer:
         for c, ok, t, reason in ctx.history[-8:]:
             lines.append(f"- {c.label}: " + (f"{t * 1e6:.1f} us" if ok and t else f"rejected ({reason})"))
         lines += ["Current best source:", "```cuda", source, "```", "Propose one faster variant."]
-        return [{"role": "system", "content": CONTRACT}, {"role": "user", "content": "\n".join(lines)}]
+        system = CONTRACT + ("\n" + PYTHON_OPTION if ctx.device == "cpu" else "")
+        return [{"role": "system", "content": system}, {"role": "user", "content": "\n".join(lines)}]
+
+    def _create(self, messages):
+        """One completion; a model that rejects max_tokens is asked again with max_completion_tokens.
+        Connection and authentication failures become LLMUnavailable (the loop falls back)."""
+        import openai
+
+        try:
+            return self.client.chat.completions.create(model=self.model, messages=messages, temperature=0.7,
+                                                       **{self.token_param: self.max_tokens})
+        except openai.BadRequestError as e:
+            if self.token_param == "max_tokens" and "max_completion_tokens" in str(e):
+                self.token_param = "max_completion_tokens"
+                return self._create(messages)
+            raise
+        except (openai.APIConnectionError, openai.AuthenticationError, openai.NotFoundError) as e:
+            raise LLMUnavailable(f"{type(e).__name__}: {e}") from None
 
     def _one(self, ctx: ProposalContext):
         messages = self._messages(ctx)
         for _ in range(self.max_attempts):
             if self.exhausted:
                 return None
-            resp = self.client.chat.completions.create(model=self.model, messages=messages,
-                                                       max_tokens=self.max_tokens, temperature=0.7)
+            resp = self._create(messages)
             self.calls += 1
             usage = getattr(resp, "usage", None)
             self.tokens_used += int(getattr(usage, "total_tokens", 0) or 0) if usage else self.max_tokens
@@ -96,24 +167,4 @@ class LLMProposer:
         return None
 
     def _parse(self, text: str, ctx: ProposalContext) -> Candidate:
-        body = text.strip()
-        fenced = re.search(r"```(?:json)?\s*(\{.*\})\s*```", body, re.S)
-        if fenced:
-            body = fenced.group(1)
-        try:
-            reply = json.loads(body)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"not JSON ({e.msg} at char {e.pos})") from None
-        if not isinstance(reply, dict):
-            raise ValueError("the JSON must be an object")
-        source = reply.get("source")
-        if not isinstance(source, str) or not re.search(r'extern\s+"C"\s+__global__\s+void\s+(__launch_bounds__\([^)]*\)\s*)?split12_gemv\s*\(', source):
-            raise ValueError('"source" must define extern "C" __global__ void split12_gemv(...)')
-        try:
-            params = {"threads_per_row": int(reply["threads_per_row"]), "rows_per_block": int(reply["rows_per_block"])}
-            gemv_geometry(params).validate()
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"bad launch geometry: {e}") from None
-        params["rationale"] = str(reply.get("rationale", ""))[:500]
-        label = f"llm-tpr{params['threads_per_row']}-rpb{params['rows_per_block']}"
-        return Candidate("split12_gemv", tuple(ctx.shape), "cuda", self.name, params, source, label)
+        return parse_reply(text, ctx.op, ctx.shape, self.name)

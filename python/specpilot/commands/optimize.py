@@ -20,6 +20,8 @@ def configure(parser):
     parser.add_argument("--llm-token-budget", type=int, default=200_000, help="tokens for the whole run")
     parser.add_argument("--llm-usd-per-mtok", type=float, default=None, help="price, to enforce --llm-usd-budget")
     parser.add_argument("--llm-usd-budget", type=float, default=None)
+    parser.add_argument("--llm-token-param", choices=("max_tokens", "max_completion_tokens"), default="max_tokens",
+                        help="the reply cap's name; models that reject max_tokens are switched automatically")
     parser.add_argument("--resume", action="store_true", help="continue the deployment's unfinished run")
     parser.add_argument("--time-budget", type=float, default=None, help="seconds; no new round after it")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None)
@@ -49,7 +51,7 @@ def config_from_args(args):
     base_url, model = args.llm_base_url or s.llm_base_url, args.llm_model or s.llm_model
     llm = {"base_url": base_url, "model": model, "api_key": s.llm_api_key,
            "token_budget": args.llm_token_budget, "usd_per_mtok": args.llm_usd_per_mtok,
-           "usd_budget": args.llm_usd_budget} if base_url and model else None
+           "usd_budget": args.llm_usd_budget, "token_param": args.llm_token_param} if base_url and model else None
     workers = args.workers or (torch.cuda.device_count() if device == "cuda" else 1)
     return LoopConfig(target_dir=args.target, drafter_dir=args.drafter,
                       ops=tuple(args.op or ("split12_gemv", "engine.block_size")), rounds=args.rounds,
