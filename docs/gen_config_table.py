@@ -5,15 +5,16 @@
     python docs/gen_config_table.py --check    # exit 1 if README.md's table is not the generated one
 
 One row per dataclass field: its name, type, default and what it chooses. The description is the
-field's `metadata["doc"]` when given, else the comment at the end of its line in the class source.
+field's docstring (the string literal right after it in the class body), folded onto one line.
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import inspect
-import re
 import sys
+import textwrap
 import typing
 from pathlib import Path
 
@@ -21,18 +22,18 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 START, END = "<!-- config-table:start -->", "<!-- config-table:end -->"
 
 
-def _line_comments(cls) -> dict:
-    """field name -> the comment ending its line in the class body ('' where there is none)."""
+def _field_docs(cls) -> dict:
+    """field name -> its attribute docstring in the class body ('' where there is none)."""
     try:
-        source = inspect.getsource(cls)
+        body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
     except (OSError, TypeError):
         return {}
-    comments = {}
-    for line in source.splitlines():
-        m = re.match(r"\s+(\w+)\s*:[^#]*#\s*(.+)$", line)
-        if m:
-            comments[m.group(1)] = m.group(2).strip()
-    return comments
+    docs = {}
+    for node, after in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and \
+                isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
+            docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
 
 
 def _type_name(kind) -> str:
@@ -53,10 +54,10 @@ def config_table(cls) -> str:
     """Markdown table of `cls`'s dataclass fields."""
     if not dataclasses.is_dataclass(cls):
         raise TypeError(f"{cls!r} is not a dataclass")
-    hints, comments = typing.get_type_hints(cls), _line_comments(cls)
+    hints, docs = typing.get_type_hints(cls), _field_docs(cls)
     lines = ["| field | type | default | what it chooses |", "|---|---|---|---|"]
     for f in dataclasses.fields(cls):
-        doc = f.metadata.get("doc") or comments.get(f.name) or ""
+        doc = docs.get(f.name, "")
         lines.append(f"| `{f.name}` | `{_type_name(hints.get(f.name, f.type))}` | `{_default(f)}` | "
                      f"{doc.replace('|', '/')} |")
     return "\n".join(lines)

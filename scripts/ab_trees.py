@@ -44,7 +44,7 @@ def worker(args) -> None:
         if weights == "split12":
             scale.to_split12(target, drafter)
         for rep in range(args.reps):
-            engine = Engine(target, drafter, max_seq_len=2048)
+            engine = Engine(target, drafter, max_seq_len=1024)
             row = {"tree": args.name, "round": args.round, "rep": rep, "weights": weights,
                    "package": str(Path(specpilot.__file__).parent), "gpu": torch.cuda.get_device_name()}
             row.update(steps.step_times(engine, drafter.block_size, args.iters, 512))

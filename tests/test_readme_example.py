@@ -57,9 +57,12 @@ def test_config_table_has_one_row_per_field_with_type_default_and_doc():
 
     @dataclasses.dataclass(frozen=True)
     class Config:
-        cuda_graphs: bool = True                 # capture each step in a CUDA graph
+        cuda_graphs: bool = True
+        """capture each step
+        in a CUDA graph"""
         attention: typing.Literal["auto", "sdpa"] = "auto"
-        splits: tuple = dataclasses.field(default_factory=tuple, metadata={"doc": "key splits | per call"})
+        splits: tuple = dataclasses.field(default_factory=tuple)
+        """key splits | per call"""
 
     assert gen.config_table(Config).splitlines() == [
         "| field | type | default | what it chooses |", "|---|---|---|---|",

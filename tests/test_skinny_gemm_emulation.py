@@ -345,7 +345,7 @@ int main(int argc, char** argv) {
       ++cases;
     }
   }
-  // The planner's grids on the Qwen3-8B shapes with 132 SMs (measured best, docs/PERF_NOTES.md, seventh session).
+  // The planner's grids on the Qwen3-8B shapes with 132 SMs (measured best, docs/design.md, seventh session).
   const int plan[][3] = {{6144, 4096, 96}, {4096, 4096, 64}, {24576, 4096, 128}, {4096, 12288, 128}, {151936, 4096, 132}};
   for (auto& p : plan) {
     const bool good = skinny_ctas(p[0], p[1]) == p[2];

@@ -1,6 +1,6 @@
 """EngineConfig: every kernel and mechanism choice of the engine, in one frozen dataclass.
 
-The defaults are the measured winners (docs/PERF_NOTES.md). A choice that cannot apply falls back
+The defaults are the measured winners (docs/design.md). A choice that cannot apply falls back
 on its own: on the CPU, or in fp32, or in a build without the CUDA op, the CUDA-only fields are
 ignored and the torch references run. Environment variables hold paths and credentials only
 (settings.py), never speed switches.

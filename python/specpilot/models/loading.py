@@ -100,7 +100,7 @@ def load_drafter(folder, target: TargetLM, weights=None) -> DFlashDrafter:
     """DFlash drafter from an HF folder, validated against `target` (hidden size, vocab, layer ids,
     mask token); on the target's device and dtype, sharing its embedding and LM head. weights:
     "split12" packs its linears (layers and fc) at load, "bf16" keeps them; None follows the target
-    (split12 when the target's linears are): fewer bytes per draft step (docs/PERF_NOTES.md,
+    (split12 when the target's linears are): fewer bytes per draft step (docs/design.md,
     eighteenth session). The drafts can differ from a bf16 drafter's by fp32 summation order only (the
     split12 skinny pair's decode-bound grid; prompt-length calls run cuBLAS on the same weight bits),
     which moves acceptance at a near-tie at most; the target's verification keeps the output lossless."""

@@ -43,7 +43,7 @@ KERNELS = ("simt", "tc", "skinny", "dense")  # CUDA-core lane-tree order (CPU-id
 # planner's grid covers fewer than half the SMs (O: 64 -> 128 CTAs; H200: 1.26 -> 1.12x the bf16
 # kernel's time). Both members of the pair take the same grid, so they stay bit-identical; the cut
 # changes the fp32 order against the planner's grid (K pieces summed in K order). H100: O at 16 rows
-# 15.2 -> 13.7 us, the split12 verify step 5.27 -> 5.16 ms (docs/PERF_NOTES.md).
+# 15.2 -> 13.7 us, the split12 verify step 5.27 -> 5.16 ms (docs/design.md).
 # EngineConfig.split12_decode_grid turns it off.
 STEP_K = 256       # weight columns per skinny step (kStepK, csrc/cuda/skinny_common.cuh)
 ROWS_PER_BLOCK = 64  # weight rows per row block (kRowsPerCta, csrc/include/specpilot/skinny_gemm.h)
