@@ -16,7 +16,7 @@
       (EngineConfig.gemv_pdl). EngineConfig.fused_gemv (default on): AR step 4.49 vs 5.25 ms with
       cuBLAS and the separate kernels (Qwen3-8B shape, H200). The reference: the separate ops of
       ops/norm_rope.py, then proj(x). split12 weights keep split12_linear after the separate norm /
-      gate kernels (a fused split12 GEMV measured slower: docs/design_notes_deleted.md).
+      gate kernels (a fused split12 GEMV measured slower: docs/design.md, "What lost").
   more rows (prefill)  proj's own forward.
 Both kernels take only plain bias-free nn.Linear (or bare bf16 weights) whose CUDA bf16 weight they
 read (K % 8 == 0, 16-byte aligned), and neither runs while EngineConfig.fused_kernels is off (their
