@@ -40,7 +40,7 @@ run_step() {  # name, command...
 
 build_here() {  # a clean CUDA build of the extension, installed editable
   rm -rf build python/specpilot/_C*.so
-  python3 -m pip install --no-build-isolation --no-deps --no-index -e . && python3 -m specpilot env | tail -1 > "$OUT/env.json"
+  python3 -m pip install --no-build-isolation --no-deps --no-index -e . && python3 -m specpilot env --json > "$OUT/env.json"
 }
 
 stage_prebuilt() {  # the extension scripts/prebuild_cuda_ext.sh built from these very sources, with the package, in /tmp/sp

@@ -82,3 +82,21 @@ def test_cxx_standard_follows_torch():
     assert setup.cxx_standard("2.13.0+cpu") == "-std=c++17"
     assert setup.cxx_standard("2.14.1+cu130") == "-std=c++20"
     assert setup.cxx_standard("3.0.0") == "-std=c++20"
+
+
+def test_env_prints_a_table_or_json_never_both(capsys):
+    from specpilot import cli
+
+    assert cli.main(["env"]) == 0
+    table = capsys.readouterr().out
+    assert table.startswith("specpilot ") and "{" not in table
+    assert cli.main(["env", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["specpilot"]
+
+
+def test_memory_show_on_a_fresh_install_is_no_error(tmp_path, capsys):
+    from specpilot import cli
+
+    path = tmp_path / "none.sqlite"
+    assert cli.main(["memory", "show", "--memory", str(path)]) == 0
+    assert "no agent memory yet" in capsys.readouterr().out and not path.exists()

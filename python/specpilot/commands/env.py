@@ -39,13 +39,14 @@ def collect() -> dict:
 
 def run(args) -> int:
     info = collect()
-    if not args.json:
-        for key, value in info.items():
-            if isinstance(value, dict):
-                print(f"{key}:")
-                for k, v in value.items():
-                    print(f"  {k:<24} {v}")
-            else:
-                print(f"{key:<26} {value}")
-    print(json.dumps(info))
+    if args.json:
+        print(json.dumps(info))
+        return 0
+    for key, value in info.items():
+        if isinstance(value, dict):
+            print(f"{key}:")
+            for k, v in value.items():
+                print(f"  {k:<24} {v}")
+        else:
+            print(f"{key:<26} {value}")
     return 0

@@ -14,8 +14,9 @@ def run(args) -> int:
     from specpilot.agents.memory import Memory, sqlite_path
 
     url = args.memory or settings.get().memory_url
-    if not sqlite_path(url).exists():
-        raise FileNotFoundError(f"no agent memory at {sqlite_path(url)} (run `specpilot optimize` first)")
+    if not sqlite_path(url).exists():            # a fresh install: nothing validated yet, not an error
+        print(f"no agent memory yet at {sqlite_path(url)}: `specpilot optimize` writes it")
+        return 0
     mem = Memory(url)
     deps = mem.deployments()
     if args.deployment and args.deployment not in deps:
