@@ -54,7 +54,6 @@ def test_memory_show_cli(tmp_path, capsys):
     data = json.loads(out[-1])
     assert data["cpu|t|none|b1|bsdefault"]["rejections"] == {"roofline": 1}
     assert cli.main(["memory", "show", "--memory", str(path), "--deployment", "nope"]) == 2
-    assert cli.main(["memory", "show", "--memory", str(tmp_path / "none.sqlite")]) == 2
 
 
 def test_a_slower_or_less_validated_result_never_replaces_the_best(tmp_path):
