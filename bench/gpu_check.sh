@@ -2,7 +2,7 @@
 # The GPU check: from a clean tree on a bare machine (no network), build the extension with CUDA
 # (sm_90a), run the GPU tests, run the kernel / engine / agent benchmarks, print a short table last.
 # Logs and JSON go to $OUT (the device tool's folder) or out/gpu_check.
-# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|split12|gemv|skinny|engine|ab|defaults_ab|cost_8b|agents|bench_zoo|bench_8b|scale_8b|five_8b|results ...]
+# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|trees|split12|gemv|skinny|engine|ab|defaults_ab|cost_8b|agents|bench_zoo|bench_8b|scale_8b|five_8b|results ...]
 # (default: all but prebuilt, in order). `prebuilt` replaces `build` when device time is short: it stages
 # the package in /tmp/sp with the extension that scripts/prebuild_cuda_ext.sh made on a CPU machine
 # (carried in .prebuilt/), so the device compiles nothing: `bash bench/gpu_check.sh prebuilt tests ...`;
@@ -124,6 +124,17 @@ for step in $steps; do
                run_step five_8b python3 -m specpilot bench --target "$R8/target" --drafter "$R8/drafter" \
                  --weights ${SCALE_WEIGHTS:-bf16,split12} --methods hf_static,our_ar,our_spec --replay 6.49 \
                  --limit ${FIVE_LIMIT:-1} --max-new-tokens 2048 --datasets "$SPECPILOT_DATASETS" --out "$OUT/five_8b" ;;
+    # This tree against another revision staged in tree/ (scripts/stage_tree.sh REV): the Qwen3-8B
+    # pair's AR, verify16 and draft steps and a replayed generation, both weight formats, in
+    # alternating processes (scripts/ab_trees.py; ~5 min).
+    trees)   [ -f tree/REVISION ] || { echo "trees: stage a revision first (scripts/stage_tree.sh REV)"; exit 2; }
+             rm -rf /tmp/sp_tree && (cd tree && python3 -c "import glob, lzma, shutil
+for name, folder in {'specpilot': 'python/specpilot', 'specpilot.agents': 'agents', 'specpilot.bench': 'bench'}.items():
+    shutil.copytree(folder, '/tmp/sp_tree/' + name.replace('.', '/'))
+for packed in glob.glob('_C.*.so.xz'): open('/tmp/sp_tree/specpilot/' + packed[:-3], 'wb').write(lzma.open(packed).read())")
+             [ -d /tmp/sp/specpilot ] || { echo "trees: run the prebuilt step first"; exit 2; }
+             run_step trees python3 scripts/ab_trees.py --tree "$(cut -d' ' -f1 tree/REVISION)=/tmp/sp_tree" \
+               --tree this=/tmp/sp --rounds ${TREES_ROUNDS:-2} --out "$OUT/trees.jsonl" ;;
     # docs/results.md's form of whatever of the engine and bench steps ran in this $OUT.
     results) runs=(); for r in engine.jsonl bench_zoo bench_8b hf_8b five_8b; do [ -e "$OUT/$r" ] && runs+=("$OUT/$r"); done
              if [ ${#runs[@]} -gt 0 ]; then
@@ -135,7 +146,7 @@ done
 
 echo
 echo "== tables"
-for name in split12 gemv skinny engine ab defaults_ab agents bench_zoo bench_8b hf_8b five_8b; do
+for name in trees split12 gemv skinny engine ab defaults_ab agents bench_zoo bench_8b hf_8b five_8b; do
   [ -f "$OUT/$name.log" ] && { echo "-- $name"; grep -E '^\|' "$OUT/$name.log" | tail -25; }
 done
 for name in cost_bf16 cost_split12; do
