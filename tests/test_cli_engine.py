@@ -124,3 +124,20 @@ def test_split12_folder_as_target(tmp_path, capsys):
         runs[mode, weights] = (last_json(out)["weights"], out.split("=== prompt ===\n")[1].split("\n--- prompt")[0])
     assert runs["--drafter", None][0] == runs["--ar", None][0] == "split12" and runs["--ar", "bf16"][0] == "bf16"
     assert runs["--drafter", None][1] == runs["--ar", None][1]  # greedy spec == AR on split12 weights
+
+
+def test_verify_piped_prints_no_progress_bars(pair):
+    """A piped run (no terminal) prints no Hugging Face "Loading weights" bars; the verdict still ends it."""
+    import os
+    import subprocess
+    import sys
+
+    t, d, prompts = pair
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
+    done = subprocess.run([sys.executable, "-m", "specpilot", "verify", "--target", str(t), "--drafter", str(d),
+                           "--prompts", str(prompts), "--limit", "1", "--max-new-tokens", "6", "--device", "cpu",
+                           "--dtype", "fp32"], capture_output=True, text=True, env={**env, "OMP_NUM_THREADS": "1"},
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Loading weights" not in done.stderr and "it/s]" not in done.stderr, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-2].startswith("verdict: PASS")

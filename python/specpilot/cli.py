@@ -2,6 +2,7 @@
 `configure(parser)` and `run(args) -> int`; only the chosen one is imported."""
 import argparse
 import importlib
+import os
 import sys
 
 COMMANDS = {
@@ -25,8 +26,18 @@ def _usage() -> str:
     return f"usage: specpilot <command> [options]\n\ncommands:\n{rows}\n\n`specpilot <command> -h` for its options."
 
 
+def quiet_progress_bars_when_piped() -> None:
+    """Hugging Face's download / "Loading weights" bars are for a terminal: piped output stays plain."""
+    if sys.stderr.isatty():
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")     # read when huggingface_hub is imported
+    if "transformers" in sys.modules:                               # already imported: switch it off now
+        sys.modules["transformers"].utils.logging.disable_progress_bar()
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    quiet_progress_bars_when_piped()
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0
