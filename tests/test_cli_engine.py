@@ -82,6 +82,11 @@ def test_generate_errors(pair, capsys):
     assert "--drafter" in capsys.readouterr().err
     assert main(["generate", "--target", str(t), "--ar", "--prompts", str(prompts) + ".missing", "--device", "cpu"]) == 2
     assert "does not exist" in capsys.readouterr().err
+    for command in ("generate", "verify"):     # the pair's drafter drafts blocks of 4
+        source = ["--prompt", "x"] if command == "generate" else ["--prompts", str(prompts)]
+        assert main([command, "--target", str(t), "--drafter", str(d), *source, "--block-size", "64",
+                     "--device", "cpu", "--dtype", "fp32"]) == 2
+        assert "--block-size 64: the drafter was trained for blocks of 4; use 1..4" in capsys.readouterr().err
 
 
 def test_demo_without_zoo_says_so(monkeypatch, tmp_path, capsys):

@@ -2,7 +2,7 @@
 and per-prompt stats (tokens, tau, tokens/s); the last line is a JSON summary."""
 import json
 
-from specpilot.engine.cli_support import add_model_args, engine_for, load_pair, prompts_from_args
+from specpilot.engine.cli_support import add_model_args, checked_block_size, engine_for, load_pair, prompts_from_args
 
 
 def configure(parser):
@@ -25,6 +25,7 @@ def run(args) -> int:
         raise ValueError("speculative decoding needs --drafter DIR (or pass --ar)")
     weights = resolve_weights(args.target, args.dtype, args.weights)
     target, drafter, tok = load_pair(args.target, None if args.ar else args.drafter, args.device, args.dtype, weights)
+    args.block_size = checked_block_size(args.block_size, drafter)
     prompts = prompts_from_args(args, tok)
     engine = engine_for(target, drafter, prompts, args.max_new_tokens)
     stop = stop_ids_for(target, tok)

@@ -6,7 +6,7 @@ on PASS. A split12 folder runs split12 (stock reads a bf16 unpack of it); --weig
 bf16 folder at load."""
 import json
 
-from specpilot.engine.cli_support import add_model_args, engine_for, load_pair, prompts_from_args
+from specpilot.engine.cli_support import add_model_args, checked_block_size, engine_for, load_pair, prompts_from_args
 
 SHOWN_RECORDS = 20      # per list in the human output; the JSON line has every record
 
@@ -32,6 +32,7 @@ def run(args) -> int:
 
     weights = resolve_weights(args.target, args.dtype, args.weights)
     target, drafter, tok = load_pair(args.target, args.drafter, args.device, args.dtype, weights)
+    args.block_size = checked_block_size(args.block_size, drafter)
     prompts = prompts_from_args(args, tok)
     engine = engine_for(target, drafter, prompts, args.max_new_tokens)
     stock = load_stock(args.target, args.drafter, args.device, args.dtype)

@@ -37,6 +37,17 @@ def prompts_from_args(args, tokenizer):
     return out
 
 
+def checked_block_size(block_size, drafter):
+    """--block-size, refused above the block the drafter was trained to draft (the engine itself runs
+    any block exactly, as stock does, but past its training the drafter only guesses)."""
+    if block_size is None or drafter is None:
+        return block_size
+    if not 1 <= block_size <= drafter.block_size:
+        raise ValueError(f"--block-size {block_size}: the drafter was trained for blocks of {drafter.block_size}; "
+                         f"use 1..{drafter.block_size}")
+    return block_size
+
+
 def engine_for(target, drafter, prompts, max_new_tokens, config=None):
     """An Engine whose caches fit the longest prompt + max_new_tokens (rounded up to 256), with
     `config` (an EngineConfig; None: the defaults)."""
