@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from specpilot.verify.spec_checks import first_fork as first_difference  # the verdict's own fork rule
+
 BOOTSTRAP_RESAMPLES = 10000
 SIDE_BY_SIDE_STEPS = 12
 
@@ -60,14 +62,6 @@ def load_prompts(sets: list, tokenizer, limit) -> list:
 
 
 # -- one prompt --------------------------------------------------------------------------------------
-
-def first_difference(a: list, b: list):
-    """Index of the first position where a and b differ (a length difference counts), else None."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
 
 def mean_or_none(xs: list):
     return sum(xs) / len(xs) if xs else None

@@ -147,9 +147,12 @@ def token_force(engine, stock: StockPair, prompts, max_new_tokens: int, stop_ids
                   "decode": forced_decode_logits(engine, prompt, ref.tokens),
                   "verify": forced_verify_logits(engine, prompt, ref.tokens, verify_block)}
         stock_logits = hf_logits(stock, sequence)[generated]
-        score = (lambda tokens: scored_logits(referee.model, prompt + tokens, len(tokens))) if referee.model \
-            is not None else (lambda tokens: hf_logits(stock, prompt + tokens)[n - 1:n - 1 + len(tokens)].cpu())
-        scores = score(ref.tokens)                                     # [T, V] the referee at stock's positions
+        if referee.model is not None:
+            score = lambda tokens: scored_logits(referee.model, prompt + tokens, len(tokens))  # noqa: E731
+            scores = score(ref.tokens)                                 # [T, V] the referee at stock's positions
+        else:                      # the ulp fallback scores with stock's own model: its logits are in hand
+            score = lambda tokens: hf_logits(stock, prompt + tokens)[n - 1:n - 1 + len(tokens)].cpu()  # noqa: E731
+            scores = stock_logits.cpu()
         if referee.model is not None:
             tally.add("stock", stock_logits, scores)
             for path, rows_ in logits.items():
