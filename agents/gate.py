@@ -14,6 +14,9 @@ split12 GEMV cascade (stops at the first failure, every check that ran is record
   stateless      the weights are rewritten in place (same pointers), then the same input into the
                  same output buffer: y must follow the new weights (catches caches keyed on
                  pointers or input bytes)
+  graph_capture  (CUDA) one call captured in a CUDA graph on the caller's stream, then replayed on a
+                 fresh input: the engine runs every kernel inside graphs, and work forked to a side
+                 stream and never joined back fails the capture (a race the stream hold can lose)
   side_effects   no thread left running
   timing         every call on an input never used before, into an output buffer picked at random
                  from a pool; every output read back is rechecked against its own input
@@ -199,6 +202,8 @@ class Split12GemvGate:
                  ("determinism", lambda: self._determinism(fn, shape)),
                  ("stateless", lambda: self._stateless(fn, shape)),
                  ("side_effects", lambda: self._side_effects(threads_before))]
+        if self.device == "cuda":
+            steps.insert(-1, ("graph_capture", lambda: self._graph_capture(fn, shape)))
         if self.timer is not None:
             steps.append(("timing", lambda: self._timing(fn, shape, candidate, result)))
             steps.append(("side_effects_after_timing", lambda: self._side_effects(threads_before)))
@@ -296,6 +301,30 @@ class Split12GemvGate:
         except Rejected as r:
             raise Rejected("stateless", "after the weights were rewritten in place the output does not follow "
                                         f"them (state kept between calls, e.g. a cache): {r.reason}") from None
+
+    def _graph_capture(self, fn, shape):
+        n, k = shape
+        w = self.realistic_weight(n, k)
+        a = pack(w)
+        planes = contract_args(a)
+        x = torch.empty(k, dtype=torch.bfloat16, device="cuda")
+        y = torch.empty(n, dtype=torch.bfloat16, device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        cuda_sync()
+        try:
+            with torch.cuda.graph(graph, stream=self._ordered.stream):
+                fn(*planes, x, y, n, k, a.kpad)
+        except Exception as e:
+            cuda_sync()
+            raise Rejected("stream_order", f"the call cannot be captured in a CUDA graph on the caller's stream "
+                                           f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}): "
+                                           "work forked off the stream and not joined back, or a host sync") from None
+        fresh = self._randn(k).to(torch.bfloat16)
+        x.copy_(fresh)
+        y.fill_(float("nan"))
+        graph.replay()
+        cuda_sync()
+        self._check_bound("graph_capture", y, w, fresh)
 
     def _side_effects(self, threads_before: int):
         patched = tamper_check()

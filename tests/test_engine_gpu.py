@@ -100,6 +100,8 @@ def test_split12_prefill_and_verify_equal_the_plain_bf16_engine():
     from specpilot.models.random_ckpt import write_pair
     import tempfile
 
+    from specpilot.ops import linear as ops_linear
+
     assert ops_linear.skinny_enabled()
     with tempfile.TemporaryDirectory() as tmp:
         t, d = write_pair(tmp, "tiny-qwen3", layer_ids=[0, 2], block_size=8, seed=fresh_seed())

@@ -1,5 +1,5 @@
 """The fused CUDA kernels (add_rms_norm, qk_norm_rope_cache, silu_mul) against the eager torch
-reference of python/specpilot/models/fused_ops.py (the same function with the kernels switched off),
+reference of python/specpilot/ops/norm_rope.py (the same function with the kernels switched off),
 on fresh random bf16 inputs, every output poisoned with NaN before the kernel runs; then a tiny
 Qwen3 and a tiny LLaMA engine in bf16 with the kernels on vs off. Runs on the H200; skipped on CPU.
 
@@ -181,7 +181,7 @@ def test_silu_mul(ops, inter, rows):
 
 
 def test_public_functions_dispatch_to_the_kernels(ops, monkeypatch):
-    """fused_ops' functions call the CUDA ops for CUDA bf16 tensors, and not when switched off."""
+    """ops/norm_rope's functions call the CUDA ops for CUDA bf16 tensors, and not when switched off."""
     from specpilot.ops import norm_rope
 
     called = []
@@ -191,7 +191,7 @@ def test_public_functions_dispatch_to_the_kernels(ops, monkeypatch):
             called.append(name)
             return getattr(ops, name)
 
-    monkeypatch.setattr(fused_ops, "_cuda_ops", lambda: Recorder())
+    monkeypatch.setattr(norm_rope, "_cuda_ops", lambda: Recorder())
     g = gen()
     x = randn(1, 3, 512, g=g)
     w = torch.ones(512, device="cuda", dtype=torch.bfloat16)

@@ -156,7 +156,9 @@ def test_gpu_honest_launch_passes_with_pure_device_time(tmp_path, monkeypatch):
 
     timer = CudaTimer(reps=10)
     gate = Split12GemvGate("cuda", timer=timer, copy_bandwidth=timer.bandwidth)
-    r = gate.run(_gpu_template_fn(), (4096, 4096))
+    from specpilot.kernels.variants.split12_gemv_cuda import NAIVE_PARAMS
+
+    r = gate.run(build_callable(gemv_candidate((4096, 4096), NAIVE_PARAMS.to_dict(), "test", "cuda")), (4096, 4096))
     # the honest launcher is not mistaken for hidden work, and its device time (held to the measured
     # copy bandwidth by the roofline check) was taken with the stream held across the host's queueing
     assert r.passed, r.reason
