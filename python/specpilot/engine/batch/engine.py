@@ -71,6 +71,7 @@ class BatchEngine:
         self.costs = step_costs or StepCostTable.roofline(config.cost_ridge_tokens)
         self.estimator = AcceptanceEstimator(max(self.block_size - 1, 1))
         self.steps = 0
+        self.block_rows = self.verify_rows = 0      # decode rows drafted (anchors included) / verified
         self.queue, self.running = [], []
         self._finished = []                         # results not yet handed out by step()
         self._next_id = 0
@@ -174,6 +175,8 @@ class BatchEngine:
         decoding = [s for s in self.running if s.decoding]
         drafts = draft_all(self, decoding) if self.drafter is not None else {}
         lengths = self._verify_lengths(decoding, drafts)
+        self.block_rows += sum(drafts[s.id].rows if s.id in drafts else 1 for s in decoding)
+        self.verify_rows += sum(lengths.values())
         chunks, budget = [], self.config.prefill_chunk
         for state in self.running:
             if not state.decoding and budget > 0:
