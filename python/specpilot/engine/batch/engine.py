@@ -36,8 +36,9 @@ from .request import BatchResult, Request, RequestState, request_problem
 class BatchEngine:
     def __init__(self, target, drafter=None, config: BatchConfig = BatchConfig(), max_batch: int = 8,
                  kv_pages: int | None = None, memory_fraction: float | None = None,
-                 engine_config: EngineConfig = EngineConfig(), step_costs: StepCostTable | None = None):
-        """kv_pages: the page pool (config.page_size slots a page) for the target and drafter caches, or
+                 engine_config: EngineConfig = EngineConfig(), step_costs: StepCostTable | None = None,
+                 block_size: int | None = None):
+        """block_size: the speculative block (default and at most the drafter's trained block); kv_pages: the page pool (config.page_size slots a page) for the target and drafter caches, or
         memory_fraction of the free GPU memory (CUDA); engine_config: the kernel choices the models'
         ops read; step_costs: the adaptive budget's cost table (None: config.cost_ridge_tokens roofline)."""
         if not isinstance(config, BatchConfig):
@@ -50,8 +51,10 @@ class BatchEngine:
             raise ValueError("the drafter was loaded against a different target (load_drafter(dir, target))")
         if not all(isinstance(layer.attn, Attention) for layer in target.layers):
             raise ValueError("the batched engine runs dense attention targets only (every layer an Attention)")
-        if drafter is not None and drafter.block_size < 2:
-            raise ValueError(f"the drafter's block_size={drafter.block_size} must be >= 2")
+        if drafter is not None:
+            block_size = drafter.block_size if block_size is None else block_size
+            if isinstance(block_size, bool) or not isinstance(block_size, int) or not 2 <= block_size <= drafter.block_size:
+                raise ValueError(f"block_size={block_size!r} must be an int in 2..{drafter.block_size} (the drafter's block)")
         self.target, self.drafter = target, drafter
         self.config, self.engine_config = config, engine_config
         self.max_batch = max_batch
@@ -67,7 +70,7 @@ class BatchEngine:
             self.draft_cache = PagedKV(d.num_layers, d.num_kv_heads, d.head_dim, pages, self.page_size,
                                        self.device, target.dtype)
         self.feature_layers = tuple(drafter.target_layer_ids) if drafter is not None else ()
-        self.block_size = drafter.block_size if drafter is not None else 1
+        self.block_size = block_size if drafter is not None else 1
         self.costs = step_costs or StepCostTable.roofline(config.cost_ridge_tokens)
         self.estimator = AcceptanceEstimator(max(self.block_size - 1, 1))
         self.steps = 0
