@@ -125,3 +125,25 @@ def test_waits_for_pages_then_runs(small_vocab):
     results = {r.request_id: r for r in engine.run_until_done()}
     check_equal(target, drafter, requests, results, acceptance=True, seed=seed)
     assert engine.pool.free_pages == 2
+
+
+def test_replay_equals_single_request_replay(written_pair):
+    """Acceptance replay (the scale tier's benchmark device) per request: the planned acceptance lengths
+    and the target's tokens, as Engine.generate_spec(replay=...) makes them."""
+    from specpilot.engine import Engine
+    from specpilot.engine.replay import AcceptanceReplay
+
+    target, drafter, seed = written_pair
+    prompts = random_prompts(320, (6, 13, 9), seed + 5)
+    engine = Engine(target, drafter, max_seq_len=128)
+    transcripts = [engine.generate_ar(p, 30).tokens for p in prompts]
+    refs = [engine.generate_spec(p, 30, replay=AcceptanceReplay(t, 2.5)) for p, t in zip(prompts, transcripts)]
+    batch = BatchEngine(target, drafter, BatchConfig(adaptive_verify=False), max_batch=3, kv_pages=16)
+    ids = [batch.submit(Request(tuple(p), 30, replay=AcceptanceReplay(t, 2.5))) for p, t in zip(prompts, transcripts)]
+    results = {r.request_id: r for r in batch.run_until_done()}
+    for i, ref in zip(ids, refs):
+        assert results[i].tokens == ref.tokens == transcripts[ids.index(i)]
+        assert results[i].acceptance_lengths == ref.acceptance_lengths and max(ref.acceptance_lengths) >= 2
+        assert results[i].replay_shortfalls == ref.replay_shortfalls == 0
+    bad = batch.submit(Request((1, 2), 5, temperature=1.0, replay=AcceptanceReplay([1], 2.0)))
+    assert "replay needs greedy decoding" in {r.request_id: r for r in batch.run_until_done()}[bad].error

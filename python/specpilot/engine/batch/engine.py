@@ -166,6 +166,8 @@ class BatchEngine:
         result = state.result(self.clock(), error)
         if self.drafter is None:                        # AR: no verify steps, as Engine.generate_ar
             result.acceptance_lengths, result.steps = [], max(len(result.tokens) - 1, 0)
+        if state.req.replay is not None:
+            result.replay_shortfalls = state.req.replay.shortfalls
         self._finished.append(result)
 
     def kernels(self, rows: int):

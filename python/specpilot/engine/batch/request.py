@@ -17,6 +17,8 @@ class Request:
     top_p: float = 1.0
     seed: int | None = None          # the request's own torch.Generator; None: the device's default one
     stop_ids: tuple = ()
+    replay: object = None            # an AcceptanceReplay (engine/replay.py) forcing each step's accepted count:
+                                     # a benchmark device for random-weight pairs; greedy only
 
 
 @dataclass
@@ -40,6 +42,8 @@ def request_problem(req, vocab_size: int) -> str | None:
         validate_sampling(float(req.temperature), float(req.top_p))
     except (TypeError, ValueError) as e:
         return str(e)
+    if req.replay is not None and (req.temperature != 0 or not hasattr(req.replay, "step_drafts")):
+        return "replay needs greedy decoding (temperature=0) and an AcceptanceReplay"
     bad = [t for t in list(req.prompt_ids) + list(req.stop_ids) if not 0 <= int(t) < vocab_size]
     if bad:
         return f"token ids {bad[:5]} (prompt or stop ids) are outside the vocab (size {vocab_size})"

@@ -72,6 +72,9 @@ def draft_all(engine, decoding: list) -> dict:
                 block[1:] = sample_probs(probs[None], s.generator)[0]
             else:
                 block[1:] = torch.argmax(own, dim=-1)
+                if r.replay is not None:              # the planned drafts (the drafter still ran)
+                    block[1:] = r.replay.step_drafts(len(s.acceptance), s.start - s.prompt_len, block[None, 1:],
+                                                     own.shape[-1])[0]
             margins = top2_margin(own) if engine.config.adaptive_verify else None
             drafts[s.id] = Draft(block=block, rows=k + 1, probs=probs, margins=margins)
     return drafts
@@ -141,7 +144,7 @@ def _accept(engine, s, draft, rows: int, logits, features) -> None:
         posterior = torch.argmax(logits, dim=-1)                               # [rows]
         matched = accepted_prefix(block[None, 1:], posterior[None], rows - 1)
         packed = torch.cat([matched, block, posterior]).tolist()
-        accepted = packed[0]
+        accepted = packed[0] if r.replay is None else r.replay.accepted(len(s.acceptance), rows, packed[0])
         new = new_tokens(packed[1:1 + rows], packed[1 + rows:], accepted)
     produced, s.stopped = commit(new, s.max_length - s.start - 1, set(r.stop_ids), s.tokens)
     if features is not None:
