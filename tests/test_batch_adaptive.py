@@ -69,3 +69,17 @@ def test_top2_margin_and_cost_table():
     assert [table.cost(n) for n in (1, 16, 17, 64, 128)] == [2.5, 2.5, 3.5, 3.5, 6.5]
     with pytest.raises(ValueError, match="step-cost table needs"):
         StepCostTable([(0, 1.0)])
+
+
+def test_measured_cost_table_and_pages_returned():
+    from batch_helpers import tiny_pair
+    from specpilot.engine.batch import BatchConfig, BatchEngine
+    from specpilot.engine.batch.profile import measure_step_costs
+
+    target, drafter = tiny_pair(10, 4, 3)
+    engine = BatchEngine(target, drafter, BatchConfig(), max_batch=4, kv_pages=40)
+    table = measure_step_costs(engine, buckets=(16, 32, 4096), context=48, repeats=1)
+    assert table.tokens == [16, 32] and all(t > 0 for t in table.seconds)      # 4096 rows do not fit: skipped
+    assert engine.pool.free_pages == 40
+    with pytest.raises(ValueError, match="no bucket"):
+        measure_step_costs(engine, buckets=(4096,), context=48)

@@ -71,7 +71,7 @@ class BatchEngine:
                                        self.device, target.dtype)
         self.feature_layers = tuple(drafter.target_layer_ids) if drafter is not None else ()
         self.block_size = block_size if drafter is not None else 1
-        self.costs = step_costs or StepCostTable.roofline(config.cost_ridge_tokens)
+        self.costs = step_costs or StepCostTable.roofline(config.cost_ridge_tokens)   # profile.measure_step_costs
         self.estimator = AcceptanceEstimator(max(self.block_size - 1, 1))
         self.steps = 0
         self.block_rows = self.verify_rows = 0      # decode rows drafted (anchors included) / verified
