@@ -32,6 +32,7 @@ def good_requests(seed):
     (Request((1, 99), 5), r"token ids \[99\].*outside the vocab \(size 10\)"),
     (Request((1, 2), 5, stop_ids=(-1,)), r"token ids \[-1\]"),
     (Request((1, 2), 0), r"max_new_tokens=0 must be an int >= 1"),
+    (Request((1, "2"), 4), r"prompt and stop ids must be ints"),
     ("not a request", r"submit\(\) takes a Request, got str"),
 ])
 def test_bad_request_gets_its_own_error(pair, bad, message):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from specpilot import config as config_module
+
 from . import forward
 from .adaptive import StepCostTable
 
@@ -35,7 +37,7 @@ def measure_step_costs(engine, buckets=BUCKETS, rows_per_request: int = 16, cont
             times = []
             for _ in range(repeats + 1):                       # the first call warms up
                 t0 = engine.clock()
-                with engine.kernels(ids.shape[0]):
+                with config_module.use(engine.engine_config), engine.kernels(ids.shape[0]):
                     forward.target_forward(engine.target, engine.cache, layout, ids, engine.feature_layers)
                 times.append(engine.clock() - t0)
             points.append((rows * requests, sorted(times[1:])[len(times[1:]) // 2]))

@@ -1,6 +1,7 @@
 """A batched request, its result, and the engine's per-request state."""
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 
 import torch
@@ -44,7 +45,10 @@ def request_problem(req, vocab_size: int) -> str | None:
         return str(e)
     if req.replay is not None and (req.temperature != 0 or not hasattr(req.replay, "step_drafts")):
         return "replay needs greedy decoding (temperature=0) and an AcceptanceReplay"
-    bad = [t for t in list(req.prompt_ids) + list(req.stop_ids) if not 0 <= int(t) < vocab_size]
+    ids = list(req.prompt_ids) + list(req.stop_ids)
+    if not all((isinstance(t, numbers.Integral) and not isinstance(t, bool)) or (isinstance(t, torch.Tensor) and t.numel() == 1) for t in ids):
+        return f"prompt and stop ids must be ints, got {[type(t).__name__ for t in ids][:5]}"
+    bad = [int(t) for t in ids if not 0 <= int(t) < vocab_size]
     if bad:
         return f"token ids {bad[:5]} (prompt or stop ids) are outside the vocab (size {vocab_size})"
     return None
