@@ -61,22 +61,24 @@ def draft_all(engine, decoding: list) -> dict:
         layout = forward.Layout(segments, engine.page_size, engine.device)
         with engine.kernels(layout.positions.shape[0]):
             logits = forward.draft_block(drafter, engine.draft_cache, layout, torch.cat(blocks))
+        greedy = torch.argmax(logits, dim=-1)                        # every row at once, on the device
+        margins = top2_margin(logits) if engine.config.adaptive_verify else None   # one host transfer
         row = 0
         for s, block in zip(group, blocks):
             k = block.shape[0] - 1
-            own, row = logits[row:row + k], row + k
+            own, rows_, row = logits[row:row + k], slice(row, row + k), row + k
             r = s.req
             probs = None
             if r.temperature > 0:
                 probs = sampling_probs(own[None], r.temperature, r.top_p)[0]
                 block[1:] = sample_probs(probs[None], s.generator)[0]
             else:
-                block[1:] = torch.argmax(own, dim=-1)
+                block[1:] = greedy[rows_]
                 if r.replay is not None:              # the planned drafts (the drafter still ran)
                     block[1:] = r.replay.step_drafts(len(s.acceptance), s.start - s.prompt_len, block[None, 1:],
                                                      own.shape[-1])[0]
-            margins = top2_margin(own) if engine.config.adaptive_verify else None
-            drafts[s.id] = Draft(block=block, rows=k + 1, probs=probs, margins=margins)
+            drafts[s.id] = Draft(block=block, rows=k + 1, probs=probs,
+                                 margins=margins[rows_] if margins is not None else None)
     return drafts
 
 
@@ -105,13 +107,19 @@ def verify_and_accept(engine, decoding: list, drafts: dict, lengths: dict, chunk
             logits, features = forward.target_forward(
                 engine.target, engine.cache, layout, torch.cat([ids for _, _, ids, _ in group]),
                 engine.feature_layers, torch.tensor(logit_rows, dtype=torch.long, device=engine.device))
-        at = lrow = 0
+        # Greedy requests' argmax and verify ids, for every request of the group in one host transfer.
+        verify_ids = [ids for _, _, ids, verify in group if verify]
+        host = torch.cat([torch.argmax(logits, dim=-1)] + verify_ids).tolist() if verify_ids else []
+        posterior, blocks = host[:logits.shape[0]], host[logits.shape[0]:]
+        at = lrow = brow = 0
         for s, seg, _, verify in group:
             feats = features[at:at + seg.rows] if features is not None else None
             at += seg.rows
             if verify:
-                _accept(engine, s, drafts.get(s.id), seg.rows, logits[lrow:lrow + seg.rows], feats)
+                _accept(engine, s, drafts.get(s.id), seg.rows, logits[lrow:lrow + seg.rows], feats,
+                        blocks[brow:brow + seg.rows], posterior[lrow:lrow + seg.rows])
                 lrow += seg.rows
+                brow += seg.rows
             else:
                 if feats is not None:
                     s.ctx.append((feats, s.prefilled))
@@ -128,8 +136,9 @@ def _first_token(engine, s, logits) -> None:
     s.stopped = s.tokens[0] in s.req.stop_ids
 
 
-def _accept(engine, s, draft, rows: int, logits, features) -> None:
-    """One request's verify rows [rows, V] -> its committed tokens (engine/spec.py's rule)."""
+def _accept(engine, s, draft, rows: int, logits, features, block_list: list, posterior: list) -> None:
+    """One request's verify rows (logits [rows, V]; on the host: its verify ids and the target's argmax
+    per row) -> its committed tokens (engine/spec.py's rule)."""
     r = s.req
     block = draft.block[:rows] if draft is not None else torch.tensor([s.tokens[-1]], device=logits.device)
     if r.temperature > 0:
@@ -141,11 +150,9 @@ def _accept(engine, s, draft, rows: int, logits, features) -> None:
                                                s.generator)
             new = block[1:accepted + 1].tolist() + [int(bonus)]
     else:
-        posterior = torch.argmax(logits, dim=-1)                               # [rows]
-        matched = accepted_prefix(block[None, 1:], posterior[None], rows - 1)
-        packed = torch.cat([matched, block, posterior]).tolist()
-        accepted = packed[0] if r.replay is None else r.replay.accepted(len(s.acceptance), rows, packed[0])
-        new = new_tokens(packed[1:1 + rows], packed[1 + rows:], accepted)
+        matched = int(accepted_prefix(torch.tensor([block_list[1:]]), torch.tensor([posterior]), rows - 1)[0])
+        accepted = matched if r.replay is None else r.replay.accepted(len(s.acceptance), rows, matched)
+        new = new_tokens(block_list, posterior, accepted)
     produced, s.stopped = commit(new, s.max_length - s.start - 1, set(r.stop_ids), s.tokens)
     if features is not None:
         s.ctx.append((features[:produced], s.start))
