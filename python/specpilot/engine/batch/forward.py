@@ -4,9 +4,9 @@ context append and block forward over many requests at once.
 Layout: the rows of all requests are concatenated into one [1, N, H] activation (no padding), so every
 linear, norm and MLP runs once over N rows. Each request is a `Segment` (its page table, its first
 position, its row count). Rope uses each row's logical position; K/V are written at each row's
-physical slot (paged.slots_of). Attention is the only per-request part: a request's queries attend
-over its own K/V gathered from the pool in logical order (ops.attention.attend, the single-request
-engine's call with the same shapes), so a row's result does not depend on the other requests.
+physical slot (paged.slots_of). Attention is one SDPA call over a padded per-request batch (Layout):
+a request's queries attend over its own K/V gathered from the pool in logical order, so a row's result
+does not depend on the other requests (beyond summation rounding).
 
 The arithmetic is the models' own, step for step (PreNormBlock: add_rms_norm, attention, add_rms_norm,
 SwiGLU; the target's feature taps; the drafter's fc / hidden_norm / compute_logits), written over
@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from specpilot.ops import linear
-from specpilot.ops.attention import attend, attention_mask
 from specpilot.ops.norm_rope import add_rms_norm, qk_norm_rope_cache
 
 from .paged import slots_of
@@ -36,7 +36,12 @@ class Segment:
 
 
 class Layout:
-    """Positions, slots and per-segment attention inputs of one varlen forward."""
+    """Positions, slots and the padded attention batch of one varlen forward.
+
+    Attention runs as one SDPA call over a padded batch [R requests, max rows, max keys]: each
+    request's queries gathered from the N rows, its keys and values gathered from the pool through its
+    page table in logical order; padding keys are masked, padding query rows (which see their
+    request's last row's keys, so no row is all -inf) are dropped when the output is gathered back."""
 
     def __init__(self, segments: list, page_size: int, device):
         if not segments or any(s.rows < 1 for s in segments):
@@ -49,17 +54,35 @@ class Layout:
         for s in segments:
             bounds.append(bounds[-1] + s.rows)
         self.bounds = bounds
-        # Each segment's visible K/V: logical positions [0, start + rows), gathered through its table.
-        self.kv_slots = [slots_of(s.table, torch.arange(s.start + s.rows, device=device), page_size)
-                         for s in segments]
+        self.max_rows = max(s.rows for s in segments)
+        self.max_keys = max(s.start + s.rows for s in segments)
+        rows = torch.arange(self.max_rows, device=device)
+        keys = torch.arange(self.max_keys, device=device)
+        self.q_index = torch.stack([b + rows.clamp(max=s.rows - 1) for b, s in zip(bounds, segments)])   # [R, Lm]
+        self.kv_index = torch.stack([slots_of(s.table, keys.clamp(max=s.start + s.rows - 1), page_size)
+                                     for s in segments])                                                   # [R, S]
+        self.out_index = torch.cat([i * self.max_rows + torch.arange(s.rows, device=device)
+                                    for i, s in enumerate(segments)])                                      # [N]
 
-    def attend(self, q, k_pool, v_pool, masks, scale):
-        """q [1, Hq, N, D] -> [1, N, Hq*D]: each segment's rows over its own gathered K/V."""
-        outs = []
-        for i, slots in enumerate(self.kv_slots):
-            a, b = self.bounds[i], self.bounds[i + 1]
-            outs.append(attend(q[:, :, a:b], k_pool[:, :, slots], v_pool[:, :, slots], masks[i], scale))
-        return torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
+    def mask(self, last: torch.Tensor, groups: int, dtype) -> torch.Tensor:
+        """last [N] (key position j visible to row n iff j <= last[n]) -> the additive mask
+        [R, 1, g*Lm, S] over the padded batch's folded GQA rows (rows j*Lm + t)."""
+        padded_last = last[self.q_index]                                                     # [R, Lm]
+        visible = torch.arange(self.max_keys, device=last.device)[None, None, :] <= padded_last[..., None]
+        additive = torch.zeros(visible.shape, dtype=dtype, device=last.device).masked_fill_(~visible, float("-inf"))
+        return additive.repeat(1, groups, 1)[:, None]
+
+    def attend(self, q, k_pool, v_pool, mask, scale):
+        """q [1, Hq, N, D] -> [1, N, Hq*D] (mask from `mask`)."""
+        hq, d = q.shape[1], q.shape[3]
+        r, lm = self.q_index.shape
+        hkv = k_pool.shape[1]
+        qp = q[0][:, self.q_index].transpose(0, 1).reshape(r, hkv, (hq // hkv) * lm, d)     # [R, Hkv, g*Lm, D]
+        k = k_pool[0][:, self.kv_index].transpose(0, 1)                                      # [R, Hkv, S, D]
+        v = v_pool[0][:, self.kv_index].transpose(0, 1)
+        out = F.scaled_dot_product_attention(qp, k, v, attn_mask=mask, scale=scale)          # [R, Hkv, g*Lm, D]
+        out = out.reshape(r, hq, lm, d).transpose(1, 2).reshape(r * lm, hq * d)
+        return out[self.out_index][None]
 
 
 def target_forward(target, cache, layout: Layout, ids: torch.Tensor, feature_layers=(), logit_rows=None):
@@ -69,8 +92,7 @@ def target_forward(target, cache, layout: Layout, ids: torch.Tensor, feature_lay
     x, delta = target.embed(ids[None]), None                     # [1, N, H]
     cos, sin = target.rope_cos[layout.positions], target.rope_sin[layout.positions]
     groups = c.num_heads // c.num_kv_heads
-    masks = [attention_mask(s.positions(ids.device), s.start + s.rows, groups, x.dtype, writes_at_last=True)
-             for s in layout.segments]
+    mask = layout.mask(layout.positions, groups, x.dtype)     # causal: row t sees positions <= its own
     feats, last = {}, len(target.layers) - 1
     for i, layer in enumerate(target.layers):
         block_input, normed = add_rms_norm(x, delta, layer.attn_norm.weight, layer.attn_norm.eps)
@@ -81,7 +103,7 @@ def target_forward(target, cache, layout: Layout, ids: torch.Tensor, feature_lay
         q = qk_norm_rope_cache(q, k, v, attn.q_norm.weight if qk_norm else None,
                                attn.k_norm.weight if qk_norm else None, cos, sin, layout.slots, attn.eps,
                                cache.k[i], cache.v[i])
-        attn_out = linear.linear(attn.o, layout.attend(q, cache.k[i], cache.v[i], masks, attn.scale))
+        attn_out = linear.linear(attn.o, layout.attend(q, cache.k[i], cache.v[i], mask, attn.scale))
         h, normed = add_rms_norm(block_input, attn_out, layer.mlp_norm.weight, layer.mlp_norm.eps)
         x, delta = h, layer.mlp(normed)
         if i > 0 and i - 1 in feature_layers:
@@ -114,16 +136,15 @@ def draft_block(drafter, cache, layout: Layout, block_ids: torch.Tensor) -> torc
         x = x * c.input_embedding_scale
     cos, sin = drafter.rope_cos[layout.positions], drafter.rope_sin[layout.positions]
     groups = c.num_heads // c.num_kv_heads
-    masks = []
-    for s in layout.segments:
-        last = torch.full((s.rows,), s.start + s.rows - 1, dtype=torch.long, device=block_ids.device)
-        masks.append(attention_mask(last, s.start + s.rows, groups, x.dtype))
+    last = torch.cat([torch.full((s.rows,), s.start + s.rows - 1, dtype=torch.long, device=block_ids.device)
+                      for s in layout.segments])
+    mask = layout.mask(last, groups, x.dtype)                 # non-causal: every row sees its whole block
     for i, layer in enumerate(drafter.layers):
         block_input, normed = add_rms_norm(x, delta, layer.attn_norm.weight, layer.attn_norm.eps)
         attn = layer.attn
         q = attn.project_to_cache(normed, cos, sin, layout.slots, cache.k[i], cache.v[i],
                                   q=linear.linear(attn.q, normed))
-        attn_out = linear.linear(attn.o, layout.attend(q, cache.k[i], cache.v[i], masks, attn.scale))
+        attn_out = linear.linear(attn.o, layout.attend(q, cache.k[i], cache.v[i], mask, attn.scale))
         h, normed = add_rms_norm(block_input, attn_out, layer.mlp_norm.weight, layer.mlp_norm.eps)
         x, delta = h, layer.mlp(normed)
     _, x = add_rms_norm(x, delta, drafter.norm.weight, drafter.norm.eps)
