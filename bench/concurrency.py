@@ -108,7 +108,7 @@ def run_levels(target, drafter, prompts, levels, max_new_tokens, stop_ids=(), re
 
 
 def markdown(rows: list, info: dict) -> str:
-    head = [f"# Batched engine: speedup over batched AR vs concurrency", "",
+    head = ["# Batched engine: speedup over batched AR vs concurrency", "",
             ", ".join(f"{k}: {v}" for k, v in info.items()), "",
             "| C | AR tok/s | spec tok/s | speedup | tau | TTFT p50 / p99 ms | TPOT p50 / p99 ms | verified rows | "
             "no ragged verify | no batched draft | no adaptive verify |", "|---|---|---|---|---|---|---|---|---|---|---|"]
