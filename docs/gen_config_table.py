@@ -20,6 +20,7 @@ from pathlib import Path
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 START, END = "<!-- config-table:start -->", "<!-- config-table:end -->"
+BATCH_START, BATCH_END = "<!-- batch-config-table:start -->", "<!-- batch-config-table:end -->"   # BatchConfig's
 
 
 def _field_docs(cls) -> dict:
@@ -63,12 +64,12 @@ def config_table(cls) -> str:
     return "\n".join(lines)
 
 
-def replace_table(text: str, table: str) -> str:
+def replace_table(text: str, table: str, start: str = START, end: str = END) -> str:
     """`text` with everything between the two markers replaced by `table`."""
-    if text.count(START) != 1 or text.count(END) != 1 or text.index(START) > text.index(END):
-        raise ValueError(f"the README needs exactly one {START} ... {END} pair")
-    head, rest = text.split(START)
-    return head + START + "\n" + table + "\n" + END + rest.split(END, 1)[1]
+    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
+        raise ValueError(f"the README needs exactly one {start} ... {end} pair")
+    head, rest = text.split(start)
+    return head + start + "\n" + table + "\n" + end + rest.split(end, 1)[1]
 
 
 def main(argv=None) -> int:
@@ -77,13 +78,14 @@ def main(argv=None) -> int:
     p.add_argument("--check", action="store_true", help="exit 1 if README.md's table is stale")
     args = p.parse_args(argv)
     from specpilot.config import EngineConfig
+    from specpilot.engine.batch import BatchConfig
 
-    table = config_table(EngineConfig)
+    table, batch_table = config_table(EngineConfig), config_table(BatchConfig)
     if not (args.write or args.check):
-        print(table)
+        print(table + "\n\n" + batch_table)
         return 0
     text = README.read_text(encoding="utf-8")
-    new = replace_table(text, table)
+    new = replace_table(replace_table(text, table), batch_table, BATCH_START, BATCH_END)
     if args.check:
         if new != text:
             print("README.md's configuration table is stale: python docs/gen_config_table.py --write", file=sys.stderr)

@@ -44,6 +44,10 @@ def configure(parser):
     parser.add_argument("--repeats", type=int, default=1,
                         help="timed calls per prompt and method, the fastest kept (for noisy hosts)")
     parser.add_argument("--no-cuda-graphs", action="store_true")
+    parser.add_argument("--concurrency", default=None,
+                        help="comma list (e.g. 1,2,4,8,16,32): the batched engine under that many closed-loop "
+                             "clients instead of the per-prompt methods; speedup over batched AR, TTFT / TPOT, "
+                             "the ablation of each batching mechanism, a plot (--replay takes a TAU only)")
 
 
 def _check_args(args):
@@ -159,6 +163,10 @@ def run(args) -> int:
     from specpilot.models.loading import as_dtype
 
     _check_args(args)
+    if args.concurrency:
+        from specpilot.bench.concurrency import cli_run
+
+        return cli_run(args, _load_tokenizer)
     methods = e2e.parse_methods(args.methods)
     random_target = random_pair.is_random(args.target)
     _check_methods(args, methods, random_target)

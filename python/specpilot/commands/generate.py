@@ -15,6 +15,9 @@ def configure(parser):
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--ar", action="store_true", help="target-only decoding (no drafter needed)")
+    parser.add_argument("--concurrency", type=int, default=1,
+                        help="requests in flight at once through the batched engine (1: one prompt at a time)")
+    parser.add_argument("--output", default=None, help="JSONL file: one {id, tokens, text} per prompt, input order")
 
 
 def run(args) -> int:
@@ -27,25 +30,41 @@ def run(args) -> int:
     target, drafter, tok = load_pair(args.target, None if args.ar else args.drafter, args.device, args.dtype, weights)
     args.block_size = checked_block_size(args.block_size, drafter)
     prompts = prompts_from_args(args, tok)
-    engine = engine_for(target, drafter, prompts, args.max_new_tokens)
     stop = stop_ids_for(target, tok)
-    engine.warmup(args.block_size)                 # CUDA: capture the graphs before timing (no-op on CPU)
-    rows = []
-    for pid, ids in prompts:
-        if args.ar:
-            r = engine.generate_ar(ids, args.max_new_tokens, stop, args.temperature, seed=args.seed)
-        else:
-            r = engine.generate_spec(ids, args.max_new_tokens, stop, args.temperature,
-                                     block_size=args.block_size, seed=args.seed)
+    results = generated(args, target, drafter, prompts, stop)
+    rows, out_rows = [], []
+    for (pid, ids), r in zip(prompts, results):
         print(f"=== {pid} ===")
         print(tok.decode(r.tokens, skip_special_tokens=True))
         tau = f"{r.tau:.2f}" if r.acceptance_lengths else "-"
         print(f"--- {pid}: prompt {r.prompt_len} tokens, {len(r.tokens)} new, tau {tau}, "
               f"{r.tokens_per_s:.1f} tokens/s, prefill {r.prefill_s * 1e3:.1f} ms")
         rows.append({"id": pid, "tokens": len(r.tokens), "tau": r.tau, "tokens_per_s": r.tokens_per_s})
+        out_rows.append({"id": pid, "tokens": r.tokens, "text": tok.decode(r.tokens, skip_special_tokens=True)})
+    if args.output:
+        with open(args.output, "w") as f:
+            f.writelines(json.dumps(row) + "\n" for row in out_rows)
     total_tokens = sum(r["tokens"] for r in rows)
     taus = [r["tau"] for r in rows if r["tau"]]
     print(json.dumps({"prompts": len(rows), "tokens": total_tokens, "mode": "ar" if args.ar else "spec", "weights": weights,
+                      "concurrency": args.concurrency,
                       "tau": sum(taus) / len(taus) if taus else None,
                       "tokens_per_s": sum(r["tokens_per_s"] for r in rows) / len(rows)}))
     return 0
+
+
+def generated(args, target, drafter, prompts, stop) -> list:
+    """One result per prompt: one at a time through the Engine (--concurrency 1), else batched."""
+    if args.concurrency != 1:
+        from specpilot.engine.batch.run import run_batch
+
+        results, _ = run_batch(target, drafter, [ids for _, ids in prompts], args.max_new_tokens, args.concurrency,
+                               stop, args.temperature, args.seed, args.block_size)
+        return results
+    engine = engine_for(target, drafter, prompts, args.max_new_tokens)
+    engine.warmup(args.block_size)                 # CUDA: capture the graphs before timing (no-op on CPU)
+    if args.ar:
+        return [engine.generate_ar(ids, args.max_new_tokens, stop, args.temperature, seed=args.seed)
+                for _, ids in prompts]
+    return [engine.generate_spec(ids, args.max_new_tokens, stop, args.temperature, block_size=args.block_size,
+                                 seed=args.seed) for _, ids in prompts]

@@ -21,6 +21,9 @@ def configure(parser):
                              "judges every disagreement; none: the ulp fallback rule instead (said in the output)")
     parser.add_argument("--referee-device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="auto: the GPU when its free memory holds the referee, else the host")
+    parser.add_argument("--concurrency", type=int, default=1,
+                        help="N > 1: judge the batched engine's output at N requests in flight (each request "
+                             "must also equal the single-request engine's output)")
 
 
 def run(args) -> int:
@@ -37,11 +40,23 @@ def run(args) -> int:
     engine = engine_for(target, drafter, prompts, args.max_new_tokens)
     stock = load_stock(args.target, args.drafter, args.device, args.dtype)
     referee = load_referee(args.target, target.dtype, args.device, args.referee, args.referee_device)
-    report = token_force(engine, stock, [ids for _, ids in prompts], args.max_new_tokens,
-                         stop_ids=stop_ids_for(target, tok), block_size=args.block_size,
-                         ids=[pid for pid, _ in prompts], referee=referee)
+    stop, token_ids, names = stop_ids_for(target, tok), [ids for _, ids in prompts], [pid for pid, _ in prompts]
+    from specpilot.verify.batched import batched_runs, judge_batched
+
+    batched = full = mechanisms = None
+    if args.concurrency != 1:       # the batched engine's output is "our speculative output" below
+        full, mechanisms = batched_runs(engine, token_ids, args.max_new_tokens, args.concurrency, stop, args.block_size)
+    report = token_force(engine, stock, token_ids, args.max_new_tokens, stop_ids=stop, block_size=args.block_size,
+                         ids=names, referee=referee, spec_results=full)
+    if full is not None:
+        batched = judge_batched(report, engine, token_ids, names, args.max_new_tokens, args.concurrency, full,
+                                mechanisms, stop, args.block_size)
+        print(f"batched at concurrency {args.concurrency}: identical to the single-request engine on "
+              f"{batched['identical_full_verify']}/{batched['prompts']} prompts (full verify), "
+              f"{batched['identical_all_mechanisms']}/{batched['prompts']} (all mechanisms)"
+              f"{'' if batched['judged'] else ' (bf16: reported, not judged)'}")
     print_report(report)
-    print(json.dumps({**report.summary(), "weights": weights}))
+    print(json.dumps({**report.summary(), "weights": weights, **({"batched": batched} if batched else {})}))
     return 0 if report.passed else 1
 
 

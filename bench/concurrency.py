@@ -1,0 +1,225 @@
+"""`specpilot bench --concurrency 1,2,4,...`: the batched engine under closed-loop clients.
+
+At each concurrency C: C clients, each with its own stream of prompts (the benchmarks' prompts dealt
+round robin, benchmark by benchmark), each submitting its next prompt the moment its last one
+finishes. Measured per run: tokens/s over the whole run, TTFT (submit to first token, queueing
+included) and TPOT (decode time per token after the first) p50 / p99, tau. Runs per C: batched AR
+(the same engine, no drafter: the baseline every speedup is over), speculative with every mechanism
+on, and each mechanism off alone (the ablation). Writes concurrency.jsonl, concurrency.md and
+concurrency.png (speedup vs C, with the published anchors drawn in) to --out.
+
+Scale tier (random weights accept ~nothing): --replay TAU gives every request AcceptanceReplay over
+its own greedy transcript (from the AR run), as `bench --replay` does for the single-request engine.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from specpilot.engine.batch import BatchConfig, BatchEngine, Request
+from specpilot.engine.batch.run import pool_pages
+
+ABLATIONS = {"spec": BatchConfig(), "no_ragged_verify": BatchConfig(ragged_verify=False),
+             "no_batched_draft": BatchConfig(batched_draft=False), "no_adaptive_verify": BatchConfig(adaptive_verify=False)}
+# Published speedups over AR: the seed's stock and SpecPilot figures (flat lines), DFlash on SGLang (B200).
+ANCHOR_LINES = {"stock (seed) 1.94x": 1.94, "SpecPilot (seed) 3.93x": 3.93}
+ANCHOR_POINTS = {"DFlash on SGLang, B200": [(8, 4.5), (16, 3.9), (32, 2.8)]}
+
+
+def parse_levels(text: str) -> list:
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        levels = []
+    if not levels or any(c < 1 for c in levels):
+        raise ValueError(f"--concurrency {text!r}: use a comma list of ints >= 1, e.g. 1,2,4,8")
+    return levels
+
+
+def closed_loop(target, drafter, config, concurrency: int, prompts: list, max_new_tokens: int, stop_ids=(),
+                replays=None, step_costs=None) -> tuple:
+    """Runs every prompt through C closed-loop clients; (metrics dict, results in prompt order)."""
+    engine = BatchEngine(target, drafter, config, max_batch=concurrency, step_costs=step_costs,
+                         kv_pages=pool_pages(prompts, max_new_tokens, concurrency, config.page_size))
+    streams = [list(range(i, len(prompts), concurrency)) for i in range(concurrency)]
+    owner, results = {}, {}
+
+    def submit_next(client):
+        if streams[client]:
+            index = streams[client].pop(0)
+            replay = replays[index]() if replays is not None else None
+            rid = engine.submit(Request(tuple(prompts[index]), max_new_tokens, stop_ids=tuple(stop_ids), replay=replay))
+            owner[rid] = (client, index)
+
+    t0 = engine.clock()
+    for client in range(concurrency):
+        submit_next(client)
+    while not engine.idle:
+        for r in engine.step():
+            if r.error:
+                raise RuntimeError(f"prompt {owner[r.request_id][1]} failed: {r.error}")
+            client, index = owner[r.request_id]
+            results[index] = r
+            submit_next(client)
+    wall = engine.clock() - t0
+    ordered = [results[i] for i in range(len(prompts))]
+    tokens = sum(len(r.tokens) for r in ordered)
+    tpot = [r.decode_s / (len(r.tokens) - 1) for r in ordered if len(r.tokens) > 1]
+    ttft = [r.prefill_s for r in ordered]
+    taus = [r.tau for r in ordered if r.acceptance_lengths]
+    metrics = {"concurrency": concurrency, "prompts": len(prompts), "tokens": tokens, "seconds": wall,
+               "tokens_per_s": tokens / wall, "tau": float(np.mean(taus)) if taus else None,
+               "ttft_p50_ms": _pct(ttft, 50), "ttft_p99_ms": _pct(ttft, 99),
+               "tpot_p50_ms": _pct(tpot, 50), "tpot_p99_ms": _pct(tpot, 99), "steps": engine.steps,
+               "verified_rows_share": engine.verify_rows / engine.block_rows if engine.block_rows else None,
+               "replay_shortfalls": sum(r.replay_shortfalls for r in ordered)}
+    return metrics, ordered
+
+
+def _pct(values, q):
+    return float(np.percentile(values, q) * 1e3) if values else None
+
+
+def run_levels(target, drafter, prompts, levels, max_new_tokens, stop_ids=(), replay_tau=None, ablations=ABLATIONS,
+               log=sys.stderr, step_costs=None) -> list:
+    """Every run at every level: rows {method, concurrency, ... metrics, speedup}."""
+    from specpilot.engine.replay import AcceptanceReplay
+
+    rows, replays = [], None
+    warm = prompts[:1]
+    for name, config in [("ar", BatchConfig())] + list(ablations.items()):       # untimed warm-up of each path
+        closed_loop(target, None if name == "ar" else drafter, config, 1, warm, min(8, max_new_tokens), stop_ids,
+                    None if name == "ar" or replay_tau is None else [lambda: AcceptanceReplay([0] * 8, replay_tau)])
+    for c in levels:
+        ar, ar_results = closed_loop(target, None, BatchConfig(), c, prompts, max_new_tokens, stop_ids)
+        rows.append({"method": "ar", **ar, "speedup": 1.0})
+        print(f"C={c} ar: {ar['tokens_per_s']:.1f} tok/s", file=log, flush=True)
+        if replay_tau is not None and replays is None:
+            replays = [(lambda t=r.tokens: AcceptanceReplay(t, replay_tau)) for r in ar_results]
+        for name, config in ablations.items():
+            m, _ = closed_loop(target, drafter, config, c, prompts, max_new_tokens, stop_ids, replays, step_costs)
+            rows.append({"method": name, **m, "speedup": m["tokens_per_s"] / ar["tokens_per_s"]})
+            print(f"C={c} {name}: {m['tokens_per_s']:.1f} tok/s, {rows[-1]['speedup']:.2f}x, tau {m['tau']}",
+                  file=log, flush=True)
+    return rows
+
+
+def markdown(rows: list, info: dict) -> str:
+    head = ["# Batched engine: speedup over batched AR vs concurrency", "",
+            ", ".join(f"{k}: {v}" for k, v in info.items()), "",
+            "| C | AR tok/s | spec tok/s | speedup | tau | TTFT p50 / p99 ms | TPOT p50 / p99 ms | verified rows | "
+            "no ragged verify | no batched draft | no adaptive verify |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    by = {(r["method"], r["concurrency"]): r for r in rows}
+    for c in sorted({r["concurrency"] for r in rows}):
+        ar, sp = by[("ar", c)], by.get(("spec", c))
+        if sp is None:
+            continue
+        abl = [f"{by[(m, c)]['speedup']:.2f}x" if (m, c) in by else "-"
+               for m in ("no_ragged_verify", "no_batched_draft", "no_adaptive_verify")]
+        share = f"{sp['verified_rows_share']:.0%}" if sp["verified_rows_share"] is not None else "-"
+        tau = f"{sp['tau']:.2f}" if sp["tau"] is not None else "-"
+        head.append(f"| {c} | {ar['tokens_per_s']:.1f} | {sp['tokens_per_s']:.1f} | {sp['speedup']:.2f}x | {tau} | "
+                    f"{sp['ttft_p50_ms']:.1f} / {sp['ttft_p99_ms']:.1f} | {_ms(sp['tpot_p50_ms'])} / "
+                    f"{_ms(sp['tpot_p99_ms'])} | {share} | " + " | ".join(abl) + " |")
+    return "\n".join(head) + "\n"
+
+
+def _ms(v):
+    return f"{v:.2f}" if v is not None else "-"
+
+
+def plot(rows: list, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for method in ABLATIONS:
+        pts = sorted((r["concurrency"], r["speedup"]) for r in rows if r["method"] == method)
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=method if method != "spec" else "SpecPilot batched (this run)",
+                    linewidth=2.5 if method == "spec" else 1, alpha=1 if method == "spec" else 0.6)
+    for label, y in ANCHOR_LINES.items():
+        ax.axhline(y, linestyle="--", color="gray" if "stock" in label else "black", linewidth=1, label=label)
+    for label, pts in ANCHOR_POINTS.items():
+        ax.plot(*zip(*pts), linestyle=":", marker="s", color="tab:red", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency (requests in flight)")
+    ax.set_ylabel("speedup over batched AR")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write(rows: list, info: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "concurrency.jsonl").write_text("".join(json.dumps({**r, **{"info": info}}) + "\n" for r in rows))
+    (out / "concurrency.md").write_text(markdown(rows, info))
+    plot(rows, out / "concurrency.png", f"{info.get('target')} on {info.get('device')}")
+
+
+def load_models(args, tokenizer):
+    """(target, drafter, stop ids) for `bench --concurrency`: a random pair (random:<preset>, no stop
+    token: every request runs to --max-new-tokens) or checkpoint folders."""
+    import torch
+
+    from specpilot.bench import e2e, random_pair
+    from specpilot.models.loading import as_dtype
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = as_dtype(args.dtype)
+    if random_pair.is_random(args.target):
+        from specpilot.models.random_ckpt import TARGET_PRESETS, drafter_config_for, random_drafter, random_target
+
+        preset, layers = random_pair.parse(args.target)
+        cfg = TARGET_PRESETS[preset]
+        target = random_target(cfg, device, dtype, seed=0)
+        drafter = random_drafter(drafter_config_for(cfg, layers, args.block_size or 16), target, seed=1)
+        return target, drafter, ()
+    from specpilot.models import load_drafter, load_target
+
+    if args.drafter is None:
+        raise ValueError("bench --concurrency needs --drafter (or a random:<preset> target)")
+    target = load_target(args.target, device=str(device), dtype=dtype)
+    return target, load_drafter(args.drafter, target), tuple(e2e.stop_ids_for(args.target, tokenizer))
+
+
+def cli_run(args, load_tokenizer) -> int:
+    """`specpilot bench --concurrency LEVELS`: first turns of the benchmarks' prompts (--limit each)."""
+    from specpilot.bench import datasets
+    from specpilot.bench.report import device_name
+
+    levels = parse_levels(args.concurrency)
+    if args.weights not in (None, "bf16"):
+        raise ValueError("bench --concurrency runs bf16 weights only for now (--weights bf16)")
+    replay_tau = float(args.replay) if args.replay else None
+    tokenizer = load_tokenizer(args.target)
+    names = [datasets.canonical_name(n) for n in args.benchmarks.split(",") if n.strip()]
+    per_bench = [[datasets.encode(tokenizer, [{"role": "user", "content": s.turns[0]}])
+                  for s in datasets.load_benchmark(Path(args.datasets), n, args.limit)] for n in names]
+    prompts = [p for group in zip(*per_bench) for p in group]           # benchmark by benchmark, round robin
+    target, drafter, stop_ids = load_models(args, tokenizer)
+    print(f"specpilot bench --concurrency {levels}: {len(prompts)} prompts, {args.target}", file=sys.stderr)
+    costs = None
+    if target.device.type == "cuda":           # the adaptive budget's cost table, measured on this card
+        from specpilot.engine.batch.profile import measure_step_costs
+
+        probe = BatchEngine(target, drafter, BatchConfig(), kv_pages=pool_pages([[0] * 528], 0, 64, 16))
+        costs = measure_step_costs(probe)
+        del probe
+        print("step costs: " + ", ".join(f"{n} rows {s * 1e3:.2f} ms" for n, s in zip(costs.tokens, costs.seconds)),
+              file=sys.stderr)
+    rows = run_levels(target, drafter, prompts, levels, args.max_new_tokens, stop_ids, replay_tau, step_costs=costs)
+    info = {"target": args.target, "drafter": args.drafter or "random", "device": device_name(target.device),
+            "dtype": args.dtype, "prompts": len(prompts), "benchmarks": ",".join(names),
+            "max_new_tokens": args.max_new_tokens, "replay tau": replay_tau,
+            "step costs": "measured" if costs else "roofline (no CUDA)"}
+    write(rows, info, Path(args.out))
+    print(markdown(rows, info))
+    return 0

@@ -1,0 +1,52 @@
+"""BatchConfig: the batched engine's scheduler, cache and mechanism choices, in one frozen dataclass
+beside EngineConfig (which still chooses every kernel: the batched engine hands it to the models).
+
+The three batching mechanisms are switches here, so that each one's gain is measured by turning it
+off alone (docs/design.md, "Batched engine"). Every setting is lossless: a switch changes how much
+work a step does and how it is laid out, never which token the target commits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    ragged_verify: bool = True
+    """One target forward per step over every running request's verify rows and every newcomer's
+    prefill chunk, laid out varlen (rows concatenated, per-request attention); off: one target
+    forward per request."""
+    batched_draft: bool = True
+    """One draft context-append pass and one block forward per step over every running request's
+    rows; off: one context-append and one block forward per request."""
+    adaptive_verify: bool = True
+    """Each request verifies only a prefix of its drafted block, chosen by a global token budget from
+    per-position acceptance estimates (an online logistic on the draft's top-2 logit margin) and a
+    step-cost table; off: every request verifies its full block. The drafter always drafts its block."""
+    page_size: int = 16
+    """KV cache slots per page (block table entry), for the target and the drafter caches alike."""
+    prefill_chunk: int = 256
+    """Prompt tokens prefilled per step over all newcomers together, so that a long prompt delays the
+    running requests' next step by at most one chunk's forward."""
+    adaptive_warmup_steps: int = 32
+    """Steps that verify full blocks while the acceptance estimate learns (its labels are not yet
+    censored by its own trimming)."""
+    adaptive_refit_every: int = 16
+    """Steps between refits of the acceptance logistic (Newton steps on the observations kept)."""
+    cost_ridge_tokens: int = 256
+    """Without a profiled StepCostTable (BatchEngine(step_costs=...)), the adaptive budget assumes a
+    verify forward costs the same up to this many rows and grows linearly past it (a GPU's ridge)."""
+
+    def __post_init__(self):
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "bool" and not isinstance(value, bool):
+                raise ValueError(f"BatchConfig.{f.name} must be True or False, got {value!r}")
+            if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"BatchConfig.{f.name} must be an int, got {value!r}")
+        if min(self.page_size, self.prefill_chunk, self.adaptive_refit_every, self.cost_ridge_tokens) < 1:
+            raise ValueError(f"BatchConfig page_size={self.page_size}, prefill_chunk={self.prefill_chunk}, "
+                             f"adaptive_refit_every={self.adaptive_refit_every} and "
+                             f"cost_ridge_tokens={self.cost_ridge_tokens} must be >= 1")
+        if self.adaptive_warmup_steps < 0:
+            raise ValueError(f"BatchConfig.adaptive_warmup_steps={self.adaptive_warmup_steps} must be >= 0")

@@ -1,0 +1,212 @@
+"""BatchEngine: continuous batching of speculative (or, without a drafter, AR) requests over paged
+KV caches, one scheduler iteration per `step()`.
+
+A step:
+  admit     queued requests while the running count < max_batch and their pages are free (a request
+            reserves every page it can touch; one that could never fit is refused with its own error)
+  draft     every decoding request drafts its block [anchor, mask ...] (the drafter's block, or the
+            tail left before max_length): context append of its rows committed since, then the block
+            forward (one pass over all requests, or one per request: BatchConfig.batched_draft)
+  lengths   the verify length per request: the whole block, or the adaptive prefix (adaptive.py)
+  verify    one target forward over every decoding request's verify rows and the newcomers' prefill
+            chunks (at most BatchConfig.prefill_chunk prompt rows a step), or one per request
+  accept    per request, the single-request engine's rule (engine/accept.py; rejection sampling with
+            the request's own generator at temperature > 0), commit, stop / finish
+Every request's tokens equal what Engine.generate_spec (generate_ar without a drafter) makes for it
+alone: the same forwards row for row, the same accept rule, the same draws from its own generator.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from specpilot import config as config_module
+from specpilot.config import EngineConfig
+from specpilot.engine.linear_kernels import cuda_switchable, linear_kernel_for_rows
+from specpilot.models.target import Attention
+from specpilot.verify.sampling import sample
+
+from .adaptive import AcceptanceEstimator, StepCostTable, verify_lengths
+from .config import BatchConfig
+from .paged import PagedKV, PagePool, pages_for
+from .request import BatchResult, Request, RequestState, request_problem
+
+
+class BatchEngine:
+    def __init__(self, target, drafter=None, config: BatchConfig = BatchConfig(), max_batch: int = 8,
+                 kv_pages: int | None = None, memory_fraction: float | None = None,
+                 engine_config: EngineConfig = EngineConfig(), step_costs: StepCostTable | None = None,
+                 block_size: int | None = None):
+        """block_size: the speculative block (default and at most the drafter's trained block); kv_pages: the page pool (config.page_size slots a page) for the target and drafter caches, or
+        memory_fraction of the free GPU memory (CUDA); engine_config: the kernel choices the models'
+        ops read; step_costs: the adaptive budget's cost table (None: config.cost_ridge_tokens roofline)."""
+        if not isinstance(config, BatchConfig):
+            raise TypeError(f"BatchEngine config must be a BatchConfig, got {type(config).__name__}")
+        if not isinstance(engine_config, EngineConfig):
+            raise TypeError(f"engine_config must be an EngineConfig, got {type(engine_config).__name__}")
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch={max_batch!r} must be an int >= 1")
+        if drafter is not None and drafter.target is not target:
+            raise ValueError("the drafter was loaded against a different target (load_drafter(dir, target))")
+        if not all(isinstance(layer.attn, Attention) for layer in target.layers):
+            raise ValueError("the batched engine runs dense attention targets only (every layer an Attention)")
+        if drafter is not None:
+            block_size = drafter.block_size if block_size is None else block_size
+            if isinstance(block_size, bool) or not isinstance(block_size, int) or not 2 <= block_size <= drafter.block_size:
+                raise ValueError(f"block_size={block_size!r} must be an int in 2..{drafter.block_size} (the drafter's block)")
+        self.target, self.drafter = target, drafter
+        self.config, self.engine_config = config, engine_config
+        self.max_batch = max_batch
+        self.device = target.device
+        self.page_size = config.page_size
+        self.pool = PagePool(pages_for(target, drafter, config.page_size, kv_pages, memory_fraction))
+        pages = self.pool.num_pages
+        c = target.config
+        self.cache = PagedKV(c.num_layers, c.num_kv_heads, c.head_dim, pages, self.page_size, self.device, target.dtype)
+        self.draft_cache = None
+        if drafter is not None:
+            d = drafter.config
+            self.draft_cache = PagedKV(d.num_layers, d.num_kv_heads, d.head_dim, pages, self.page_size,
+                                       self.device, target.dtype)
+        self.feature_layers = tuple(drafter.target_layer_ids) if drafter is not None else ()
+        self.block_size = block_size if drafter is not None else 1
+        self.costs = step_costs or StepCostTable.roofline(config.cost_ridge_tokens)   # profile.measure_step_costs
+        self.estimator = AcceptanceEstimator(max(self.block_size - 1, 1))
+        self.steps = 0
+        self.block_rows = self.verify_rows = 0      # decode rows drafted (anchors included) / verified
+        self.queue, self.running = [], []
+        self._finished = []                         # results not yet handed out by step()
+        self._next_id = 0
+        self._switchable = cuda_switchable((target, drafter))
+
+    # -- the API -------------------------------------------------------------------------------
+    def submit(self, request: Request) -> int:
+        """Queues `request`; returns its id. A bad request (empty or out-of-vocab prompt, bad
+        max_new_tokens / temperature / top_p, too long for the whole cache) gets an id too, and its
+        result, with the error, comes out of the next step()."""
+        rid, self._next_id = self._next_id, self._next_id + 1
+        problem = request_problem(request, self.target.config.vocab_size)
+        if problem is None:
+            need = self.pages_needed(request)
+            if need > self.pool.num_pages:
+                problem = (f"prompt of {len(request.prompt_ids)} tokens + max_new_tokens={request.max_new_tokens} "
+                           f"needs {need} KV pages of {self.page_size} slots, but the whole cache holds "
+                           f"{self.pool.num_pages}")
+        state = RequestState(id=rid, req=request, submitted_s=self.clock(), generator=None)
+        if problem is not None:
+            self._finished.append(BatchResult(prompt_len=len(getattr(request, "prompt_ids", ()) or ()), tokens=[],
+                                              request_id=rid, error=problem))
+            return rid
+        if request.seed is not None:
+            state.generator = torch.Generator(device=self.device).manual_seed(int(request.seed))
+        self.queue.append(state)
+        return rid
+
+    def cancel(self, request_id: int) -> bool:
+        """Stops a queued or running request: its pages go back to the pool and its result (the tokens
+        made so far, error "cancelled") comes out of the next step(). False if it is not in flight."""
+        for group in (self.queue, self.running):
+            for state in group:
+                if state.id == request_id:
+                    group.remove(state)
+                    self._finish(state, "cancelled")
+                    return True
+        return False
+
+    @property
+    def idle(self) -> bool:
+        return not (self.queue or self.running or self._finished)
+
+    def step(self) -> list:
+        """One scheduler iteration; returns the results finished since the last step (BatchResult)."""
+        with torch.inference_mode(), config_module.use(self.engine_config):
+            self._admit()
+            if self.running:
+                self._iterate()
+                self.steps += 1
+        out, self._finished = self._finished, []
+        return out
+
+    def run_until_done(self) -> list:
+        """Steps until nothing is queued or running; every result handed out meanwhile, by request id."""
+        results = []
+        while not self.idle:
+            results.extend(self.step())
+        return sorted(results, key=lambda r: r.request_id)
+
+    def pages_needed(self, request: Request) -> int:
+        """Pages a request reserves: every position up to prompt + max_new_tokens - 1."""
+        return -(-(len(request.prompt_ids) + request.max_new_tokens) // self.page_size)
+
+    def clock(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    # -- scheduling ----------------------------------------------------------------------------
+    def _admit(self) -> None:
+        while self.queue and len(self.running) < self.max_batch:
+            state = self.queue[0]
+            pages = self.pool.alloc(self.pages_needed(state.req))
+            if pages is None:
+                return                                  # first come, first served: it waits for pages
+            self.queue.pop(0)
+            state.pages = pages
+            state.table = torch.tensor(pages, dtype=torch.long, device=self.device)
+            for model in (self.target, self.drafter):
+                if model is not None:
+                    model.ensure_rope(state.max_length)
+            self.running.append(state)
+
+    def _finish(self, state: RequestState, error: str | None = None) -> None:
+        if state.pages:
+            self.pool.release(state.pages)
+            state.pages, state.table = [], None
+        result = state.result(self.clock(), error)
+        if self.drafter is None:                        # AR: no verify steps, as Engine.generate_ar
+            result.acceptance_lengths, result.steps = [], max(len(result.tokens) - 1, 0)
+        if state.req.replay is not None:
+            result.replay_shortfalls = state.req.replay.shortfalls
+        self._finished.append(result)
+
+    def kernels(self, rows: int):
+        """The split12 / bf16-twin linears' kernel for a forward of `rows` token rows (CUDA)."""
+        return linear_kernel_for_rows(self._switchable, rows)
+
+    def _iterate(self) -> None:
+        from .step import draft_all, verify_and_accept
+
+        decoding = [s for s in self.running if s.decoding]
+        drafts = draft_all(self, decoding) if self.drafter is not None else {}
+        lengths = self._verify_lengths(decoding, drafts)
+        self.block_rows += sum(drafts[s.id].rows if s.id in drafts else 1 for s in decoding)
+        self.verify_rows += sum(lengths.values())
+        chunks, budget = [], self.config.prefill_chunk
+        for state in self.running:
+            if not state.decoding and budget > 0:
+                rows = min(budget, state.prompt_len - state.prefilled)
+                chunks.append((state, rows))
+                budget -= rows
+        verify_and_accept(self, decoding, drafts, lengths, chunks)
+        for state in [s for s in self.running if s.done]:
+            self.running.remove(state)
+            self._finish(state)
+        if self.config.adaptive_verify and self.steps % self.config.adaptive_refit_every == 0:
+            self.estimator.refit()
+
+    def _verify_lengths(self, decoding: list, drafts: dict) -> dict:
+        """Request id -> verify rows (anchor included)."""
+        full = {s.id: drafts[s.id].rows if s.id in drafts else 1 for s in decoding}
+        if not self.config.adaptive_verify or self.steps < self.config.adaptive_warmup_steps or not drafts:
+            return full
+        with_drafts = [s for s in decoding if full[s.id] > 1]
+        survivals = [torch.cumprod(self.estimator.probs(drafts[s.id].margins), 0) for s in with_drafts]
+        for state, rows in zip(with_drafts, verify_lengths(survivals, self.costs)):
+            full[state.id] = rows
+        return full
+
+    def sample_first(self, state: RequestState, logits: torch.Tensor) -> int:
+        """The prefill's token: greedy or one draw from the request's generator (logits [1, 1, V])."""
+        r = state.req
+        return int(sample(logits, r.temperature, state.generator, top_p=r.top_p).item())

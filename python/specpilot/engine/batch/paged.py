@@ -1,0 +1,87 @@
+"""Paged KV caches for the batched engine: one page pool shared by the target and drafter caches.
+
+Layout: per layer one K and one V tensor [1, H_kv, pages * page_size, D] (the static cache's layout
+with the batch axis folded into the slot axis). A request owns a page list (its block table);
+logical position p lives at physical slot table[p // page_size] * page_size + p % page_size, in the
+target cache and in the drafter cache alike (both pools have the same page count), so one table
+serves both. A request reserves every page it can ever touch at admission (prompt + max_new_tokens
+positions), so a running request never waits for memory and nothing is ever preempted; its pages
+return to the pool when it finishes, fails or is cancelled.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class PagePool:
+    """Free-list allocator of page indices."""
+
+    def __init__(self, num_pages: int):
+        if num_pages < 1:
+            raise ValueError(f"the KV page pool needs at least one page, got {num_pages}")
+        self.num_pages = num_pages
+        self._free = list(range(num_pages - 1, -1, -1))      # pop() hands out low pages first
+
+    @property
+    def free_pages(self) -> int:
+        return len(self._free)
+
+    def alloc(self, n: int) -> list | None:
+        """n pages, or None when fewer are free (nothing is taken then)."""
+        if n > len(self._free):
+            return None
+        return [self._free.pop() for _ in range(n)]
+
+    def release(self, pages: list) -> None:
+        taken = set(range(self.num_pages)) - set(self._free)
+        if not set(pages) <= taken:
+            raise RuntimeError(f"pages {sorted(set(pages) - taken)[:5]} released twice")
+        self._free.extend(reversed(pages))
+
+
+class PagedKV:
+    """K/V of one model over `num_pages` pages: .k[i] / .v[i] [1, H_kv, num_pages * page_size, D]."""
+
+    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, num_pages: int, page_size: int, device, dtype):
+        shape = (1, kv_heads, num_pages * page_size, head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+
+def page_bytes(target, drafter, page_size: int) -> int:
+    """Bytes one page costs across the target cache and (if any) the drafter cache."""
+    c = target.config
+    per_slot = 2 * c.num_layers * c.num_kv_heads * c.head_dim
+    if drafter is not None:
+        d = drafter.config
+        per_slot += 2 * d.num_layers * d.num_kv_heads * d.head_dim
+    return per_slot * page_size * torch.empty((), dtype=target.dtype).element_size()
+
+
+def pages_for(target, drafter, page_size: int, kv_pages, memory_fraction) -> int:
+    """The pool size: `kv_pages` when given, else `memory_fraction` of the device's free memory (CUDA
+    only: on the CPU the page count must be explicit)."""
+    if (kv_pages is None) == (memory_fraction is None):
+        raise ValueError("give exactly one of kv_pages (a page count) or memory_fraction (of free GPU memory)")
+    if kv_pages is not None:
+        if isinstance(kv_pages, bool) or not isinstance(kv_pages, int) or kv_pages < 1:
+            raise ValueError(f"kv_pages={kv_pages!r} must be a positive int")
+        return kv_pages
+    if not 0 < memory_fraction < 1:
+        raise ValueError(f"memory_fraction={memory_fraction} must be in (0, 1)")
+    device = target.device
+    if device.type != "cuda":
+        raise ValueError(f"memory_fraction sizes the cache from free GPU memory; on {device.type} give kv_pages")
+    free, _ = torch.cuda.mem_get_info(device)
+    pages = int(free * memory_fraction) // page_bytes(target, drafter, page_size)
+    if pages < 1:
+        raise ValueError(f"memory_fraction={memory_fraction} of {free / 2**30:.2f} GiB free holds no KV page")
+    return pages
+
+
+def slots_of(table: torch.Tensor, positions: torch.Tensor, page_size: int) -> torch.Tensor:
+    """Physical slots (int64) of logical `positions` under a request's page table (int64 [pages])."""
+    return table[positions // page_size] * page_size + positions % page_size

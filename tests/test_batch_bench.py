@@ -1,0 +1,54 @@
+"""The concurrency benchmark's pieces on a tiny random pair (CPU): closed-loop runs, the table, the plot."""
+import json
+
+import pytest
+
+from batch_helpers import random_prompts, tiny_pair
+from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU thread)
+from specpilot.bench import concurrency
+
+
+def test_levels_parse():
+    assert concurrency.parse_levels("1,2,8") == [1, 2, 8]
+    for bad in ("", "0,2", "a"):
+        with pytest.raises(ValueError, match="comma list of ints"):
+            concurrency.parse_levels(bad)
+
+
+def test_closed_loop_rows_table_and_plot(tmp_path):
+    target, drafter = tiny_pair(10, 4, 5)
+    prompts = random_prompts(10, (4, 7, 5, 9, 6), 5)
+    rows = concurrency.run_levels(target, drafter, prompts, [1, 2], 25, replay_tau=2.5, log=open("/dev/null", "w"))
+    assert {(r["method"], r["concurrency"]) for r in rows} == {(m, c) for c in (1, 2)
+                                                               for m in ("ar", *concurrency.ABLATIONS)}
+    for r in rows:
+        assert r["tokens"] == 5 * 25 and r["prompts"] == 5 and r["tokens_per_s"] > 0
+        assert r["ttft_p50_ms"] <= r["ttft_p99_ms"]
+    spec = [r for r in rows if r["method"] == "no_adaptive_verify"]
+    assert all(abs(r["tau"] - 2.5) < 0.3 and r["replay_shortfalls"] == 0 for r in spec)
+    concurrency.write(rows, {"target": "tiny", "device": "cpu"}, tmp_path)
+    md = (tmp_path / "concurrency.md").read_text()
+    assert md.count("\n| 1 |") == 1 and md.count("\n| 2 |") == 1
+    assert (tmp_path / "concurrency.png").stat().st_size > 1000
+    assert len((tmp_path / "concurrency.jsonl").read_text().splitlines()) == len(rows)
+    assert json.loads((tmp_path / "concurrency.jsonl").read_text().splitlines()[0])["method"] == "ar"
+
+
+def test_bench_concurrency_command(tmp_path, capsys):
+    from pathlib import Path
+
+    from specpilot.cli import main
+
+    datasets = tmp_path / "data"
+    datasets.mkdir()
+    for name in ("gsm8k", "humaneval"):
+        (datasets / f"{name}.jsonl").write_text("".join(json.dumps({"id": f"{name}{i}", "turns": [f"q{i} {name}"]}) + "\n"
+                                                        for i in range(3)))
+    out = tmp_path / "out"
+    rc = main(["bench", "--target", "random:tiny-qwen3", "--concurrency", "1,2", "--datasets", str(datasets),
+               "--benchmarks", "gsm8k,humaneval", "--limit", "2", "--max-new-tokens", "6", "--replay", "2",
+               "--device", "cpu", "--dtype", "fp32", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    assert "| 1 |" in printed and "| 2 |" in printed
+    assert {p.name for p in Path(out).iterdir()} >= {"concurrency.jsonl", "concurrency.md", "concurrency.png"}
