@@ -2,7 +2,7 @@
 # The GPU check: from a clean tree on a bare machine (no network), build the extension with CUDA
 # (sm_90a), run the GPU tests, run the kernel / engine / agent benchmarks, print a short table last.
 # Logs and JSON go to $OUT (the device tool's folder) or out/gpu_check.
-# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|trees|split12|gemv|skinny|engine|ab|defaults_ab|cost_8b|agents|bench_zoo|bench_8b|scale_8b|five_8b|results ...]
+# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|trees|split12|gemv|skinny|engine|ab|defaults_ab|cost_8b|agents|bench_zoo|bench_8b|scale_8b|five_8b|batch|results ...]
 # (default: all but prebuilt, in order). `prebuilt` replaces `build` when device time is short: it stages
 # the package in /tmp/sp with the extension that scripts/prebuild_cuda_ext.sh made on a CPU machine
 # (carried in .prebuilt/), so the device compiles nothing: `bash bench/gpu_check.sh prebuilt tests ...`;
@@ -135,6 +135,20 @@ for packed in glob.glob('_C.*.so.xz'): open('/tmp/sp_tree/specpilot/' + packed[:
              [ -d /tmp/sp/specpilot ] || { echo "trees: run the prebuilt step first"; exit 2; }
              run_step trees python3 scripts/ab_trees.py --tree "$(cut -d' ' -f1 tree/REVISION)=/tmp/sp_tree" \
                --tree this=/tmp/sp --rounds ${TREES_ROUNDS:-2} --out "$OUT/trees.jsonl" ;;
+    # The batched engine (engine/batch): its GPU tests, per-request forcing at C=8 on the zoo pair, the
+    # scale tier under closed-loop clients (tau 6.49 replayed per request) and the real tier at C=16.
+    batch)   run_step batch_tests timeout 120 python3 -m pytest -q -m gpu tests/test_batch_gpu.py
+             tail -1 "$OUT/batch_tests.log" | tee -a "$summary"
+             run_step batch_force timeout 150 python3 -m specpilot verify --target "$SPECPILOT_ZOO/code-tiny" \
+               --drafter "$SPECPILOT_ZOO/code-tiny-dflash-b16" --prompts "$SPECPILOT_ZOO/prompts/humaneval.jsonl" \
+               --limit 16 --max-new-tokens 128 --device cuda --dtype bf16 --concurrency 8
+             grep '^verdict' "$OUT/batch_force.log" | tee -a "$summary"
+             run_step batch_scale timeout ${BATCH_SCALE_S:-300} python3 -m specpilot bench --target random:qwen3-8b \
+               --concurrency ${BATCH_LEVELS:-8,16,32} --replay 6.49 --datasets "$SPECPILOT_DATASETS" \
+               --limit ${BATCH_LIMIT:-13} --max-new-tokens ${BATCH_TOKENS:-96} --dtype bf16 --out "$OUT/batch_scale"
+             run_step batch_zoo timeout ${BATCH_ZOO_S:-150} python3 -m specpilot bench --target "$SPECPILOT_ZOO/code-tiny" \
+               --drafter "$SPECPILOT_ZOO/code-tiny-dflash-b16" --concurrency 1,16 --limit 32 --max-new-tokens 128 \
+               --datasets "$SPECPILOT_ZOO/prompts" --benchmarks humaneval,pystdlib --dtype bf16 --out "$OUT/batch_zoo" ;;
     # docs/results.md's form of whatever of the engine and bench steps ran in this $OUT.
     results) runs=(); for r in engine.jsonl bench_zoo bench_8b hf_8b five_8b; do [ -e "$OUT/$r" ] && runs+=("$OUT/$r"); done
              if [ ${#runs[@]} -gt 0 ]; then
@@ -146,7 +160,7 @@ done
 
 echo
 echo "== tables"
-for name in trees split12 gemv skinny engine ab defaults_ab agents bench_zoo bench_8b hf_8b five_8b; do
+for name in trees split12 gemv skinny engine ab defaults_ab agents bench_zoo bench_8b hf_8b five_8b batch_scale batch_zoo; do
   [ -f "$OUT/$name.log" ] && { echo "-- $name"; grep -E '^\|' "$OUT/$name.log" | tail -25; }
 done
 for name in cost_bf16 cost_split12; do
