@@ -9,14 +9,15 @@ from specpilot.models.random_ckpt import TARGET_PRESETS, drafter_config_for, ran
 
 # Each mechanism off alone, all on, all off.
 CONFIGS = {
-    "all-on": BatchConfig(),
-    "per-request-verify": BatchConfig(ragged_verify=False),
-    "per-request-draft": BatchConfig(batched_draft=False),
+    "all-on": BatchConfig(adaptive_verify=True),
+    "per-request-verify": BatchConfig(ragged_verify=False, adaptive_verify=True),
+    "per-request-draft": BatchConfig(batched_draft=False, adaptive_verify=True),
     "full-verify": BatchConfig(adaptive_verify=False),
     "all-off": BatchConfig(ragged_verify=False, batched_draft=False, adaptive_verify=False),
 }
 # Adaptive on from the first steps, with a budget that really trims (a ridge of a few rows).
-EAGER_ADAPTIVE = BatchConfig(adaptive_warmup_steps=1, adaptive_refit_every=2, cost_ridge_tokens=6)
+EAGER_ADAPTIVE = BatchConfig(adaptive_verify=True, adaptive_warmup_steps=1, adaptive_refit_every=2,
+                             cost_ridge_tokens=6)
 
 
 def tiny_pair(vocab: int, block_size: int, seed: int, preset: str = "tiny-llama"):

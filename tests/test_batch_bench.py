@@ -24,7 +24,7 @@ def test_closed_loop_rows_table_and_plot(tmp_path):
     for r in rows:
         assert r["tokens"] == 5 * 25 and r["prompts"] == 5 and r["tokens_per_s"] > 0
         assert r["ttft_p50_ms"] <= r["ttft_p99_ms"]
-    spec = [r for r in rows if r["method"] == "no_adaptive_verify"]
+    spec = [r for r in rows if r["method"] == "spec"]
     assert all(abs(r["tau"] - 2.5) < 0.3 and r["replay_shortfalls"] == 0 for r in spec)
     concurrency.write(rows, {"target": "tiny", "device": "cpu"}, tmp_path)
     md = (tmp_path / "concurrency.md").read_text()

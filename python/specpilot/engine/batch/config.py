@@ -19,10 +19,12 @@ class BatchConfig:
     batched_draft: bool = True
     """One draft context-append pass and one block forward per step over every running request's
     rows; off: one context-append and one block forward per request."""
-    adaptive_verify: bool = True
+    adaptive_verify: bool = False
     """Each request verifies only a prefix of its drafted block, chosen by a global token budget from
     per-position acceptance estimates (an online logistic on the draft's top-2 logit margin) and a
-    step-cost table; off: every request verifies its full block. The drafter always drafts its block."""
+    step-cost table; off: every request verifies its full block. The drafter always drafts its block.
+    Off by default: on an H100 it made whole runs 3-5x slower at C=8-32 (its per-request host reads
+    and refits cost more than the rows it saves; docs/design.md, "Batched engine")."""
     page_size: int = 16
     """KV cache slots per page (block table entry), for the target and the drafter caches alike."""
     prefill_chunk: int = 256
