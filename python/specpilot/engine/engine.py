@@ -6,6 +6,7 @@ import time
 import torch
 
 from specpilot.config import EngineConfig
+from specpilot.models.draft_vocab import prepare_draft_vocab
 from specpilot.verify.sampling import validate_sampling
 
 from .ar_loop import run_ar
@@ -38,6 +39,7 @@ class Engine:
         target.prepare()
         if drafter is not None:
             drafter.ensure_rope(self.cache.slots)
+            prepare_draft_vocab(drafter, config)               # the reduced draft head, before any capture
         self.runner = StepRunner(target, drafter, self.cache, self.draft_cache, self.use_graphs, config=config)
         if config.compile_layers:
             compile_decoder_layers(target, drafter)
