@@ -44,6 +44,8 @@ def configure(parser):
     parser.add_argument("--repeats", type=int, default=1,
                         help="timed calls per prompt and method, the fastest kept (for noisy hosts)")
     parser.add_argument("--no-cuda-graphs", action="store_true")
+    from specpilot.engine.cli_support import add_mechanism_args
+    add_mechanism_args(parser)
 
 
 def _check_args(args):
@@ -156,6 +158,7 @@ def run(args) -> int:
     from specpilot.bench import datasets, e2e, random_pair, report, traces
     import torch
 
+    from specpilot.engine.cli_support import mechanism_options
     from specpilot.models.loading import as_dtype
 
     _check_args(args)
@@ -177,7 +180,7 @@ def run(args) -> int:
         methods=methods, replay=traces.parse_replay(args.replay, block_size) if args.replay else None,
         weights=formats,
         max_seq_len=args.max_seq_len or _seq_len_bound(tokenizer, samples, args.max_new_tokens, block_size),
-        cuda_graphs=not args.no_cuda_graphs)
+        cuda_graphs=not args.no_cuda_graphs, engine_options=mechanism_options(args))
     print(f"specpilot bench: loading {args.target} ({', '.join(methods)}) on {cfg.device} {args.dtype}",
           file=sys.stderr, flush=True)
     runners = e2e.build_runners(cfg, stop_ids)

@@ -2,11 +2,13 @@
 and per-prompt stats (tokens, tau, tokens/s); the last line is a JSON summary."""
 import json
 
-from specpilot.engine.cli_support import add_model_args, checked_block_size, engine_for, load_pair, prompts_from_args
+from specpilot.engine.cli_support import (add_mechanism_args, add_model_args, checked_block_size, engine_for,
+                                          load_pair, mechanism_options, prompts_from_args)
 
 
 def configure(parser):
     add_model_args(parser, drafter_required=False)
+    add_mechanism_args(parser)
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="raw prompt text")
     src.add_argument("--prompts", help="JSONL file: {id, prompt} or {id, turns} rows")
@@ -27,7 +29,9 @@ def run(args) -> int:
     target, drafter, tok = load_pair(args.target, None if args.ar else args.drafter, args.device, args.dtype, weights)
     args.block_size = checked_block_size(args.block_size, drafter)
     prompts = prompts_from_args(args, tok)
-    engine = engine_for(target, drafter, prompts, args.max_new_tokens)
+    from specpilot.config import EngineConfig
+
+    engine = engine_for(target, drafter, prompts, args.max_new_tokens, EngineConfig(**mechanism_options(args)))
     stop = stop_ids_for(target, tok)
     engine.warmup(args.block_size)                 # CUDA: capture the graphs before timing (no-op on CPU)
     rows = []

@@ -6,13 +6,15 @@ on PASS. A split12 folder runs split12 (stock reads a bf16 unpack of it); --weig
 bf16 folder at load."""
 import json
 
-from specpilot.engine.cli_support import add_model_args, checked_block_size, engine_for, load_pair, prompts_from_args
+from specpilot.engine.cli_support import (add_mechanism_args, add_model_args, checked_block_size, engine_for,
+                                          load_pair, mechanism_options, prompts_from_args)
 
 SHOWN_RECORDS = 20      # per list in the human output; the JSON line has every record
 
 
 def configure(parser):
     add_model_args(parser)
+    add_mechanism_args(parser)
     parser.add_argument("--prompts", required=True, help="JSONL file: {id, prompt} or {id, turns} rows")
     parser.add_argument("--limit", type=int, default=None, help="first N prompts")
     parser.add_argument("--block-size", type=int, default=None, help="default: the drafter's")
@@ -34,7 +36,9 @@ def run(args) -> int:
     target, drafter, tok = load_pair(args.target, args.drafter, args.device, args.dtype, weights)
     args.block_size = checked_block_size(args.block_size, drafter)
     prompts = prompts_from_args(args, tok)
-    engine = engine_for(target, drafter, prompts, args.max_new_tokens)
+    from specpilot.config import EngineConfig
+
+    engine = engine_for(target, drafter, prompts, args.max_new_tokens, EngineConfig(**mechanism_options(args)))
     stock = load_stock(args.target, args.drafter, args.device, args.dtype)
     referee = load_referee(args.target, target.dtype, args.device, args.referee, args.referee_device)
     report = token_force(engine, stock, [ids for _, ids in prompts], args.max_new_tokens,
