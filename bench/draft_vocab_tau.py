@@ -84,7 +84,7 @@ def main(argv=None) -> int:
         if identical != len(prompts):
             raise SystemExit(f"draft_vocab={n}: {len(prompts) - identical} outputs differ from the full head's")
     full = rows[0]
-    print(f"\n| N | tau | tau / full | draft step (ms) | draft / full | decode tok/s | identical |")
+    print("\n| N | tau | tau / full | draft step (ms) | draft / full | decode tok/s | identical |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r['draft_vocab'] or 'full'} | {r['tau']:.3f} | {r['tau'] / full['tau']:.3f} | "
