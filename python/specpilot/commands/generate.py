@@ -51,5 +51,7 @@ def run(args) -> int:
     taus = [r["tau"] for r in rows if r["tau"]]
     print(json.dumps({"prompts": len(rows), "tokens": total_tokens, "mode": "ar" if args.ar else "spec", "weights": weights,
                       "tau": sum(taus) / len(taus) if taus else None,
-                      "tokens_per_s": sum(r["tokens_per_s"] for r in rows) / len(rows)}))
+                      "tokens_per_s": sum(r["tokens_per_s"] for r in rows) / len(rows),
+                      "draft_vocab": args.draft_vocab, "two_level": args.two_level,
+                      "certified_head": engine.certified_head.stats.summary() if engine.certified_head else None}))
     return 0
