@@ -6,8 +6,8 @@
 For every N (0: the full head) each prompt is decoded greedily by our engine; the outputs must be
 token for token the full head's (the run fails otherwise: a reduced head may only move tau). tau =
 mean over prompts of the mean acceptance length (bonus included; shared/zoo/README.md's definition).
-Draft step: the median of `--reps` graphed / eager draft steps at a fixed position (the device's own
-timing: CPU numbers are CPU numbers). Prints a markdown table, then one JSON line.
+Draft step: the median of `--reps` draft steps at a fixed position (graphed on CUDA), every size timed
+round-robin after the decoding (the device's own timing: CPU numbers are CPU numbers). Prints a markdown table, then one JSON line.
 """
 from __future__ import annotations
 
@@ -19,19 +19,24 @@ import time
 import torch
 
 
-def draft_step_seconds(engine, block: int, reps: int) -> float:
-    """Median seconds of one full-block draft step (context of `block` rows at a mid position)."""
-    runner, device = engine.runner, engine.device
-    width = len(runner.feature_layers) * engine.target.config.hidden_size
-    ctx = torch.zeros(1, block, width, device=device, dtype=engine.target.dtype)
-    ids = torch.full((1, block), engine.drafter.mask_token_id, dtype=torch.long, device=device)
-    start = 2 * block
-    times = []
-    for _ in range(reps + 2):
-        t0 = engine.clock()
-        runner.draft_step(ctx, start - block, ids, start, block)
-        times.append(engine.clock() - t0)
-    return statistics.median(times[2:])
+def draft_step_seconds(engines, block: int, reps: int) -> list:
+    """Median seconds of one full-block draft step (context of `block` rows at a mid position) per
+    engine, timed round-robin so that a busy host's noise falls on every size alike."""
+    calls = []
+    for engine in engines:
+        runner, device = engine.runner, engine.device
+        width = len(runner.feature_layers) * engine.target.config.hidden_size
+        ctx = torch.zeros(1, block, width, device=device, dtype=engine.target.dtype)
+        ids = torch.full((1, block), engine.drafter.mask_token_id, dtype=torch.long, device=device)
+        calls.append(lambda r=runner, c=ctx, i=ids: r.draft_step(c, block, i, 2 * block, block))
+    times = [[] for _ in engines]
+    with torch.inference_mode():
+        for rep in range(reps + 2):
+            for engine, call, out in zip(engines, calls, times):
+                t0 = engine.clock()
+                call()
+                out.append(engine.clock() - t0)
+    return [statistics.median(t[2:]) for t in times]
 
 
 def main(argv=None) -> int:
@@ -62,7 +67,7 @@ def main(argv=None) -> int:
     prompts = [encode_prompt(tok, r) for path in args.prompts for r in read_prompts(path, args.limit)]
     stop = stop_ids_for(target, tok)
     block = drafter.block_size
-    rows, reference = [], None
+    rows, reference, engines = [], None, []
     for n in sizes:
         config = EngineConfig(draft_vocab=n, draft_vocab_ranking=args.ranking)
         engine = engine_for(target, drafter, [(None, ids) for ids in prompts], args.max_new_tokens, config)
@@ -76,13 +81,16 @@ def main(argv=None) -> int:
         identical = sum(a == b for a, b in zip(outputs, reference))
         taus = [r.tau for r in results if r.acceptance_lengths]
         row = {"draft_vocab": n, "prompts": len(prompts), "identical_to_full": identical,
-               "tau": sum(taus) / len(taus), "draft_step_s": draft_step_seconds(engine, block, args.reps),
+               "tau": sum(taus) / len(taus),
                "decode_tokens_per_s": sum(len(o) for o in outputs) / sum(r.decode_s for r in results),
                "wall_s": wall}
         rows.append(row)
+        engines.append(engine)
         print(json.dumps(row), flush=True)
         if identical != len(prompts):
             raise SystemExit(f"draft_vocab={n}: {len(prompts) - identical} outputs differ from the full head's")
+    for row, seconds in zip(rows, draft_step_seconds(engines, block, args.reps)):
+        row["draft_step_s"] = seconds
     full = rows[0]
     print("\n| N | tau | tau / full | draft step (ms) | draft / full | decode tok/s | identical |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
