@@ -36,7 +36,7 @@ from specpilot.ops import linear
 TOP_K = 8                      # the draft's top-k per row joins the shortlist (the draft token is its top-1)
 FP64_UNIT = 2.0 ** -53
 ACCUMULATION_UNIT = 2.0 ** -24  # fp32 accumulation of the exact GEMM
-OUTPUT_UNIT = {torch.float32: 0.0, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+OUTPUT_UNIT = {torch.float64: 0.0, torch.float32: 0.0, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 
 
 @dataclass
@@ -93,12 +93,12 @@ def certify(h: torch.Tensor, shortlist: torch.Tensor, bounds: HeadBounds, model_
     """h [T, H] (the LM head's input rows), shortlist [T, k] token ids -> (winner [T] int64,
     certified [T] bool): where certified, winner is the exact LM head's argmax."""
     x = h.detach().to(torch.float64)
-    t, k_dim = x.shape
-    w_short = bounds.weight.index_select(0, shortlist.reshape(-1)).to(torch.float64).view(t, -1, k_dim)
+    t, hidden = x.shape
+    w_short = bounds.weight.index_select(0, shortlist.reshape(-1)).to(torch.float64).view(t, -1, hidden)
     exact = torch.einsum("tkh,th->tk", w_short, x)                                # [T, k] (fp64)
     norms = x.norm(dim=1, keepdim=True) * bounds.row_norms[None]                   # [T, V] ||h|| ||w_j||
-    gamma = k_dim * ACCUMULATION_UNIT / (1 - k_dim * ACCUMULATION_UNIT)
-    slack = norms * (gamma + 4 * (k_dim + bounds.basis.shape[0] + 2) * FP64_UNIT + 3 * bounds.defect)  # GEMM + fp64
+    gamma = hidden * ACCUMULATION_UNIT / (1 - hidden * ACCUMULATION_UNIT)
+    slack = norms * (gamma + 4 * (hidden + bounds.basis.shape[0] + 2) * FP64_UNIT + 3 * bounds.defect)  # GEMM + fp64
     hi = bounds.upper_bounds(x).scatter(1, shortlist, exact) + slack               # [T, V]
     best_value, best_at = exact.max(dim=1)
     winner = shortlist.gather(1, best_at[:, None])                                 # [T, 1]
@@ -138,6 +138,8 @@ class CertifiedHead:
         short = self.shortlist(block[0], None if draft_logits is None else draft_logits[0])
 
         def head(hidden: torch.Tensor) -> torch.Tensor:
+            if hidden.shape[0] != 1:
+                raise ValueError(f"certified head: one request per step, got a batch of {hidden.shape[0]}")
             rows = hidden[0]
             winner, certified = certify(rows, short, self.bounds, hidden.dtype)
             logits = rows.new_full((rows.shape[0], self.bounds.weight.shape[0]), float("-inf"))

@@ -10,8 +10,8 @@ The ranking is a JSON file (`specpilot draft-vocab` writes it): {"vocab_size", "
 [token ids, most frequent first, every id of the vocabulary once]}. It is looked up as
 EngineConfig.draft_vocab_ranking, else `token_ranking.json` in the drafter's folder.
 
-How the head runs: one GEMM over the N kept rows (a contiguous copy, made once outside any capture;
-a split12 head's rows are decoded to the model dtype), then the N logits scattered into a full-V
+How the head runs: one GEMM over the N kept rows (a contiguous copy of N x H weights, made once outside
+any capture; a split12 head's rows are decoded to the model dtype), then the N logits scattered into a full-V
 row filled with -inf. So every consumer of draft logits (the argmax, the fused step's kernels,
 rejection sampling) runs unchanged: a token outside the kept set has draft probability 0 and is
 never proposed. The kept ids are sorted ascending, so the argmax's tie order (first index) is the
