@@ -91,6 +91,21 @@ def test_engine_outputs_equal_single_level_with_rows_certified(pair, monkeypatch
 REAL_BUILD = HeadBounds.build
 
 
+def test_a_step_needs_the_exact_head_only_for_an_uncertified_needed_row(pair):
+    """Needed rows: up to the first row that is not a certified match of the next draft (the bonus
+    row); rows after it cannot change the output, so their certificates do not count."""
+    head = CertifiedHead(pair.target, rank=0)
+    block = torch.tensor([5, 7, 9, 11])
+    cases = [([7, 2, 0, 0], [True, True, False, False], True),     # rejected at row 1, certified there
+             ([7, 9, 0, 0], [True, False, True, True], False),     # row 1 needed and uncertified
+             ([3, 9, 11, 4], [False, True, True, True], False),    # the first row is always needed
+             ([7, 9, 11, 4], [True, True, True, True], True)]      # all accepted, bonus row certified
+    for winner, certified, expected in cases:
+        head._count(block, torch.tensor(winner), torch.tensor(certified))
+        assert head.stats.per_step[-1] is expected, (winner, certified)
+    assert head.stats.summary()["steps_without_fallback"] == 2 and head.stats.certified_rows == 12
+
+
 def too_tight(weight, rank):
     """A planted fault: the low-rank part alone, residual term dropped (not a bound)."""
     bounds = REAL_BUILD(weight, rank)

@@ -137,6 +137,10 @@ def test_zoo_pair_outputs_identical_with_the_frequent_tokens_only(tmp_path):
         assert a.tokens == b.tokens
         moved |= a.acceptance_lengths != b.acceptance_lengths
     assert moved, "N = 512 of 8192 changed no acceptance length on 3 prompts: is the reduced head live?"
+    whole = Engine(target, drafter, max_seq_len=512, config=EngineConfig(draft_vocab=8192, draft_vocab_ranking=str(path)))
+    prompt = encode_prompt(tok, rows[0])[-96:]
+    a, b = full.generate_spec(prompt, 48, stop_ids=()), whole.generate_spec(prompt, 48, stop_ids=())
+    assert (a.tokens, a.acceptance_lengths) == (b.tokens, b.acceptance_lengths)    # N = V: the same drafts
 
 
 def test_config_fields_are_replaceable():
