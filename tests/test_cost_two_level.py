@@ -6,7 +6,7 @@ import pytest
 from specpilot.cost.ceilings import Ceilings
 from specpilot.cost.gaps import ceiling_of, work
 from specpilot.cost.shapes import SHORTLIST, step_components
-from specpilot.cost.two_level import preset_shapes, projection, step_ceilings
+from specpilot.cost.two_level import best_draft_vocab, preset_shapes, projection, step_ceilings
 
 H100 = Ceilings("cuda", "stated", 3.35e12, 9.89e14, 2e-6, "bfloat16")
 
@@ -55,3 +55,16 @@ def test_break_evens_follow_from_the_step_ceilings(shapes):
 def test_an_unknown_preset_is_named():
     with pytest.raises(ValueError, match="unknown preset 'nope'"):
         preset_shapes("nope", 5)
+
+
+def test_best_draft_vocab_keeps_the_full_head_unless_tokens_per_second_rise():
+    steps = {0: (1.0, 4.0), 8192: (0.7, 4.0), 32768: (0.75, 4.0)}
+    # 8192 loses 8 % of tau, more than its 6 % cheaper step; 32768 loses 2 % for 5 %: it wins
+    n, gain = best_draft_vocab(steps, {0: 6.0, 8192: 6.0 * 0.92, 32768: 6.0 * 0.98})
+    assert n == 32768 and gain == pytest.approx(0.98 * 5.0 / 4.75)
+    assert best_draft_vocab(steps, {0: 6.0, 8192: 5.0, 32768: 5.0})[0] == 0
+    assert best_draft_vocab({0: (1.0, 4.0), 64: (1.0, 4.0)}, {0: 6.0, 64: 6.0})[0] == 0   # a tie: full head
+    with pytest.raises(ValueError, match="full head"):
+        best_draft_vocab({8192: (1.0, 1.0)}, {8192: 1.0})
+    with pytest.raises(ValueError, match=r"sizes \[8192\]"):
+        best_draft_vocab({0: (1.0, 1.0), 8192: (1.0, 1.0)}, {0: 1.0})

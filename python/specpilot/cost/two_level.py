@@ -72,6 +72,20 @@ def projection(target, drafter, feats: int, block: int, tau: float, ceil: Ceilin
             "draft_vocab": vocab_rows, "certified_head": head_rows}
 
 
+def best_draft_vocab(steps: dict, taus: dict) -> tuple:
+    """The draft vocabulary that maximises tokens per second: steps {N: (draft_s, verify_s)} (measured,
+    or step_ceilings'), taus {N: tau measured with N} (0: the full head, required). Returns (N, its
+    tokens/s over the full head's); the full head wins ties, so a mechanism goes on only when it pays."""
+    if 0 not in steps or 0 not in taus:
+        raise ValueError("best_draft_vocab needs the full head (N = 0) in both steps and taus")
+    missing = sorted(set(taus) ^ set(steps))
+    if missing:
+        raise ValueError(f"best_draft_vocab: sizes {missing} have a step time or a tau but not both")
+    rate = {n: taus[n] / sum(steps[n]) for n in taus}
+    best = max(sorted(rate), key=lambda n: (rate[n], n == 0))
+    return best, rate[best] / rate[0]
+
+
 def format_projection(p: dict) -> str:
     lines = [f"# {p['target']} + {p['drafter']}, block {p['block_size']}, tau {p['tau']}, {p['weights']}, at the "
              f"ceilings ({p['ceilings']['device_name']}): spec / AR <= {p['spec_over_ar_full']:.2f}x single-level",
