@@ -6,7 +6,7 @@ import pytest
 from specpilot.cost.ceilings import Ceilings
 from specpilot.cost.gaps import ceiling_of, work
 from specpilot.cost.shapes import SHORTLIST, step_components
-from specpilot.cost.two_level import best_draft_vocab, preset_shapes, projection, step_ceilings
+from specpilot.cost.two_level import best_draft_vocab, prefix_first_rows, preset_shapes, projection, step_ceilings
 
 H100 = Ceilings("cuda", "stated", 3.35e12, 9.89e14, 2e-6, "bfloat16")
 
@@ -68,3 +68,13 @@ def test_best_draft_vocab_keeps_the_full_head_unless_tokens_per_second_rise():
         best_draft_vocab({8192: (1.0, 1.0)}, {8192: 1.0})
     with pytest.raises(ValueError, match=r"sizes \[8192\]"):
         best_draft_vocab({0: (1.0, 1.0), 8192: (1.0, 1.0)}, {0: 1.0})
+
+
+def test_prefix_first_rows_count_a_second_pass_only_after_a_fully_accepted_prefix():
+    # block 16: pass 1 is 1 + 4 rows; acceptance 5 (4 drafts + bonus) needs pass 2 (11 rows), 4 does not
+    r = prefix_first_rows([1, 4, 5, 16], 16, 4)
+    assert r["second_pass_share"] == 0.5 and r["rows_per_step"] == (5 + 5 + 16 + 16) / 4
+    with pytest.raises(ValueError, match="prefix 15 must be in 1..14"):
+        prefix_first_rows([3], 16, 15)
+    with pytest.raises(ValueError, match="at least one"):
+        prefix_first_rows([], 16, 4)

@@ -86,6 +86,22 @@ def best_draft_vocab(steps: dict, taus: dict) -> tuple:
     return best, rate[best] / rate[0]
 
 
+def prefix_first_rows(acceptance_lengths, block: int, prefix: int) -> dict:
+    """Prefix-first verification (C2) on recorded greedy steps: pass 1 verifies the anchor and the first
+    `prefix` drafts, pass 2 the other block - 1 - prefix drafts only when all of pass 1's were
+    accepted (the same decisions as one pass, so the recorded acceptance lengths, bonus included,
+    stay valid). Returns verified rows per step against `block` and the share of steps needing pass 2."""
+    if not 1 <= prefix < block - 1:
+        raise ValueError(f"prefix {prefix} must be in 1..{block - 2} for block {block}")
+    steps = [a for a in acceptance_lengths if 1 <= a <= block]
+    if not steps:
+        raise ValueError("prefix_first_rows needs at least one recorded acceptance length")
+    second = [a - 1 >= prefix for a in steps]                # all `prefix` drafts accepted
+    rows = sum(prefix + 1 + (block - 1 - prefix) * s for s in second) / len(steps)
+    return {"prefix": prefix, "rows_per_step": rows, "rows_over_block": rows / block,
+            "second_pass_share": sum(second) / len(steps)}
+
+
 def format_projection(p: dict) -> str:
     lines = [f"# {p['target']} + {p['drafter']}, block {p['block_size']}, tau {p['tau']}, {p['weights']}, at the "
              f"ceilings ({p['ceilings']['device_name']}): spec / AR <= {p['spec_over_ar_full']:.2f}x single-level",
