@@ -13,6 +13,8 @@ the pair, then keep a mechanism only where the measurement clears the break-even
   python -m specpilot.cost.two_level --preset qwen3-8b --draft-layers 5 --block-size 16 --tau 6.49 \\
       --bandwidth 3.35e12 --matmul 9.89e14 --launch 2e-6
 (the defaults: an H100's nominal HBM bandwidth and dense bf16 rate, stated, not measured).
+  python -m specpilot.cost.two_level --prefix-trace OUT/traces_our_spec.json
+prefix-first verification's (C2) verified rows per prefix on a recorded acceptance trace.
 """
 from __future__ import annotations
 
@@ -132,7 +134,21 @@ def main(argv=None) -> int:
     p.add_argument("--bandwidth", type=float, default=3.35e12, help="copy bytes/s (stated: H100 HBM3 nominal)")
     p.add_argument("--matmul", type=float, default=9.89e14, help="bf16 flop/s (stated: H100 SXM dense)")
     p.add_argument("--launch", type=float, default=2e-6, help="seconds per kernel in a graph (stated)")
+    p.add_argument("--prefix-trace", default=None, metavar="TRACE.json",
+                   help="an acceptance trace (specpilot bench's traces_*.json): print prefix-first's verified "
+                        "rows per prefix from it instead (each prompt's last, possibly capped, step left out)")
     args = p.parse_args(argv)
+    if args.prefix_trace:
+        from specpilot.bench import traces
+
+        trace = traces.load(args.prefix_trace)
+        steps = [a for row in trace.prompts for a in row["acceptance_lengths"][:-1]]
+        print(f"# {trace.describe()}: {len(steps)} steps")
+        print("| prefix m | verified rows / block | steps needing pass 2 |\n| --- | --- | --- |")
+        for m in range(1, trace.block_size - 1):
+            r = prefix_first_rows(steps, trace.block_size, m)
+            print(f"| {m} | {r['rows_over_block']:.3f} | {100 * r['second_pass_share']:.1f} % |")
+        return 0
     target, drafter = preset_shapes(args.preset, args.draft_layers)
     ceil = Ceilings("cuda", f"stated: {args.bandwidth:.3g} B/s, {args.matmul:.3g} flop/s, {args.launch:.2g} s/launch",
                     args.bandwidth, args.matmul, args.launch, "bfloat16")
