@@ -44,6 +44,7 @@ class BenchConfig:
     weights: tuple[str, ...] = ("bf16",)   # our engine's weight formats (bf16 | split12), one engine each
     max_seq_len: int = 4096
     cuda_graphs: bool = True
+    engine_options: dict = field(default_factory=dict)   # more EngineConfig fields (two_level, draft_vocab, ...)
 
 
 def parse_methods(text: str) -> tuple[str, ...]:
@@ -174,7 +175,7 @@ def _drafter_block_size(hf_pair, engine, wants_drafter) -> int:
 def load_engine(cfg: BenchConfig, weights: str, with_drafter: bool):
     if random_pair.is_random(cfg.target_dir):
         return random_pair.engine(cfg.target_dir, cfg.device, cfg.dtype, cfg.block_size or 16,
-                                  cfg.max_seq_len, cfg.cuda_graphs, with_drafter, weights)
+                                  cfg.max_seq_len, cfg.cuda_graphs, with_drafter, weights, cfg.engine_options)
     try:
         from specpilot.config import EngineConfig
         from specpilot.engine import Engine
@@ -183,7 +184,8 @@ def load_engine(cfg: BenchConfig, weights: str, with_drafter: bool):
         raise RuntimeError(f"our engine is not importable ({e}); run only --methods hf_ar,hf_static,stock") from e
     target = load_target(cfg.target_dir, device=str(cfg.device), dtype=cfg.dtype, weights=weights)
     drafter = load_drafter(cfg.drafter_dir, target) if with_drafter else None
-    return Engine(target, drafter=drafter, max_seq_len=cfg.max_seq_len, config=EngineConfig(cuda_graphs=cfg.cuda_graphs))
+    config = EngineConfig(cuda_graphs=cfg.cuda_graphs, **cfg.engine_options)
+    return Engine(target, drafter=drafter, max_seq_len=cfg.max_seq_len, config=config)
 
 
 # ---- the loop ------------------------------------------------------------------------------------

@@ -65,9 +65,10 @@ def tokenizer(target: str) -> ByteTokenizer:
 
 
 def engine(target: str, device, dtype, block_size: int, max_seq_len: int, cuda_graphs: bool, with_drafter: bool,
-           weights: str = "bf16"):
+           weights: str = "bf16", options: dict | None = None):
     """Our Engine over a random target (+ drafter) built on `device` (seeds 0 and 1); weights="split12"
-    swaps the target's and the drafter's linears as load_target and load_drafter do."""
+    swaps the target's and the drafter's linears as load_target and load_drafter do; options: more
+    EngineConfig fields."""
     from specpilot.config import EngineConfig
     from specpilot.engine import Engine
     from specpilot.models.loading import swap_to_split12
@@ -81,4 +82,4 @@ def engine(target: str, device, dtype, block_size: int, max_seq_len: int, cuda_g
     drafter = random_drafter(drafter_config_for(cfg, layers, block_size), model, seed=1) if with_drafter else None
     if weights == "split12" and drafter is not None:
         swap_to_split12(drafter)
-    return Engine(model, drafter=drafter, max_seq_len=max_seq_len, config=EngineConfig(cuda_graphs=cuda_graphs))
+    return Engine(model, drafter=drafter, max_seq_len=max_seq_len, config=EngineConfig(cuda_graphs=cuda_graphs, **(options or {})))

@@ -15,6 +15,7 @@ COMMANDS = {
     "unpack": "convert a split12 folder back to bf16 safetensors (bit-exact)",
     "stats": "per-tensor exponent coverage, escapes and bits/weight of a checkpoint",
     "cost": "per-component time against its ceiling, ranked by time lost per token",
+    "draft-vocab": "rank the target's tokens by frequency for a reduced draft head (--draft-vocab N)",
     "optimize": "the agent loop: search kernel variants and engine knobs, gate, integrate",
     "memory": "show the agents' structured memory",
 }
@@ -45,7 +46,7 @@ def main(argv=None) -> int:
     if name not in COMMANDS:
         print(f"specpilot: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(f"specpilot.commands.{name}")
+    module = importlib.import_module(f"specpilot.commands.{name.replace('-', '_')}")
     parser = argparse.ArgumentParser(prog=f"specpilot {name}", description=COMMANDS[name])
     module.configure(parser)
     args = parser.parse_args(rest)

@@ -16,6 +16,7 @@ import contextvars
 from dataclasses import dataclass, fields
 
 ATTENTION_CHOICES = ("auto", "specpilot", "sdpa")
+TWO_LEVEL_CHOICES = ("off", "certified-head", "prefix-first")
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,17 @@ class EngineConfig:
     variants_manifest: str | None = None
     """A JSON manifest of agent-integrated kernel variants ("gpu|op|NxK" -> record, written by the
     agent loop) to dispatch the split12 M = 1 GEMV to; None: the shipped kernels only."""
+    draft_vocab: int = 0
+    """The drafter's LM head over the N most frequent tokens only (models/draft_vocab.py, FR-Spec);
+    0: the full head. Drafts only: outputs cannot change, tau may drop (docs/two_level.md)."""
+    draft_vocab_ranking: str | None = None
+    """The token ranking JSON for draft_vocab (`specpilot draft-vocab` writes it); None: the
+    drafter folder's token_ranking.json."""
+    two_level: str = "off"
+    """Two-level verification (docs/two_level.md): "off"; "certified-head" (greedy: the verify
+    argmax certified from a shortlist and row bounds, exact LM head only where not certified;
+    engine/certified_head.py, a torch reference on the stepwise loop); "prefix-first" (not built:
+    needs the batched engine, refused)."""
 
     def __post_init__(self):
         for f in fields(self):
@@ -68,6 +80,16 @@ class EngineConfig:
                 raise ValueError(f"EngineConfig.{f.name} must be True or False, got {value!r}")
         if self.attention not in ATTENTION_CHOICES:
             raise ValueError(f"EngineConfig.attention must be one of {ATTENTION_CHOICES}, got {self.attention!r}")
+        if self.two_level not in TWO_LEVEL_CHOICES:
+            raise ValueError(f"EngineConfig.two_level must be one of {TWO_LEVEL_CHOICES}, got {self.two_level!r}")
+        if self.two_level == "prefix-first":
+            raise ValueError("EngineConfig.two_level='prefix-first' is not built yet: it needs the batched engine "
+                             "(docs/two_level.md)")
+        if not isinstance(self.draft_vocab, int) or isinstance(self.draft_vocab, bool) or self.draft_vocab < 0:
+            raise ValueError(f"EngineConfig.draft_vocab must be an int >= 0 (0: the full head), got {self.draft_vocab!r}")
+        if self.draft_vocab_ranking is not None and not isinstance(self.draft_vocab_ranking, str):
+            raise ValueError(f"EngineConfig.draft_vocab_ranking must be a path string or None, "
+                             f"got {self.draft_vocab_ranking!r}")
         if self.variants_manifest is not None and not isinstance(self.variants_manifest, str):
             raise ValueError(f"EngineConfig.variants_manifest must be a path string or None, "
                              f"got {self.variants_manifest!r}")

@@ -48,6 +48,8 @@ def configure(parser):
                         help="comma list (e.g. 1,2,4,8,16,32): the batched engine under that many closed-loop "
                              "clients instead of the per-prompt methods; speedup over batched AR, TTFT / TPOT, "
                              "the ablation of each batching mechanism, a plot (--replay takes a TAU only)")
+    from specpilot.engine.cli_support import add_mechanism_args
+    add_mechanism_args(parser)
 
 
 def _check_args(args):
@@ -160,6 +162,7 @@ def run(args) -> int:
     from specpilot.bench import datasets, e2e, random_pair, report, traces
     import torch
 
+    from specpilot.engine.cli_support import mechanism_options
     from specpilot.models.loading import as_dtype
 
     _check_args(args)
@@ -185,7 +188,7 @@ def run(args) -> int:
         methods=methods, replay=traces.parse_replay(args.replay, block_size) if args.replay else None,
         weights=formats,
         max_seq_len=args.max_seq_len or _seq_len_bound(tokenizer, samples, args.max_new_tokens, block_size),
-        cuda_graphs=not args.no_cuda_graphs)
+        cuda_graphs=not args.no_cuda_graphs, engine_options=mechanism_options(args))
     print(f"specpilot bench: loading {args.target} ({', '.join(methods)}) on {cfg.device} {args.dtype}",
           file=sys.stderr, flush=True)
     runners = e2e.build_runners(cfg, stop_ids)

@@ -15,6 +15,13 @@ def configure(parser):
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None)
     parser.add_argument("--quick", action="store_true", help="smaller ceiling probes (CPU)")
     parser.add_argument("--limit", type=int, default=30, help="rows to print")
+    parser.add_argument("--draft-vocab", type=int, default=0, metavar="N",
+                        help="the draft LM head over N tokens (EngineConfig.draft_vocab; state the tau measured with it)")
+    parser.add_argument("--two-level", choices=("off", "certified-head"), default="off",
+                        help="certified-head: the verify LM head as level 1 + the exact head at --fallback-rate")
+    parser.add_argument("--certified-rank", type=int, default=None, help="level 1's rank (default hidden / 8)")
+    parser.add_argument("--fallback-rate", type=float, default=1.0,
+                        help="share of verify steps that need the exact LM head (bench/certified_head_rate.py)")
     parser.add_argument("--plot", default=None, metavar="FILE.png",
                         help="also draw each step's components, timed alone and at their ceilings")
 
@@ -24,8 +31,17 @@ def run(args) -> int:
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda but no CUDA device is visible")
+    if args.draft_vocab < 0 or not 0.0 <= args.fallback_rate <= 1.0:
+        raise ValueError("--draft-vocab must be >= 0 and --fallback-rate in [0, 1]")
+    certified = None
+    if args.two_level == "certified-head":
+        from specpilot.cost.shapes import ModelShape
+
+        hidden = ModelShape.from_dir(args.target).hidden
+        certified = (hidden // 8 if args.certified_rank is None else args.certified_rank, args.fallback_rate)
     report = cost_report(args.target, args.drafter, batch=args.batch, block_size=args.block_size, tau=args.tau,
-                         context=args.context, device=args.device, weights=args.weights, quick=args.quick)
+                         context=args.context, device=args.device, weights=args.weights, quick=args.quick,
+                         draft_vocab=args.draft_vocab, certified=certified)
     print(format_table(report, args.limit))
     if args.plot:
         from specpilot.cost.plot import plot_steps

@@ -2,11 +2,13 @@
 and per-prompt stats (tokens, tau, tokens/s); the last line is a JSON summary."""
 import json
 
-from specpilot.engine.cli_support import add_model_args, checked_block_size, engine_for, load_pair, prompts_from_args
+from specpilot.engine.cli_support import (add_mechanism_args, add_model_args, checked_block_size, engine_for,
+                                          load_pair, mechanism_options, prompts_from_args)
 
 
 def configure(parser):
     add_model_args(parser, drafter_required=False)
+    add_mechanism_args(parser)
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="raw prompt text")
     src.add_argument("--prompts", help="JSONL file: {id, prompt} or {id, turns} rows")
@@ -31,7 +33,7 @@ def run(args) -> int:
     args.block_size = checked_block_size(args.block_size, drafter)
     prompts = prompts_from_args(args, tok)
     stop = stop_ids_for(target, tok)
-    results = generated(args, target, drafter, prompts, stop)
+    results, engine = generated(args, target, drafter, prompts, stop)
     rows, out_rows = [], []
     for (pid, ids), r in zip(prompts, results):
         print(f"=== {pid} ===")
@@ -45,26 +47,33 @@ def run(args) -> int:
         with open(args.output, "w") as f:
             f.writelines(json.dumps(row) + "\n" for row in out_rows)
     total_tokens = sum(r["tokens"] for r in rows)
+    certified = getattr(engine, "certified_head", None)     # the single-request engine's level-1 head
     taus = [r["tau"] for r in rows if r["tau"]]
     print(json.dumps({"prompts": len(rows), "tokens": total_tokens, "mode": "ar" if args.ar else "spec", "weights": weights,
                       "concurrency": args.concurrency,
                       "tau": sum(taus) / len(taus) if taus else None,
-                      "tokens_per_s": sum(r["tokens_per_s"] for r in rows) / len(rows)}))
+                      "tokens_per_s": sum(r["tokens_per_s"] for r in rows) / len(rows),
+                      "draft_vocab": args.draft_vocab, "two_level": args.two_level,
+                      "certified_head": certified.stats.summary() if certified else None}))
     return 0
 
 
-def generated(args, target, drafter, prompts, stop) -> list:
-    """One result per prompt: one at a time through the Engine (--concurrency 1), else batched."""
+def generated(args, target, drafter, prompts, stop) -> tuple:
+    """(one result per prompt, the engine): one at a time through the Engine (--concurrency 1), else batched."""
+    from specpilot.config import EngineConfig
+
+    config = EngineConfig(**mechanism_options(args))
     if args.concurrency != 1:
         from specpilot.engine.batch.run import run_batch
 
-        results, _ = run_batch(target, drafter, [ids for _, ids in prompts], args.max_new_tokens, args.concurrency,
-                               stop, args.temperature, args.seed, args.block_size)
-        return results
-    engine = engine_for(target, drafter, prompts, args.max_new_tokens)
+        if config.two_level != "off" or config.draft_vocab:
+            raise ValueError("--two-level and --draft-vocab run on the single-request engine only (--concurrency 1)")
+        return run_batch(target, drafter, [ids for _, ids in prompts], args.max_new_tokens, args.concurrency,
+                         stop, args.temperature, args.seed, args.block_size, engine_config=config)
+    engine = engine_for(target, drafter, prompts, args.max_new_tokens, config)
     engine.warmup(args.block_size)                 # CUDA: capture the graphs before timing (no-op on CPU)
     if args.ar:
         return [engine.generate_ar(ids, args.max_new_tokens, stop, args.temperature, seed=args.seed)
-                for _, ids in prompts]
+                for _, ids in prompts], engine
     return [engine.generate_spec(ids, args.max_new_tokens, stop, args.temperature, block_size=args.block_size,
-                                 seed=args.seed) for _, ids in prompts]
+                                 seed=args.seed) for _, ids in prompts], engine

@@ -6,13 +6,15 @@ on PASS. A split12 folder runs split12 (stock reads a bf16 unpack of it); --weig
 bf16 folder at load."""
 import json
 
-from specpilot.engine.cli_support import add_model_args, checked_block_size, engine_for, load_pair, prompts_from_args
+from specpilot.engine.cli_support import (add_mechanism_args, add_model_args, checked_block_size, engine_for,
+                                          load_pair, mechanism_options, prompts_from_args)
 
 SHOWN_RECORDS = 20      # per list in the human output; the JSON line has every record
 
 
 def configure(parser):
     add_model_args(parser)
+    add_mechanism_args(parser)
     parser.add_argument("--prompts", required=True, help="JSONL file: {id, prompt} or {id, turns} rows")
     parser.add_argument("--limit", type=int, default=None, help="first N prompts")
     parser.add_argument("--block-size", type=int, default=None, help="default: the drafter's")
@@ -37,7 +39,9 @@ def run(args) -> int:
     target, drafter, tok = load_pair(args.target, args.drafter, args.device, args.dtype, weights)
     args.block_size = checked_block_size(args.block_size, drafter)
     prompts = prompts_from_args(args, tok)
-    engine = engine_for(target, drafter, prompts, args.max_new_tokens)
+    from specpilot.config import EngineConfig
+
+    engine = engine_for(target, drafter, prompts, args.max_new_tokens, EngineConfig(**mechanism_options(args)))
     stock = load_stock(args.target, args.drafter, args.device, args.dtype)
     referee = load_referee(args.target, target.dtype, args.device, args.referee, args.referee_device)
     stop, token_ids, names = stop_ids_for(target, tok), [ids for _, ids in prompts], [pid for pid, _ in prompts]
@@ -90,7 +94,8 @@ def print_report(report) -> None:
             print(f"  ... {len(items) - SHOWN_RECORDS} more {label.lower()} records in the JSON line")
     if report.acceptance_mismatches:
         judged = "judged: fp32 must match stock step for step" if report.acceptance_judged else \
-            "not judged: the drafter's own near-ties may differ below fp32"
+            "not judged: the drafter's own near-ties may differ below fp32, and a reduced draft vocabulary " \
+            "changes the drafts by design"
         print(f"acceptance lengths differ from stock's on {report.acceptance_mismatches} prompts with stock's output "
               f"({judged})")
     print(f"excused positions {report.excused} (cap {report.excuse_cap})")

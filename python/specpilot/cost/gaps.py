@@ -151,7 +151,10 @@ class _Measurer:
 
 def cost_report(target_dir, drafter_dir=None, batch: int = 1, block_size: int | None = None,
                 tau: float | None = None, context: int = 1024, device: str | None = None,
-                weights: str = "split12", quick: bool = False, ceilings: Ceilings | None = None) -> CostReport:
+                weights: str = "split12", quick: bool = False, ceilings: Ceilings | None = None,
+                draft_vocab: int = 0, certified: tuple | None = None) -> CostReport:
+    """draft_vocab / certified: the two-level mechanisms' terms (shapes.step_components); the tau
+    stated must then be the one measured with them."""
     if batch < 1 or context < 1:
         raise ValueError(f"need batch >= 1 and context >= 1, got batch={batch}, context={context}")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -163,7 +166,7 @@ def cost_report(target_dir, drafter_dir=None, batch: int = 1, block_size: int | 
         if block_size < 2 or not 1.0 <= tau <= block_size:
             raise ValueError(f"need block_size >= 2 and 1 <= tau <= block_size, got {block_size}, {tau}")
     feats = drafter_target_layers(drafter_dir) if drafter_dir else 0
-    comps = step_components(target, drafter, feats, batch, block_size or 1, context, weights)
+    comps = step_components(target, drafter, feats, batch, block_size or 1, context, weights, draft_vocab, certified)
     ceil = ceilings or measure_ceilings(device, quick=quick)
     meas = _Measurer(device, weights, reps=3 if device == "cpu" else 20)
     tokens = {"decode": float(batch), "draft": batch * (tau or 1.0), "verify": batch * (tau or 1.0)}
@@ -174,7 +177,8 @@ def cost_report(target_dir, drafter_dir=None, batch: int = 1, block_size: int | 
     deployment = {"target": target.name, "drafter": drafter.name if drafter else None, "batch": batch,
                   "block_size": block_size, "tau": tau, "tau_source": "stated" if drafter else None,
                   "context": context, "device": device, "device_name": ceil.device_name, "weights": weights,
-                  "measured_dtype": ceil.dtype, "linear_impl": meas.linear_label(ceil.dtype)}
+                  "measured_dtype": ceil.dtype, "linear_impl": meas.linear_label(ceil.dtype),
+                  "draft_vocab": draft_vocab, "certified_head": list(certified) if certified else None}
     return CostReport(deployment, ceil, rows, step_bounds(rows, tau))
 
 
@@ -186,26 +190,43 @@ def _drafter_block_size(drafter_dir) -> int:
     return int((c.get("dflash_config") or {}).get("block_size") or c.get("block_size") or 16)
 
 
-def _row(c, ceil: Ceilings, meas: _Measurer, target, drafter, batch, context, tokens_per_step, weights) -> dict:
-    elem = _elem(ceil.device)
-    shape = drafter if (c.step == "draft" and c.name.startswith("draft.") and c.name != "draft.lm_head") else target
+def _shape_of(c, target, drafter):
+    return drafter if (c.step == "draft" and c.name.startswith("draft.") and c.name != "draft.lm_head") else target
+
+
+def work(c, device: str, target, drafter, batch, context, weights) -> tuple:
+    """(bytes, flops) a component must move and compute on `device`."""
+    elem = _elem(device)
+    shape = _shape_of(c, target, drafter)
     if c.kind == "linear":
-        bpw = SPLIT12_BYTES_PER_WEIGHT if (weights == "split12" and ceil.device == "cuda") else elem
-        nbytes = c.n * c.k * bpw + (c.m * c.k + c.m * c.n) * elem
-        flops = 2.0 * c.m * c.n * c.k
-        measured = meas.linear(c.m, c.n, c.k)
-    elif c.kind == "attention":
-        nbytes, flops = c.extra[0] * elem / 2, 4.0 * batch * shape.heads * (c.m // batch) * context * shape.head_dim
-        measured = meas.attention(batch, max(1, c.m // batch), shape.heads, shape.kv_heads, context, shape.head_dim)
-    elif c.kind == "accept":
-        nbytes, flops = c.m * c.n * elem, 0.0
-        measured = meas.accept(c.m, c.n)
-    else:  # launches: the untimed kernels at the launch floor each, against one launch
-        nbytes, flops = 0.0, 0.0
-        measured = c.extra[0] * ceil.launch_s
+        bpw = SPLIT12_BYTES_PER_WEIGHT if (weights == "split12" and device == "cuda") else elem
+        return c.n * c.k * bpw + (c.m * c.k + c.m * c.n) * elem, 2.0 * c.m * c.n * c.k
+    if c.kind == "attention":
+        return c.extra[0] * elem / 2, 4.0 * batch * shape.heads * (c.m // batch) * context * shape.head_dim
+    if c.kind == "accept":
+        return c.m * c.n * elem, 0.0
+    return 0.0, 0.0          # launches: the untimed kernels at the launch floor each, against one launch
+
+
+def ceiling_of(nbytes: float, flops: float, ceil: Ceilings) -> tuple:
+    """(seconds, what binds): max(bytes / copy bandwidth, flops / matmul rate, one launch)."""
     bounds = {"bandwidth": nbytes / ceil.copy_bandwidth, "compute": flops / ceil.matmul_flops, "launch": ceil.launch_s}
     bound = max(bounds, key=bounds.get)
-    ceiling = bounds[bound]
+    return bounds[bound], bound
+
+
+def _row(c, ceil: Ceilings, meas: _Measurer, target, drafter, batch, context, tokens_per_step, weights) -> dict:
+    shape = _shape_of(c, target, drafter)
+    nbytes, flops = work(c, ceil.device, target, drafter, batch, context, weights)
+    if c.kind == "linear":
+        measured = meas.linear(c.m, c.n, c.k)
+    elif c.kind == "attention":
+        measured = meas.attention(batch, max(1, c.m // batch), shape.heads, shape.kv_heads, context, shape.head_dim)
+    elif c.kind == "accept":
+        measured = meas.accept(c.m, c.n)
+    else:
+        measured = c.extra[0] * ceil.launch_s
+    ceiling, bound = ceiling_of(nbytes, flops, ceil)
     lost = max(0.0, measured - ceiling) * c.count / tokens_per_step
     agent_op = "split12_gemv" if (c.kind == "linear" and c.m == 1) else None
     shape_of = {"linear": [c.n, c.k] if agent_op else [c.m, c.n, c.k], "accept": [c.m, c.n], "launches": [c.extra[0] if c.extra else 0],

@@ -16,7 +16,7 @@ class Component:
     m: int = 0
     n: int = 0
     k: int = 0
-    count: int = 1   # instances per step
+    count: float = 1  # instances per step (an expected count for a conditional component)
     extra: tuple = ()  # kind-specific: attention (kv_bytes,), launches (kernels not timed as components,)
 
 
@@ -72,14 +72,24 @@ UNTIMED_KERNELS = {("decode", "bf16"): (0, 4), ("decode", "split12"): (3, 5),
                    ("draft", "bf16"): (5, 16), ("draft", "split12"): (5, 16)}
 
 
+SHORTLIST = 8    # the certified head's draft top-k per verify row (engine/certified_head.py TOP_K)
+
+
 def untimed_kernels(step: str, weights: str, layers: int) -> int:
     per_layer, per_step = UNTIMED_KERNELS[(step, weights)]
     return per_layer * layers + per_step
 
 
 def step_components(target: ModelShape, drafter: ModelShape | None, n_target_feats: int, batch: int,
-                    block_size: int, context: int, weights: str = "bf16") -> list:
-    """Components of an AR decode step, and with a drafter, of a draft and a verify step."""
+                    block_size: int, context: int, weights: str = "bf16", draft_vocab: int = 0,
+                    certified: tuple | None = None) -> list:
+    """Components of an AR decode step, and with a drafter, of a draft and a verify step.
+
+    draft_vocab N > 0 (EngineConfig.draft_vocab): the draft LM head has N rows, plus the expansion of
+    its logits to a full -inf row (an `accept`-kind scan of the vocabulary). certified = (rank r,
+    fallback rate f) (EngineConfig.two_level "certified-head"): the verify LM head becomes level 1
+    (an r-column GEMM over every row, the shortlisted rows read exactly) plus the exact head in the
+    fraction f of steps that need it (count f)."""
     out = []
 
     def layers(step, shape, m, prefix=""):
@@ -101,10 +111,20 @@ def step_components(target: ModelShape, drafter: ModelShape | None, n_target_fea
     out.append(Component("draft", "draft.ctx_kv", "linear", mb, 2 * drafter.kv_heads * drafter.head_dim,
                          drafter.hidden, drafter.layers))
     layers("draft", drafter, mb, "draft.")
-    out.append(Component("draft", "draft.lm_head", "linear", batch * (block_size - 1), target.vocab, target.hidden))
+    draft_rows = batch * (block_size - 1)
+    out.append(Component("draft", "draft.lm_head", "linear", draft_rows, draft_vocab or target.vocab, target.hidden))
+    if draft_vocab:
+        out.append(Component("draft", "draft.vocab_expand", "accept", draft_rows, target.vocab))
     out.append(Component("draft", "launches", "launches", extra=(untimed_kernels("draft", weights, drafter.layers),)))
     layers("verify", target, mb)
-    out.append(Component("verify", "lm_head", "linear", mb, target.vocab, target.hidden))
+    if certified is None:
+        out.append(Component("verify", "lm_head", "linear", mb, target.vocab, target.hidden))
+    else:
+        rank, fallback_rate = certified
+        out.append(Component("verify", "lm_head.level1", "linear", mb, target.vocab, rank))
+        out.append(Component("verify", "lm_head.shortlist", "linear", mb, mb * (SHORTLIST + 1), target.hidden))
+        out.append(Component("verify", "lm_head.fallback", "linear", mb, target.vocab, target.hidden,
+                             count=fallback_rate))
     out.append(Component("verify", "accept", "accept", mb, target.vocab))
     out.append(Component("verify", "launches", "launches", extra=(untimed_kernels("verify", weights, target.layers),)))
     return out

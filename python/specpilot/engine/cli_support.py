@@ -15,6 +15,25 @@ def add_model_args(parser, drafter_required: bool = True):
     add_run_args(parser)
 
 
+def add_mechanism_args(parser):
+    """The two-level mechanisms (EngineConfig.two_level / draft_vocab / draft_vocab_ranking; off by
+    default: docs/two_level.md says where each wins)."""
+    parser.add_argument("--two-level", default="off", choices=("off", "certified-head", "prefix-first"),
+                        help="two-level verification (default off; certified-head: greedy only, a torch "
+                             "reference; prefix-first: not built yet)")
+    parser.add_argument("--draft-vocab", type=int, default=0, metavar="N",
+                        help="the drafter's LM head over the N most frequent tokens (0: full)")
+    parser.add_argument("--draft-vocab-ranking", default=None, metavar="FILE",
+                        help="token ranking for --draft-vocab (default: DRAFTER/token_ranking.json; "
+                             "`specpilot draft-vocab` writes it)")
+
+
+def mechanism_options(args) -> dict:
+    """EngineConfig keyword arguments from add_mechanism_args' options."""
+    return {"two_level": args.two_level, "draft_vocab": args.draft_vocab,
+            "draft_vocab_ranking": args.draft_vocab_ranking}
+
+
 def add_run_args(parser):
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])

@@ -6,10 +6,12 @@ import time
 import torch
 
 from specpilot.config import EngineConfig
+from specpilot.models.draft_vocab import prepare_draft_vocab
 from specpilot.verify.sampling import validate_sampling
 
 from .ar_loop import run_ar
 from .cache import drafter_cache, target_cache
+from .certified_head import CertifiedHead
 from .graphs import kv_spans
 from .replay import GREEDY
 from .result import GenerationResult
@@ -38,6 +40,8 @@ class Engine:
         target.prepare()
         if drafter is not None:
             drafter.ensure_rope(self.cache.slots)
+            prepare_draft_vocab(drafter, config)               # the reduced draft head, before any capture
+        self.certified_head = CertifiedHead(target) if config.two_level == "certified-head" else None
         self.runner = StepRunner(target, drafter, self.cache, self.draft_cache, self.use_graphs, config=config)
         if config.compile_layers:
             compile_decoder_layers(target, drafter)
@@ -115,6 +119,8 @@ class Engine:
         block_size = self.drafter.block_size if block_size is None else int(block_size)
         if block_size < 1:
             raise ValueError(f"block_size={block_size} must be >= 1")
+        if self.certified_head is not None and temperature > 0:
+            raise ValueError("two_level='certified-head' certifies the greedy argmax only: use temperature=0")
         if replay is not None and temperature > 0:
             raise ValueError("replay works with greedy decoding only (temperature=0)")
         ids = self.check_request(prompt_ids, max_new_tokens, temperature)

@@ -26,7 +26,8 @@ from .result import GenerationResult
 
 def run_spec(engine, ids, max_new_tokens, stop_ids, temperature, block_size, policy, generator):
     # ids [1, n]
-    if temperature == 0 and block_size > 1 and engine.config.fused_steps:
+    certified = engine.certified_head                        # two_level "certified-head": None when off
+    if temperature == 0 and block_size > 1 and engine.config.fused_steps and certified is None:
         return run_spec_graphed(engine, ids, max_new_tokens, stop_ids, block_size, policy)
     runner, device, vocab = engine.runner, engine.device, engine.target.config.vocab_size
     n = ids.shape[1]
@@ -46,7 +47,7 @@ def run_spec(engine, ids, max_new_tokens, stop_ids, temperature, block_size, pol
         vs = min(block_size, max_length - start)
         block = mask_row[:, :vs].clone()                                    # [1, vs]
         block[0, 0] = tokens[-1]
-        draft_probs = None
+        draft_probs = draft_logits = None
         if vs > 1:                                                          # draft
             draft_logits = runner.draft_step(ctx, ctx_start, block, start, block_size)   # [1, vs-1, V]
             if temperature > 0:
@@ -56,7 +57,8 @@ def run_spec(engine, ids, max_new_tokens, stop_ids, temperature, block_size, pol
                 drafts = torch.argmax(draft_logits, dim=-1)
             block[:, 1:] = policy.step_drafts(step, start - n, drafts, vocab)
         logits, features = runner.target_step(block, start, with_features=vs > 1,       # verify
-                                              graphed=vs == block_size)  # [1, vs, V], [1, vs, F]
+                                              graphed=vs == block_size,  # [1, vs, V], [1, vs, F]
+                                              head=certified.bind(block, draft_logits) if certified else None)
         if temperature > 0:                                                 # accept
             new = sampled_new_tokens(block, logits, draft_probs, temperature, generator)
         else:

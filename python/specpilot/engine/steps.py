@@ -79,26 +79,27 @@ class StepRunner:
 
     # -- target ---------------------------------------------------------------------------------
     def forward_target(self, ids, positions, kv_len: int, with_features: bool, logits_rows=None,
-                       compiled: bool = False):
-        """The target over ids [1, T] at `positions`, attending to cache slots [0, kv_len)."""
+                       compiled: bool = False, head=None):
+        """The target over ids [1, T] at `positions`, attending to cache slots [0, kv_len); head: an LM
+        head replacement (TargetLM.forward's)."""
         layers = self.feature_layers if with_features else ()
         with self.kernel_ctx(ids.shape[1]), compiled_layers(self.target, compiled):
-            return self.target(ids, positions, self.cache, kv_len, layers, logits_rows)
+            return self.target(ids, positions, self.cache, kv_len, layers, logits_rows, head=head)
 
     def prefill(self, ids, with_features: bool):
         """ids [1, T] at positions 0..T-1 -> (last logits [1, 1, V], features [1, T, F] or None)."""
         positions = torch.arange(ids.shape[1], device=ids.device)
         return self.forward_target(ids, positions, ids.shape[1], with_features, logits_rows=1)
 
-    def target_step(self, ids, start: int, with_features: bool, graphed: bool = True):
+    def target_step(self, ids, start: int, with_features: bool, graphed: bool = True, head=None):
         """ids [1, T] at positions start..start+T-1 -> (logits [1, T, V], features [1, T, F] or None).
 
         T == 1 is the AR decode step, T == B the verify step; both are graphed on CUDA (a tail block,
-        graphed=False, runs eagerly)."""
+        graphed=False, runs eagerly, as does a step with an LM head replacement `head`)."""
         t = ids.shape[1]
         positions = torch.arange(start, start + t, device=ids.device)
-        if not self.use_graphs or not graphed:
-            return self.forward_target(ids, positions, start + t, with_features)
+        if not self.use_graphs or not graphed or head is not None:
+            return self.forward_target(ids, positions, start + t, with_features, head=head)
         span = kv_bucket(start + t, self.capacity)
         key = ("target", t, with_features, span)
         if key not in self.graphs:

@@ -16,11 +16,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specpilot import config as engine_config
 from specpilot.ops import linear
 from specpilot.ops.attention import attend, attention_mask
 from specpilot.ops.norm_rope import add_rms_norm, qk_norm_rope_cache
 
 from .config import DrafterConfig
+from .draft_vocab import reduced_head_for
 from .layers import PreNormBlock, RMSNorm, RopeTables
 
 
@@ -113,14 +115,16 @@ class DFlashDrafter(RopeTables, nn.Module):
         return self.compute_logits(x[:, 1:])
 
     def compute_logits(self, hidden):
-        """Stock `compute_logits`: target LM head, then output_multiplier and tanh softcapping."""
-        logits = linear.linear(self.target.lm_head, hidden)
+        """Stock `compute_logits`: target LM head, then output_multiplier and tanh softcapping. With
+        EngineConfig.draft_vocab the head covers the kept tokens only, -inf elsewhere (draft_vocab.py)."""
+        reduced = reduced_head_for(self, engine_config.current())
+        logits = linear.linear(self.target.lm_head, hidden) if reduced is None else reduced.logits(hidden)
         if self.config.output_multiplier != 1.0:
             logits = logits * self.config.output_multiplier
         cap = self.config.final_logit_softcapping
         if cap is not None and cap > 0:
             logits = torch.tanh(logits / cap) * cap
-        return logits
+        return logits if reduced is None else reduced.expand(logits)
 
     def rope_device(self):
         return self.target.device

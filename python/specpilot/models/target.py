@@ -106,13 +106,14 @@ class TargetLM(RopeTables, nn.Module):
     def dtype(self):
         return self.embed.weight.dtype
 
-    def forward(self, ids, positions, cache, kv_len: int, feature_layers=(), logits_rows=None):
+    def forward(self, ids, positions, cache, kv_len: int, feature_layers=(), logits_rows=None, head=None):
         """ids [B, T], positions [T] (int64, absolute; also the cache slots written), cache: KVCache.
 
         Attends to cache slots [0, kv_len) with key slot <= query position. Returns (logits
         [B, T', V] with T' = T or only the last `logits_rows` rows, features [B, T, F] or None) where
         features concatenates the outputs of `feature_layers` (HF `hidden_states[i + 1]`: the output of
-        layer i; for the last layer HF reports the final-normed state, and so do we).
+        layer i; for the last layer HF reports the final-normed state, and so do we). head: a callable
+        replacing the LM head on the final-normed rows (engine/certified_head.py), or None.
         """
         x, delta = self.embed(ids), None                       # [B, T, H]; a layer's output is x + delta
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
@@ -128,7 +129,7 @@ class TargetLM(RopeTables, nn.Module):
             block_input, x, delta = layer(x, delta, cos, sin, positions, cache.k[i], cache.v[i], kv_len, mask)
             if i > 0 and i - 1 in feature_layers:
                 feats[i - 1] = block_input
-        if last not in feature_layers and linear.gemv_takes(x, self.lm_head, norm_hidden=x.shape[-1]):
+        if head is None and last not in feature_layers and linear.gemv_takes(x, self.lm_head, norm_hidden=x.shape[-1]):
             # one token: the final add + norm fused into the LM head's GEMV (logits_rows changes nothing)
             _, logits = linear.norm_gemv(x, delta, self.norm.weight, self.norm.eps, self.lm_head,
                                                 keep_sum=False)
@@ -138,7 +139,7 @@ class TargetLM(RopeTables, nn.Module):
                 feats[last] = x
             if logits_rows is not None:
                 x = x[:, -logits_rows:]
-            logits = linear.linear(self.lm_head, x)
+            logits = linear.linear(self.lm_head, x) if head is None else head(x)
         features = torch.cat([feats[i] for i in feature_layers], dim=-1) if feature_layers else None
         return logits, features
 

@@ -179,11 +179,13 @@ def token_force(engine, stock: StockPair, prompts, max_new_tokens: int, stop_ids
                      "our_decode_tokens_per_s": spec.tokens_per_s})
         report.tokens += t
     report.prompts = len(rows)
-    _decide(report, target.dtype, tally, agreement, forced_items, spec_items, rows)
+    _decide(report, target.dtype, tally, agreement, forced_items, spec_items, rows,
+            drafts_are_stocks=engine.config.draft_vocab == 0)
     return report
 
 
-def _decide(report: ForcingReport, run_dtype, tally, agreement, forced_items, spec_items, rows) -> None:
+def _decide(report: ForcingReport, run_dtype, tally, agreement, forced_items, spec_items, rows,
+            drafts_are_stocks: bool = True) -> None:
     """The noise, the rule, every record judged, the cap, the agreement test: report.passed and why not."""
     report.referee_error = tally.summary()
     imprecise = {}
@@ -209,7 +211,8 @@ def _decide(report: ForcingReport, run_dtype, tally, agreement, forced_items, sp
     # accepted counts are step for step stock's (a stale draft context, say, changes them, not the
     # output). In bf16 / fp16 the drafter's own near-ties may differ: reported, not judged.
     report.acceptance_mismatches = sum(r["spec_identical"] and not r["acceptance_identical"] for r in rows)
-    report.acceptance_judged = run_dtype == torch.float32
+    # A reduced draft vocabulary (EngineConfig.draft_vocab) changes the drafts by design: not judged.
+    report.acceptance_judged = run_dtype == torch.float32 and drafts_are_stocks
     reasons = []
     if report.acceptance_judged and report.acceptance_mismatches:
         reasons.append(f"{report.acceptance_mismatches} prompts with stock's output but other acceptance lengths "
