@@ -1,0 +1,61 @@
+"""Token ids -> the text a client sees, step by step, with OpenAI's `stop` strings.
+
+The text is always the decode of every token so far (skip_special_tokens, as `specpilot generate`
+prints it), so what was streamed concatenates to exactly the non-streamed text. Text is held back
+while it might still change or be cut: a trailing U+FFFD (an incomplete UTF-8 sequence the next
+token may finish) and a tail that is a prefix of some stop string. A stop string ends the text
+before its first occurrence (the stop string itself is not returned, as OpenAI does).
+"""
+from __future__ import annotations
+
+
+class TextStream:
+    def __init__(self, tokenizer, stop: tuple = ()):
+        self.tokenizer = tokenizer
+        self.stop = tuple(stop)
+        self.tokens: list = []
+        self.emitted = 0              # characters handed out so far
+        self.stopped = False          # a stop string matched: generation should end
+        self._text = ""
+
+    def add(self, new_tokens: list) -> str:
+        """Appends tokens; returns the newly safe text ("" once a stop string has matched)."""
+        if self.stopped:
+            return ""
+        self.tokens.extend(new_tokens)
+        self._text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        cut = self._first_stop(self._text)
+        if cut is not None:
+            self.stopped = True
+            self._text = self._text[:cut]
+            return self._take(len(self._text))
+        return self._take(len(self._text) - self._holdback(self._text))
+
+    def flush(self) -> str:
+        """The rest of the text once generation has ended."""
+        return self._take(len(self._text))
+
+    @property
+    def text(self) -> str:
+        return self._text
+
+    def _take(self, end: int) -> str:
+        if end <= self.emitted:
+            return ""
+        out, self.emitted = self._text[self.emitted:end], end
+        return out
+
+    def _first_stop(self, text: str):
+        # Only the part not yet emitted can hold a new match (emitted text never ended in a stop prefix).
+        start = max(0, self.emitted - max((len(s) for s in self.stop), default=0))
+        hits = [i for i in (text.find(s, start) for s in self.stop) if i >= 0]
+        return min(hits) if hits else None
+
+    def _holdback(self, text: str) -> int:
+        held = len(text) - len(text.rstrip("\ufffd"))
+        for s in self.stop:
+            for k in range(min(len(s) - 1, len(text)), 0, -1):
+                if text.endswith(s[:k]):
+                    held = max(held, k)
+                    break
+        return held
