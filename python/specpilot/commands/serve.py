@@ -32,11 +32,10 @@ def configure(parser):
 
 def run(args) -> int:
     import torch
-    import uvicorn
 
     from specpilot.models import stop_ids_for
     from specpilot.models.loading import resolve_weights
-    from specpilot.serve.server import make_served, uvicorn_config
+    from specpilot.serve.server import make_served, make_server
 
     if not 1 <= args.port <= 65535:
         raise ValueError(f"--port {args.port} must be in 1..65535")
@@ -55,5 +54,5 @@ def run(args) -> int:
     name = args.served_model_name or Path(args.target).resolve().name
     served = make_served(target, drafter, tok, name, stop_ids_for(target, tok), args.max_batch, args.max_model_len,
                          args.kv_pages, block_size)
-    uvicorn.Server(uvicorn_config(served, args.host, args.port, args.shutdown_timeout)).run()
+    make_server(served, args.host, args.port, args.shutdown_timeout).run()
     return 0

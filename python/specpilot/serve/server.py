@@ -46,6 +46,20 @@ def uvicorn_config(served: Served, host: str, port: int, shutdown_grace_s: float
                           timeout_graceful_shutdown=shutdown_grace_s)
 
 
+def make_server(served: Served, host: str, port: int, shutdown_grace_s: float = 30.0, log_level: str = "info"):
+    """A uvicorn Server that tells the engine worker when shutdown begins (new requests get 503, the
+    in-flight count is logged); uvicorn then drains the connections for shutdown_grace_s, cancels what
+    is left (each handler cancels its engine request) and the app's lifespan stops the engine."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets=None):
+            served.worker.begin_shutdown(shutdown_grace_s)
+            await super().shutdown(sockets)
+
+    return Server(uvicorn_config(served, host, port, shutdown_grace_s, log_level))
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -57,11 +71,9 @@ class BackgroundServer:
 
     def __init__(self, served: Served, host: str = "127.0.0.1", port: int = 0, shutdown_grace_s: float = 30.0,
                  log_level: str = "warning"):
-        import uvicorn
-
         self.served, self.host = served, host
         self.port = port or free_port(host)
-        self.server = uvicorn.Server(uvicorn_config(served, host, self.port, shutdown_grace_s, log_level))
+        self.server = make_server(served, host, self.port, shutdown_grace_s, log_level)
         self.thread = threading.Thread(target=self.server.run, name="specpilot-http", daemon=True)
 
     @property

@@ -46,6 +46,9 @@ class EngineWorker:
         self._accepting = True
         self._stop = threading.Event()
         self.failure: str | None = None          # why the engine thread died, if it did
+        self.outcomes = {"finished": 0, "cancelled": 0, "failed": 0}   # results handed out, by outcome
+        self._shutdown = None                    # (deadline, outcomes then) once shutdown began
+        self._submitted = self._taken = 0        # submits put in the inbox / taken out of it
         self._thread = threading.Thread(target=self._run, name="specpilot-engine", daemon=True)
 
     def start(self) -> "EngineWorker":
@@ -58,39 +61,47 @@ class EngineWorker:
 
     @property
     def in_flight(self) -> int:
-        return len(self._tickets) + self._inbox.qsize()
+        return len(self._tickets) + self._submitted - self._taken
 
     # -- called from the asyncio side ----------------------------------------------------------
     def submit(self, request, ticket: Ticket) -> None:
         if not self._accepting or not self.alive:
             raise EngineStopped(self.failure or "the server is shutting down")
+        self._submitted += 1                     # written by the asyncio thread only
         self._inbox.put(("submit", request, ticket))
 
     def cancel(self, ticket: Ticket) -> None:
         """Frees the ticket's request (queued or running); harmless once it has finished."""
         self._inbox.put(("cancel", None, ticket))
 
-    def stop_accepting(self) -> None:
+    def begin_shutdown(self, grace_s: float) -> None:
+        """Stops taking requests and says how many are in flight (the HTTP server then drains them)."""
+        if self._shutdown is not None:
+            return
         self._accepting = False
+        self._shutdown = (time.monotonic() + grace_s, dict(self.outcomes))
+        log.info("shutdown: %d request(s) in flight; finishing them for up to %.1f s, then cancelling the rest",
+                 self.in_flight, grace_s)
 
     def shutdown(self, grace_s: float) -> dict:
-        """Stops taking requests, lets the in-flight ones finish for up to grace_s, cancels the rest,
-        stops the thread. Returns {"finished": n, "cancelled": m} for what was in flight."""
-        self._accepting = False
-        pending = self.in_flight
-        log.info("shutdown: %d request(s) in flight; finishing them for up to %.1f s", pending, grace_s)
-        deadline = time.monotonic() + grace_s
+        """begin_shutdown, then waits for the in-flight requests until its deadline, cancels the rest,
+        stops the thread and says what became of the requests in flight at begin_shutdown. Returns
+        {"finished": n, "cancelled": m, "failed": k}."""
+        self.begin_shutdown(grace_s)
+        deadline, before = self._shutdown
         while self.in_flight and self.alive and time.monotonic() < deadline:
             time.sleep(0.02)
-        left = self.in_flight
-        if left:
+        if self.in_flight:
             self._inbox.put(("cancel_all", None, None))
-            while self.in_flight and self.alive and time.monotonic() < deadline + 5:
+            until = time.monotonic() + 10
+            while self.in_flight and self.alive and time.monotonic() < until:
                 time.sleep(0.02)
         self._stop.set()
         self._thread.join(timeout=10)
-        log.info("shutdown: %d request(s) finished, %d cancelled", pending - left, left)
-        return {"finished": pending - left, "cancelled": left}
+        done = {key: self.outcomes[key] - before[key] for key in self.outcomes}
+        log.info("shutdown: %d request(s) finished, %d cancelled, %d failed; engine stopped",
+                 done["finished"], done["cancelled"], done["failed"])
+        return done
 
     # -- the engine thread ---------------------------------------------------------------------
     def _run(self) -> None:
@@ -135,6 +146,7 @@ class EngineWorker:
 
     def _handle(self, kind: str, request, ticket: Ticket | None) -> None:
         if kind == "submit":
+            self._taken += 1                     # written by the engine thread only
             ticket.request_id = self.engine.submit(request)
             self._tickets[ticket.request_id] = ticket
         elif kind == "cancel":
@@ -154,6 +166,8 @@ class EngineWorker:
 
     def _finish(self, result) -> None:
         ticket = self._tickets.pop(result.request_id, None)
+        outcome = "finished" if result.error is None else "cancelled" if result.error == "cancelled" else "failed"
+        self.outcomes[outcome] += 1
         if self.metrics is not None:
             self.metrics.observe_result(result)
         if ticket is None:
