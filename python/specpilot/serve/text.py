@@ -52,10 +52,13 @@ class TextStream:
         return min(hits) if hits else None
 
     def _holdback(self, text: str) -> int:
-        held = len(text) - len(text.rstrip("\ufffd"))
+        """Characters at the end that may still change or start a stop string: the incomplete tail, and
+        before it the longest proper prefix of a stop string (the tail may complete that stop string)."""
+        complete = text.rstrip("\ufffd")
+        prefix = 0
         for s in self.stop:
-            for k in range(min(len(s) - 1, len(text)), 0, -1):
-                if text.endswith(s[:k]):
-                    held = max(held, k)
+            for k in range(min(len(s) - 1, len(complete)), prefix, -1):
+                if complete.endswith(s[:k]):
+                    prefix = k
                     break
-        return held
+        return len(text) - len(complete) + prefix
