@@ -3,8 +3,8 @@
 The text is always the decode of every token so far (skip_special_tokens, as `specpilot generate`
 prints it), so what was streamed concatenates to exactly the non-streamed text. Text is held back
 while it might still change or be cut: a trailing U+FFFD (an incomplete UTF-8 sequence the next
-token may finish) and a tail that is a prefix of some stop string. A stop string ends the text
-before its first occurrence (the stop string itself is not returned, as OpenAI does).
+token may finish) and a tail that is a prefix of some stop string. The first stop string completed
+ends the text before it (the stop string itself is not returned, as OpenAI does).
 """
 from __future__ import annotations
 
@@ -46,10 +46,12 @@ class TextStream:
         return out
 
     def _first_stop(self, text: str):
-        # Only the part not yet emitted can hold a new match (emitted text never ended in a stop prefix).
+        """Where the text ends: the start of the stop string that is completed first reading the text
+        character by character (the earliest end; the longest at a tie), so the cut does not depend on
+        how many tokens each step committed."""
         start = max(0, self.emitted - max((len(s) for s in self.stop), default=0))
-        hits = [i for i in (text.find(s, start) for s in self.stop) if i >= 0]
-        return min(hits) if hits else None
+        hits = [(i + len(s), i) for s, i in ((s, text.find(s, start)) for s in self.stop) if i >= 0]
+        return min(hits)[1] if hits else None
 
     def _holdback(self, text: str) -> int:
         """Characters at the end that may still change or start a stop string: the incomplete tail, and
