@@ -80,7 +80,9 @@ def run(argv=None) -> dict:
     if target.device.type == "cuda":           # the adaptive budget's cost table, as bench --concurrency measures it
         from specpilot.engine.batch.profile import measure_step_costs
 
-        costs = measure_step_costs(BatchEngine(target, drafter, BatchConfig(), kv_pages=pool_pages([[0] * 528], 0, 64, 16)))
+        probe = BatchEngine(target, drafter, BatchConfig(), kv_pages=pool_pages([[0] * 528], 0, 64, 16))
+        costs = measure_step_costs(probe)
+        del probe
     closed_loop(target, drafter, BatchConfig(), 1, prompts[:1], min(8, new), stop_ids, step_costs=costs)   # warm-up
     inproc, results = closed_loop(target, drafter, BatchConfig(), c, prompts, new, stop_ids, step_costs=costs)
     print(f"in process: {inproc['tokens_per_s']:.1f} tokens/s, tau {inproc['tau']}", file=sys.stderr, flush=True)

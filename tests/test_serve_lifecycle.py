@@ -97,3 +97,22 @@ def test_shutdown_cancels_what_outlives_the_grace_period(dirs, caplog):
     engine = server.served.worker.engine
     assert engine.pool.free_pages == engine.pool.num_pages and not engine.running and not engine.queue
     assert server.served.metrics.generated_tokens < LONG
+
+
+def test_an_engine_failure_fails_in_flight_requests_and_health_says_so(dirs):
+    server = start_server(*dirs, max_model_len=128)
+    engine = server.served.worker.engine
+    try:
+        def broken_step():
+            raise RuntimeError("planted: the device fell over")
+
+        engine.step = broken_step
+        r = httpx.post(server.url + "/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 4}, timeout=30)
+        assert r.status_code == 500
+        assert r.json()["error"]["code"] == "engine_failed" and "planted: the device fell over" in r.text
+        health = httpx.get(server.url[:-len("/v1")] + "/health", timeout=10)
+        assert health.status_code == 503 and "planted" in health.json()["reason"]
+        again = httpx.post(server.url + "/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 4}, timeout=30)
+        assert again.status_code == 503 and again.json()["error"]["code"] == "unavailable"
+    finally:
+        server.stop()

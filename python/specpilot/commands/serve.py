@@ -19,9 +19,11 @@ def configure(parser):
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--max-batch", type=int, default=8, help="requests decoding at once (more wait in a queue)")
-    parser.add_argument("--served-model-name", default=None, help="the model id clients send (default: --target's folder name)")
+    parser.add_argument("--served-model-name", default=None,
+                        help="the model id clients send (default: --target's folder name)")
     parser.add_argument("--max-model-len", type=int, default=None,
-                        help="longest prompt + completion of one request (default: the target's positions, at most 4096)")
+                        help="longest prompt + completion of one request "
+                             "(default: the target's positions, at most 4096)")
     parser.add_argument("--kv-pages", type=int, default=None,
                         help="KV cache pages of 16 tokens (default: --max-batch requests of --max-model-len)")
     parser.add_argument("--block-size", type=int, default=None, help="default: the drafter's")

@@ -77,7 +77,10 @@ def build_app(served: Served, shutdown_grace_s: float = 30.0) -> Starlette:
             protocol.check_model(body, served.model_name)
             protocol.check_params(body, kind)
             tok = served.tokenizer
-            ids = protocol.chat_prompt(body, tok) if kind == "chat" else protocol.completion_prompt(body, tok, served.vocab_size)
+            if kind == "chat":
+                ids = protocol.chat_prompt(body, tok)
+            else:
+                ids = protocol.completion_prompt(body, tok, served.vocab_size)
             params = protocol.sampling(body, kind, len(ids), served.max_model_len)
             ticket = Ticket(asyncio.get_running_loop())
             served.worker.submit(Request(tuple(ids), params.max_tokens, temperature=params.temperature,
@@ -105,9 +108,9 @@ def build_app(served: Served, shutdown_grace_s: float = 30.0) -> Starlette:
 
     async def not_found(request: HTTPRequest, exc):
         status = getattr(exc, "status_code", 404)
-        message = f"{request.method} {request.url.path}: " + ("no such route" if status == 404 else "method not allowed")
-        return JSONResponse(APIError(status, message, code="not_found" if status == 404 else "method_not_allowed").body(),
-                            status_code=status)
+        what, code = ("no such route", "not_found") if status == 404 else ("method not allowed", "method_not_allowed")
+        body = APIError(status, f"{request.method} {request.url.path}: {what}", code=code).body()
+        return JSONResponse(body, status_code=status)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

@@ -26,7 +26,8 @@ class Histogram:
 
     def lines(self, name: str) -> list:
         out = [f'{name}_bucket{{le="{b}"}} {c}' for b, c in zip(self.buckets, self.counts)]
-        return out + [f'{name}_bucket{{le="+Inf"}} {self.count}', f"{name}_sum {self.sum:.6f}", f"{name}_count {self.count}"]
+        return out + [f'{name}_bucket{{le="+Inf"}} {self.count}', f"{name}_sum {self.sum:.6f}",
+                      f"{name}_count {self.count}"]
 
 
 class Metrics:

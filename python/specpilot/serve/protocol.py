@@ -131,10 +131,11 @@ def chat_prompt(body: dict, tokenizer) -> list:
                            param=f"messages[{i}]")
         content = m.get("content")
         if isinstance(content, list):
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+            texts = [p.get("text") if isinstance(p, dict) and p.get("type") == "text" else None for p in content]
+            if not all(isinstance(t, str) for t in texts):
                 raise APIError(400, f"messages[{i}].content: only text parts are supported",
                                param=f"messages[{i}].content", code="unsupported_parameter")
-            content = "".join(p["text"] for p in content)
+            content = "".join(texts)
         if not isinstance(content, str):
             raise APIError(400, f"messages[{i}].content must be a string or a list of text parts",
                            param=f"messages[{i}].content")
