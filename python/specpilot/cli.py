@@ -9,6 +9,7 @@ COMMANDS = {
     "demo": "speculative decoding of a few prompts with the zoo pair (or a tiny random pair)",
     "env": "versions, build flags, GPU, which implementation of each op is live",
     "generate": "generate text with AR or speculative decoding",
+    "serve": "an OpenAI-compatible HTTP server on the batched speculative engine",
     "verify": "run stock DFlash and ours, token-force, exit 0 only if every prompt passes",
     "bench": "the five benchmarks: tokens/s, tau, speedups; JSONL, markdown and a plot",
     "pack": "convert a bf16 HF checkpoint folder to split12",

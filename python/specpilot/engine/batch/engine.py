@@ -114,6 +114,11 @@ class BatchEngine:
                     return True
         return False
 
+    def progress(self) -> dict:
+        """Request id -> its tokens committed so far, for every running request (streaming servers read
+        it after each step; the lists are live: copy what you keep)."""
+        return {state.id: state.tokens for state in self.running}
+
     @property
     def idle(self) -> bool:
         return not (self.queue or self.running or self._finished)
