@@ -2,7 +2,7 @@
 # The GPU check: from a clean tree on a bare machine (no network), build the extension with CUDA
 # (sm_90a), run the GPU tests, run the kernel / engine / agent benchmarks, print a short table last.
 # Logs and JSON go to $OUT (the device tool's folder) or out/gpu_check.
-# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|trees|split12|gemv|skinny|engine|ab|defaults_ab|cost_8b|agents|bench_zoo|bench_8b|scale_8b|five_8b|batch|results ...]
+# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|trees|split12|gemv|skinny|engine|ab|defaults_ab|cost_8b|agents|bench_zoo|bench_8b|scale_8b|five_8b|batch|serve|results ...]
 # (default: all but prebuilt, in order). `prebuilt` replaces `build` when device time is short: it stages
 # the package in /tmp/sp with the extension that scripts/prebuild_cuda_ext.sh made on a CPU machine
 # (carried in .prebuilt/), so the device compiles nothing: `bash bench/gpu_check.sh prebuilt tests ...`;
@@ -149,6 +149,15 @@ for packed in glob.glob('_C.*.so.xz'): open('/tmp/sp_tree/specpilot/' + packed[:
              run_step batch_zoo timeout ${BATCH_ZOO_S:-150} python3 -m specpilot bench --target "$SPECPILOT_ZOO/code-tiny" \
                --drafter "$SPECPILOT_ZOO/code-tiny-dflash-b16" --concurrency 1,16 --limit 32 --max-new-tokens 128 \
                --datasets "$SPECPILOT_ZOO/prompts" --benchmarks humaneval,pystdlib --dtype bf16 --out "$OUT/batch_zoo" ;;
+    # The server (specpilot serve) against the in-process batched engine at C=32, same card, one call.
+    # Its client and server packages come from .whl/serve (pip download openai starlette uvicorn).
+    serve)   python3 -c "import openai, starlette, uvicorn" 2>/dev/null || python3 -m pip install -q --no-index \
+               --find-links .whl/serve --target /tmp/site openai starlette uvicorn
+             export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/site
+             run_step serve timeout ${SERVE_S:-400} python3 -m specpilot.bench.serve_load --target random:qwen3-8b \
+               --concurrency 32 --datasets "$SPECPILOT_DATASETS" --limit ${SERVE_LIMIT:-8} --max-new-tokens 256 \
+               --device cuda --dtype bf16 --out "$OUT/serve_load"
+             tail -1 "$OUT/serve.log" | tee -a "$summary" ;;
     # docs/results.md's form of whatever of the engine and bench steps ran in this $OUT.
     results) runs=(); for r in engine.jsonl bench_zoo bench_8b hf_8b five_8b; do [ -e "$OUT/$r" ] && runs+=("$OUT/$r"); done
              if [ ${#runs[@]} -gt 0 ]; then
