@@ -92,3 +92,22 @@ def test_drafter_for_another_target_is_refused(folders, tmp_path):
     save_file(load_file(str(folders[1] / "model.safetensors")), str(bad / "model.safetensors"))
     with pytest.raises(ValueError, match=r"include \[6\], outside the target's layers 0..3"):
         load_drafter(bad, target)
+
+
+def test_split12_pack_round_trip(tmp_path):
+    """`specpilot pack` of a hybrid folder loads back bit-exact, and runs split12 linears in bf16."""
+    from specpilot.cli import main
+    from specpilot.engine import Engine
+    from specpilot.models.loading import weights_of
+
+    src, _ = write_pair(tmp_path / "bf16", "tiny-qwen3.5", layer_ids=[0, 2], block_size=4, seed=6,
+                        dtype=torch.bfloat16)
+    assert main(["pack", str(src), str(tmp_path / "packed")]) == 0
+    plain = load_target(src, dtype=torch.bfloat16, weights="bf16")
+    packed = load_target(tmp_path / "packed", dtype=torch.bfloat16)
+    assert weights_of(packed) == "split12" and weights_of(plain) == "bf16"
+    unpacked = load_target(tmp_path / "packed", dtype=torch.bfloat16, weights="bf16")
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), unpacked.state_dict().values()))
+    prompt = list(range(3, 40))
+    ar = Engine(plain, None, max_seq_len=128).generate_ar(prompt, 16).tokens
+    assert Engine(packed, None, max_seq_len=128).generate_ar(prompt, 16).tokens == ar
