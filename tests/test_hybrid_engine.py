@@ -1,4 +1,5 @@
-"""Hybrid recurrent targets (Qwen3.5 layout: Gated DeltaNet + gated attention), fp32 on the CPU:
+"""Hybrid recurrent targets (Qwen3.5 layout: Gated DeltaNet + gated attention; Qwen3-Next: the same
+with sparse MoE MLPs), fp32 on the CPU:
 our AR equals transformers' greedy generate of the same checkpoint, our speculative decoding equals
 our AR (the recurrent state after every verify is exactly AR's), and stock `dflash_generate`, whose
 cache crop cannot roll a recurrent state back, leaves the target's greedy output."""
@@ -16,13 +17,16 @@ from specpilot.verify.stock import run_stock
 ZOO = Path("/work/shared/zoo")
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    return Pair(tmp_path_factory.mktemp("hybrid"), "tiny-qwen3.5", [0, 2], block_size=16, seed=fresh_seed())
+@pytest.fixture(scope="module", params=["tiny-qwen3.5", "tiny-qwen3-next"])     # Qwen3-Next: + sparse MoE
+def pair(request, tmp_path_factory):
+    return Pair(tmp_path_factory.mktemp("hybrid"), request.param, [0, 2], block_size=16, seed=fresh_seed())
 
 
 def hf_greedy(model, prompt, max_new_tokens, stop_ids=()):
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
+    """transformers' greedy generate; the attention mask is given (else a prompt token equal to the pad
+    id would be masked out as padding)."""
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
                          eos_token_id=list(stop_ids) or None, pad_token_id=0)
     return out[0, len(prompt):].tolist()
 

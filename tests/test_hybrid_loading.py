@@ -111,3 +111,39 @@ def test_split12_pack_round_trip(tmp_path):
     prompt = list(range(3, 40))
     ar = Engine(plain, None, max_seq_len=128).generate_ar(prompt, 16).tokens
     assert Engine(packed, None, max_seq_len=128).generate_ar(prompt, 16).tokens == ar
+
+
+def test_qwen3_next_folder_loads_moe_and_grouped_projections(tmp_path):
+    """Qwen3-Next: the grouped in_proj_qkvz / in_proj_ba rows land in our [q; k; v; z; b; a] layout, the
+    per-expert tensors in SparseMoE; the fused (transformers) expert form loads the same model."""
+    from specpilot.models.moe import SparseMoE
+
+    src, _ = write_pair(tmp_path / "next", "tiny-qwen3-next", layer_ids=[0, 2], block_size=4, seed=7)
+    target = load_target(src, dtype=torch.float32)
+    assert target.config.family == "qwen3_next" and target.config.moe_layers == (0, 2, 3)
+    assert isinstance(target.layers[0].mlp, SparseMoE) and not isinstance(target.layers[1].mlp, SparseMoE)
+
+    def fuse_experts(state):
+        out = {k: v for k, v in state.items() if ".mlp.experts." not in k}
+        for i in (0, 2, 3):
+            e = f"model.layers.{i}.mlp.experts."
+            out[e + "gate_up_proj"] = torch.stack([torch.cat([state[f"{e}{x}.gate_proj.weight"],
+                                                              state[f"{e}{x}.up_proj.weight"]]) for x in range(4)])
+            out[e + "down_proj"] = torch.stack([state[f"{e}{x}.down_proj.weight"] for x in range(4)])
+        return out
+
+    fused = load_target(edited(src, tmp_path / "fused", state_edit=fuse_experts), dtype=torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(target.state_dict().values(), fused.state_dict().values()))
+
+
+def test_sparse_moe_equals_transformers_block(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    src, _ = write_pair(tmp_path / "next", "tiny-qwen3-next", layer_ids=[0, 2], block_size=4, seed=8)
+    ours = load_target(src, dtype=torch.float32).layers[2].mlp
+    theirs = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32).model.layers[2].mlp
+    x = torch.randn(1, 64, 64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = theirs(x)
+        torch.testing.assert_close(ours(x), expected[0] if isinstance(expected, tuple) else expected,
+                                   atol=1e-5, rtol=1e-5)

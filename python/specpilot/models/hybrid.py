@@ -1,5 +1,5 @@
-"""Hybrid recurrent causal LM (Qwen3.5 text layout): Gated DeltaNet layers and gated full-attention
-layers, over a HybridCache (engine/recurrent_state.py: KV for the attention layers, conv + recurrent
+"""Hybrid recurrent causal LM (Qwen3.5 text layout, and Qwen3-Next: the same with sparse MoE MLPs):
+Gated DeltaNet layers and gated full-attention layers, over a HybridCache (engine/recurrent_state.py: KV for the attention layers, conv + recurrent
 state for the GDN layers, per-position snapshots for verify blocks).
 
 Same forward contract as TargetLM (ids, positions, cache, kv_len, feature_layers, logits_rows), so
@@ -25,6 +25,7 @@ from specpilot.ops.attention import attend, attention_mask
 from . import gdn
 from .hybrid_config import HybridConfig
 from .layers import SwiGLU, rope_table
+from .moe import SparseMoE
 
 
 def zero_centred_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -133,7 +134,8 @@ class HybridBlock(nn.Module):
         self.attn_norm = ZeroCentredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mixer = GatedDeltaNet(cfg, layer) if self.recurrent else GatedAttention(cfg)
         self.mlp_norm = ZeroCentredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = SparseMoE(cfg.hidden_size, cfg) if layer in cfg.moe_layers else \
+            SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
 
 class HybridLM(nn.Module):

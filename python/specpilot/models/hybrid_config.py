@@ -1,8 +1,9 @@
 """Configuration of hybrid recurrent targets (Qwen3.5 text: Gated DeltaNet + gated full attention),
 parsed from Hugging Face `config.json` with clear errors for shapes our modules cannot run.
 
-Accepted: `Qwen3_5ForCausalLM` (`qwen3_5_text`) and the text part of `Qwen3_5ForConditionalGeneration`
-(its `text_config`; the vision tower and MTP head are not loaded).
+Accepted: `Qwen3_5ForCausalLM` (`qwen3_5_text`), the text part of `Qwen3_5ForConditionalGeneration`
+(its `text_config`; the vision tower and MTP head are not loaded) and `Qwen3NextForCausalLM`
+(`qwen3_next`: the same layers, with sparse MoE MLPs in the layers `moe_layers` names).
 """
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ from dataclasses import dataclass
 
 from .config import RopeConfig, _eos_ids, parse_rope
 
-HYBRID_ARCHITECTURES = {"Qwen3_5ForCausalLM": "qwen3_5", "Qwen3_5ForConditionalGeneration": "qwen3_5"}
+HYBRID_ARCHITECTURES = {"Qwen3_5ForCausalLM": "qwen3_5", "Qwen3_5ForConditionalGeneration": "qwen3_5",
+                        "Qwen3NextForCausalLM": "qwen3_next"}
 LAYER_KINDS = ("linear_attention", "full_attention")
 
 
 @dataclass(frozen=True)
 class HybridConfig:
-    family: str                     # "qwen3_5"
+    family: str                     # "qwen3_5" | "qwen3_next"
     vocab_size: int
     hidden_size: int
     layer_types: tuple              # per layer: "linear_attention" (GDN) | "full_attention"
@@ -35,6 +37,12 @@ class HybridConfig:
     tie_word_embeddings: bool
     max_position_embeddings: int
     eos_token_ids: tuple = ()
+    moe_layers: tuple = ()          # Qwen3-Next: layers whose MLP is the sparse MoE block
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    norm_topk_prob: bool = True
 
     @property
     def num_layers(self) -> int:
@@ -82,6 +90,9 @@ class HybridConfig:
         if self.rotary_dim < 2 or self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
             raise ValueError(f"{where}: partial_rotary_factor={self.partial_rotary_factor} gives rotary dim "
                              f"{self.rotary_dim} for head_dim {self.head_dim}; it must be even and in 2..head_dim")
+        if self.moe_layers and not 0 < self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(f"{where}: num_experts_per_tok={self.num_experts_per_tok} must be in 1..num_experts="
+                             f"{self.num_experts}")
         for name in ("hidden_size", "head_dim", "linear_key_head_dim", "linear_value_head_dim", "intermediate_size",
                      "vocab_size"):
             if getattr(self, name) < 1:
@@ -149,4 +160,18 @@ def hybrid_config_from_dict(cfg: dict, where: str = "target") -> HybridConfig:
         rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)), rope=parse_rope(text, where),
         tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
         max_position_embeddings=int(text.get("max_position_embeddings", 4096)),
-        eos_token_ids=_eos_ids(text)).validate(where)
+        eos_token_ids=_eos_ids(text), **_moe_fields(text, layers, where)).validate(where)
+
+
+def _moe_fields(cfg: dict, layers: int, where: str) -> dict:
+    """Qwen3-Next's sparse MoE: which layers use it (transformers' rule) and its sizes; {} without experts."""
+    experts = int(cfg.get("num_experts") or 0)
+    if not experts:
+        return {}
+    step = int(cfg.get("decoder_sparse_step", 1))
+    dense = set(cfg.get("mlp_only_layers") or [])
+    return dict(moe_layers=tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0),
+                num_experts=experts, num_experts_per_tok=int(_need(cfg, "num_experts_per_tok", where)),
+                moe_intermediate_size=int(_need(cfg, "moe_intermediate_size", where)),
+                shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
+                norm_topk_prob=bool(cfg.get("norm_topk_prob", True)))

@@ -1,4 +1,6 @@
-"""Tensor-name mapping between HF Qwen3.5 hybrid checkpoints and HybridLM's fused modules, both ways.
+"""Tensor-name mapping between HF Qwen3.5 / Qwen3-Next hybrid checkpoints and HybridLM's fused modules,
+both ways. Qwen3-Next groups its GDN projections per key head (in_proj_qkvz, in_proj_ba): loading
+permutes those rows into our layout; its experts load from per-expert or fused tensors.
 
 Fused rows: GDN in_proj = [in_proj_qkv; in_proj_z; in_proj_b; in_proj_a], attention qkv =
 [q_proj (query | gate per head); k_proj; v_proj], mlp gate_up = [gate_proj; up_proj]; the GDN conv
@@ -36,8 +38,14 @@ def _per_layer(cfg: HybridConfig, i: int) -> list:
     """(HF name, our name) of the tensors a layer maps one to one."""
     src, dst = f"model.layers.{i}.", f"layers.{i}."
     pairs = [(src + "input_layernorm.weight", dst + "attn_norm.weight"),
-             (src + "post_attention_layernorm.weight", dst + "mlp_norm.weight"),
-             (src + "mlp.down_proj.weight", dst + "mlp.down.weight")]
+             (src + "post_attention_layernorm.weight", dst + "mlp_norm.weight")]
+    if i in cfg.moe_layers:
+        pairs.append((src + "mlp.gate.weight", dst + "mlp.router.weight"))
+        if cfg.shared_expert_intermediate_size:
+            pairs += [(src + "mlp.shared_expert.down_proj.weight", dst + "mlp.shared.down.weight"),
+                      (src + "mlp.shared_expert_gate.weight", dst + "mlp.shared_gate.weight")]
+    else:
+        pairs.append((src + "mlp.down_proj.weight", dst + "mlp.down.weight"))
     if cfg.layer_types[i] == "linear_attention":
         a = src + "linear_attn."
         pairs += [(a + "A_log", dst + "mixer.A_log"), (a + "dt_bias", dst + "mixer.dt_bias"),
@@ -52,13 +60,68 @@ def _per_layer(cfg: HybridConfig, i: int) -> list:
 def _fused(cfg: HybridConfig, i: int) -> list:
     """(our name, [HF names in row order]) of a layer's fused projections."""
     src, dst = f"model.layers.{i}.", f"layers.{i}."
-    out = [(dst + "mlp.gate_up.weight", [src + "mlp.gate_proj.weight", src + "mlp.up_proj.weight"])]
+    if i not in cfg.moe_layers:
+        out = [(dst + "mlp.gate_up.weight", [src + "mlp.gate_proj.weight", src + "mlp.up_proj.weight"])]
+    elif cfg.shared_expert_intermediate_size:
+        out = [(dst + "mlp.shared.gate_up.weight", [src + f"mlp.shared_expert.{p}_proj.weight" for p in ("gate", "up")])]
+    else:
+        out = []
+    if cfg.family == "qwen3_next" and cfg.layer_types[i] == "linear_attention":
+        return out                                   # qkvz / ba: grouped per key head (_qwen3_next_in_proj)
     if cfg.layer_types[i] == "linear_attention":
         a = src + "linear_attn."
         out.append((dst + "mixer.in_proj.weight", [a + f"in_proj_{p}.weight" for p in ("qkv", "z", "b", "a")]))
     else:
         a = src + "self_attn."
         out.append((dst + "mixer.qkv.weight", [a + f"{p}_proj.weight" for p in "qkv"]))
+    return out
+
+
+def _group_sizes(cfg: HybridConfig):
+    """Qwen3-Next's per-key-head groups: qkvz rows [q dk, k dk, v r*dv, z r*dv], ba rows [b r, a r]."""
+    r = cfg.linear_num_value_heads // cfg.linear_num_key_heads
+    dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    return [dk, dk, r * dv, r * dv], [r, r]
+
+
+def _next_in_proj_from_hf(qkvz, ba, cfg: HybridConfig, i: int, where: str) -> torch.Tensor:
+    """Qwen3-Next's grouped in_proj_qkvz / in_proj_ba -> our [q; k; v; z; b; a] rows (a row permutation:
+    each output row is computed exactly as before)."""
+    nk, hidden = cfg.linear_num_key_heads, qkvz.shape[-1]
+    qkvz_sizes, ba_sizes = _group_sizes(cfg)
+    if qkvz.shape[0] != nk * sum(qkvz_sizes) or ba.shape[0] != nk * sum(ba_sizes):
+        raise ValueError(f"{where}: layer {i} in_proj_qkvz / in_proj_ba have {qkvz.shape[0]} / {ba.shape[0]} rows, "
+                         f"expected {nk * sum(qkvz_sizes)} / {nk * sum(ba_sizes)} for the config's GDN heads")
+    parts = qkvz.view(nk, -1, hidden).split(qkvz_sizes, dim=1) + ba.view(nk, -1, hidden).split(ba_sizes, dim=1)
+    return torch.cat([p.reshape(-1, hidden) for p in parts])
+
+
+def _next_in_proj_to_hf(in_proj, cfg: HybridConfig):
+    nk, hidden = cfg.linear_num_key_heads, in_proj.shape[-1]
+    qkvz_sizes, ba_sizes = _group_sizes(cfg)
+    parts = in_proj.split([nk * n for n in qkvz_sizes + ba_sizes])
+    grouped = [p.view(nk, -1, hidden) for p in parts]
+    return (torch.cat(grouped[:4], dim=1).reshape(-1, hidden), torch.cat(grouped[4:], dim=1).reshape(-1, hidden))
+
+
+def _experts_from_hf(hf: dict, cfg: HybridConfig, i: int, where: str) -> dict:
+    """The routed experts, from per-expert tensors (the Hub's form) or transformers' fused 3D ones."""
+    e, dst = f"model.layers.{i}.mlp.experts.", f"layers.{i}.mlp."
+    if e + "gate_up_proj" in hf:
+        return {dst + "gate_up": _take(hf, e + "gate_up_proj", where), dst + "down": _take(hf, e + "down_proj", where)}
+    gate_up = [torch.cat([_take(hf, f"{e}{x}.gate_proj.weight", where), _take(hf, f"{e}{x}.up_proj.weight", where)])
+               for x in range(cfg.num_experts)]
+    down = [_take(hf, f"{e}{x}.down_proj.weight", where) for x in range(cfg.num_experts)]
+    return {dst + "gate_up": torch.stack(gate_up), dst + "down": torch.stack(down)}
+
+
+def _experts_to_hf(ours: dict, cfg: HybridConfig, i: int) -> dict:
+    e, dst = f"model.layers.{i}.mlp.experts.", f"layers.{i}.mlp."
+    out = {}
+    for x in range(cfg.num_experts):
+        gate, up = ours[dst + "gate_up"][x].split(cfg.moe_intermediate_size)
+        out[f"{e}{x}.gate_proj.weight"], out[f"{e}{x}.up_proj.weight"] = gate, up
+        out[f"{e}{x}.down_proj.weight"] = ours[dst + "down"][x]
     return out
 
 
@@ -72,6 +135,12 @@ def hybrid_from_hf(hf: dict, cfg: HybridConfig, where: str = "target") -> dict:
             ours[o] = _take(hf, h, where)
         for o, parts in _fused(cfg, i):
             ours[o] = torch.cat([_take(hf, h, where) for h in parts])
+        if i in cfg.moe_layers:
+            ours.update(_experts_from_hf(hf, cfg, i, where))
+        if cfg.family == "qwen3_next" and cfg.layer_types[i] == "linear_attention":
+            a = f"model.layers.{i}.linear_attn."
+            ours[f"layers.{i}.mixer.in_proj.weight"] = _next_in_proj_from_hf(
+                _take(hf, a + "in_proj_qkvz.weight", where), _take(hf, a + "in_proj_ba.weight", where), cfg, i, where)
         if cfg.layer_types[i] == "linear_attention":
             conv = _take(hf, f"model.layers.{i}.linear_attn.conv1d.weight", where)
             if conv.dim() != 3 or conv.shape[1] != 1:
@@ -103,8 +172,16 @@ def hybrid_to_hf(ours: dict, cfg: HybridConfig) -> dict:
         for h, o in _per_layer(cfg, i):
             hf[h] = ours[o]
         for o, parts in _fused(cfg, i):
-            split = [cfg.intermediate_size] * 2 if o.endswith("gate_up.weight") else sizes[cfg.layer_types[i]]
+            split = [cfg.intermediate_size] * 2 if o.endswith("mlp.gate_up.weight") else \
+                [cfg.shared_expert_intermediate_size] * 2 if o.endswith("shared.gate_up.weight") else \
+                sizes[cfg.layer_types[i]]
             hf.update(zip(parts, ours[o].split(split)))
+        if i in cfg.moe_layers:
+            hf.update(_experts_to_hf(ours, cfg, i))
+        if cfg.family == "qwen3_next" and cfg.layer_types[i] == "linear_attention":
+            a = f"model.layers.{i}.linear_attn."
+            hf[a + "in_proj_qkvz.weight"], hf[a + "in_proj_ba.weight"] = _next_in_proj_to_hf(
+                ours[f"layers.{i}.mixer.in_proj.weight"], cfg)
         if cfg.layer_types[i] == "linear_attention":
             hf[f"model.layers.{i}.linear_attn.conv1d.weight"] = ours[f"layers.{i}.mixer.conv_weight"][:, None]
     if not cfg.tie_word_embeddings:

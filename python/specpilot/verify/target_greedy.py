@@ -34,7 +34,8 @@ def run_target_greedy(pair: StockPair, prompt_ids, max_new_tokens: int, stop_ids
     ids = torch.tensor([list(map(int, prompt_ids))], dtype=torch.long, device=pair.device)
     stops = list(stop_ids)
     t0 = time.perf_counter()
-    out = pair.target.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=stops or None,
-                               pad_token_id=stops[0] if stops else 0)
+    # The attention mask is given: generate would otherwise mask prompt tokens equal to the pad id.
+    out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                               do_sample=False, eos_token_id=stops or None, pad_token_id=stops[0] if stops else 0)
     return StockResult(tokens=out[0, ids.shape[1]:].tolist(), acceptance_lengths=[],
                        seconds=time.perf_counter() - t0)
