@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specpilot.kernels import gdn_chain
 from specpilot.ops import linear
 from specpilot.ops.attention import attend, attention_mask
 
@@ -108,11 +109,16 @@ class GatedDeltaNet(nn.Module):
         conv_state, state = cache.layer_state(self.layer)
         window = torch.cat([conv_state, qkv.transpose(1, 2)], dim=-1)          # [B, C, K-1+T]
         mixed = gdn.causal_conv(window, self.conv_weight).transpose(1, 2)       # [B, T, C]
+        beta = beta_in.sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)   # log decay <= 0, fp32
+        if every_position and gdn_chain.takes(mixed, self.dk, self.dv):       # one CUDA kernel per layer
+            out, snapshots = gdn_chain.gdn_chain(mixed[0].contiguous(), self.nk, self.dk, g[0], beta[0].float(),
+                                                 state[0])
+            cache.stash(self.layer, window, snapshots[None])
+            return self._output(out[None], z, b, t)
         q, k, v = mixed.split((self.key_dim, self.key_dim, self.value_dim), dim=-1)
         q, k = q.reshape(b, t, self.nk, self.dk), k.reshape(b, t, self.nk, self.dk)
         v = v.reshape(b, t, self.nv, self.dv)
-        beta = beta_in.sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)   # log decay <= 0, fp32
         if self.nv > self.nk:
             q, k = (y.repeat_interleave(self.nv // self.nk, dim=2) for y in (q, k))
         if every_position:
@@ -121,6 +127,10 @@ class GatedDeltaNet(nn.Module):
             out, final = gdn.chunked_gated_delta_rule(q, k, v, g, beta, state)
             snapshots = final[:, None]
         cache.stash(self.layer, window, snapshots)
+        return self._output(out, z, b, t)
+
+    def _output(self, out, z, b: int, t: int):
+        """out [B, T, H, Dv] of the delta rule -> gated RMSNorm -> output projection."""
         out = gdn.gated_rms_norm(out, z.reshape(b, t, self.nv, self.dv), self.norm_weight, self.eps)
         return linear.linear(self.out_proj, out.reshape(b, t, self.value_dim))
 
