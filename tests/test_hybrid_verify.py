@@ -27,7 +27,7 @@ def test_verify_cli_forces_against_the_target_greedy(pair, tmp_path, capsys):
     printed = capsys.readouterr().out
     out = json.loads(printed.strip().splitlines()[-1])
     assert rc == 0 and out["passed"] is True, printed[-3000:]
-    assert out["reference"] == TARGET_GREEDY and out["tokens"] == 40 and out["spec_identical"] == 2
+    assert out["reference"] == TARGET_GREEDY and 2 <= out["tokens"] <= 40 and out["spec_identical"] == 2  # eos may stop
     assert printed.startswith(f"reference: {TARGET_GREEDY}")
     assert "identical to the target's greedy AR" in printed
 
