@@ -1,6 +1,7 @@
 """Hybrid recurrent causal LM (Qwen3.5 text layout, and Qwen3-Next: the same with sparse MoE MLPs):
-Gated DeltaNet layers and gated full-attention layers, over a HybridCache (engine/recurrent_state.py: KV for the attention layers, conv + recurrent
-state for the GDN layers, per-position snapshots for verify blocks).
+Gated DeltaNet layers and gated full-attention layers, over a HybridCache (engine/recurrent_state.py:
+KV for the attention layers, conv + recurrent state for the GDN layers, per-position snapshots for
+verify blocks).
 
 Same forward contract as TargetLM (ids, positions, cache, kv_len, feature_layers, logits_rows), so
 the engine's step runner and loops drive it unchanged. Positions must be consecutive: a recurrent

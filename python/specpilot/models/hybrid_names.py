@@ -49,11 +49,12 @@ def _per_layer(cfg: HybridConfig, i: int) -> list:
     if cfg.layer_types[i] == "linear_attention":
         a = src + "linear_attn."
         pairs += [(a + "A_log", dst + "mixer.A_log"), (a + "dt_bias", dst + "mixer.dt_bias"),
-                  (a + "norm.weight", dst + "mixer.norm_weight"), (a + "out_proj.weight", dst + "mixer.out_proj.weight")]
+                  (a + "norm.weight", dst + "mixer.norm_weight"),
+                  (a + "out_proj.weight", dst + "mixer.out_proj.weight")]
     else:
         a = src + "self_attn."
-        pairs += [(a + "q_norm.weight", dst + "mixer.q_norm.weight"), (a + "k_norm.weight", dst + "mixer.k_norm.weight"),
-                  (a + "o_proj.weight", dst + "mixer.o.weight")]
+        pairs += [(a + "q_norm.weight", dst + "mixer.q_norm.weight"),
+                  (a + "k_norm.weight", dst + "mixer.k_norm.weight"), (a + "o_proj.weight", dst + "mixer.o.weight")]
     return pairs
 
 
@@ -63,7 +64,8 @@ def _fused(cfg: HybridConfig, i: int) -> list:
     if i not in cfg.moe_layers:
         out = [(dst + "mlp.gate_up.weight", [src + "mlp.gate_proj.weight", src + "mlp.up_proj.weight"])]
     elif cfg.shared_expert_intermediate_size:
-        out = [(dst + "mlp.shared.gate_up.weight", [src + f"mlp.shared_expert.{p}_proj.weight" for p in ("gate", "up")])]
+        shared = src + "mlp.shared_expert."
+        out = [(dst + "mlp.shared.gate_up.weight", [shared + f"{p}_proj.weight" for p in ("gate", "up")])]
     else:
         out = []
     if cfg.family == "qwen3_next" and cfg.layer_types[i] == "linear_attention":
