@@ -85,3 +85,28 @@ def test_engine_with_the_kernel_equals_the_reference(tmp_path):
         logits.append(out.float())
     torch.testing.assert_close(logits[0], logits[1], atol=0.05 * float(logits[1].abs().amax()), rtol=0.02)
     assert on.generate_ar(prompt, 24).tokens[:8] == off.generate_ar(prompt, 24).tokens[:8]
+
+
+def test_zoo_hybrid_pair_passes_the_verdict_in_bf16():
+    """The trained hybrid pair on the GPU in bf16 (the chain kernel on): token-forced against the
+    target's own greedy AR under the referee rule, our speculative output included."""
+    from specpilot import settings
+    from specpilot.engine import Engine
+    from specpilot.models import load_pair
+    from specpilot.models.prompts import encode_prompt, read_prompts
+    from specpilot.verify.forcing import token_force
+    from specpilot.verify.stock import load_stock
+    from specpilot.verify.target_greedy import TARGET_GREEDY
+
+    zoo = settings.get().zoo
+    if not (zoo / "hybrid-tiny").is_dir():
+        pytest.skip(f"no hybrid-tiny pair under {zoo}")
+    tdir, ddir = zoo / "hybrid-tiny", zoo / "hybrid-tiny-dflash-b16"
+    target, drafter, tok = load_pair(tdir, ddir, device="cuda", dtype=torch.bfloat16)
+    rows = read_prompts(zoo / "prompts" / "humaneval.jsonl", limit=4)
+    prompts = [encode_prompt(tok, row) for row in rows]
+    engine = Engine(target, drafter, max_seq_len=1024)
+    report = token_force(engine, load_stock(tdir, ddir, "cuda", torch.bfloat16), prompts, 128,
+                         stop_ids=target.eos_token_ids)
+    assert report.reference == TARGET_GREEDY
+    assert report.passed and report.reasons == [], report.summary()
