@@ -4,17 +4,17 @@ our AR equals transformers' greedy generate of the same checkpoint, our speculat
 our AR (the recurrent state after every verify is exactly AR's), and stock `dflash_generate`, whose
 cache crop cannot roll a recurrent state back, leaves the target's greedy output."""
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
 from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU thread)
 from test_engine_helpers import Pair, fresh_seed
+from specpilot import settings
 from specpilot.engine.recurrent_state import HybridCache
 from specpilot.verify.stock import run_stock
 
-ZOO = Path("/work/shared/zoo")
+ZOO = settings.get().zoo
 
 
 @pytest.fixture(scope="module", params=["tiny-qwen3.5", "tiny-qwen3-next"])     # Qwen3-Next: + sparse MoE
