@@ -67,14 +67,20 @@ def run(args) -> int:
 def print_report(report) -> None:
     """Per prompt, the referee and its noise, every excused / failed record (up to SHOWN_RECORDS a
     list), the agreement with the referee per path, and the verdict line."""
+    from specpilot.verify.target_greedy import STOCK
+
+    reference = "stock" if report.reference == STOCK else "the target's greedy AR"
+    print(f"reference: {report.reference}")
     for row in report.per_prompt:
         bad = row["mismatches"] + row["spec_mismatches"]
-        spec = "identical to stock" if row["spec_identical"] else f"forks from stock at token {row['spec_fork']}"
+        tau = f"stock {row['stock_tau']:.2f} " if report.reference == STOCK else ""
+        spec = f"identical to {reference}" if row["spec_identical"] else \
+            f"forks from {reference} at token {row['spec_fork']}"
         ar = "identical to our AR output" if row["ar_identical"] else \
             f"forks from our AR output at token {row['ar_fork']}"
-        print(f"{row['id']}: {row['tokens']} stock tokens, {row['mismatches']} forced mismatches, "
+        print(f"{row['id']}: {row['tokens']} reference tokens, {row['mismatches']} forced mismatches, "
               f"{row['spec_mismatches']} spec mismatches, {row['excused']} excused; our spec output {spec}, {ar}; "
-              f"tau stock {row['stock_tau']:.2f} ours {row['our_tau']:.2f}  [{'FAIL' if bad else 'ok'}]")
+              f"tau {tau}ours {row['our_tau']:.2f}  [{'FAIL' if bad else 'ok'}]")
     print(f"referee: {report.referee} ({report.referee_note})")
     print(f"rule: {report.rule}")
     if report.referee == "none":

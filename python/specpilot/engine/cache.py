@@ -29,6 +29,11 @@ class KVCache:
 
 
 def target_cache(model, batch: int, max_seq_len: int) -> KVCache:
+    """The target's decoding state: a KVCache, or for a hybrid recurrent target (HybridLM) a HybridCache
+    (KV of its attention layers + conv / recurrent states with per-position snapshots)."""
+    if getattr(model, "is_hybrid", False):
+        from .recurrent_state import hybrid_cache
+        return hybrid_cache(model, batch, max_seq_len)
     c = model.config
     return KVCache(c.num_layers, batch, c.num_kv_heads, max_seq_len, c.head_dim, model.device, model.dtype)
 

@@ -74,4 +74,8 @@ def engine_for(target, drafter, prompts, max_new_tokens, config=None):
     from specpilot.engine import Engine
 
     need = max(len(ids) for _, ids in prompts) + max_new_tokens + 1
-    return Engine(target, drafter, max_seq_len=max(256, -(-need // 256) * 256), config=config or EngineConfig())
+    engine = Engine(target, drafter, max_seq_len=max(256, -(-need // 256) * 256), config=config or EngineConfig())
+    if engine.eager_reason:
+        import sys
+        print(f"specpilot: {engine.eager_reason}", file=sys.stderr)
+    return engine

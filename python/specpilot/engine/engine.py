@@ -1,6 +1,7 @@
 """Engine: static caches + step runner + the AR and speculative loops (the engine API)."""
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -19,6 +20,10 @@ from .spec import run_spec
 from .steps import StepRunner
 
 
+HYBRID_EAGER = ("hybrid recurrent target: eager step loop (no CUDA graphs / fused greedy steps), since each "
+                "forward commits the recurrent state of the accepted prefix on the host (engine/recurrent_state.py)")
+
+
 class Engine:
     def __init__(self, target, drafter=None, max_seq_len: int = 4096, config: EngineConfig = EngineConfig()):
         """max_seq_len bounds prompt + new tokens; config: every kernel and mechanism choice
@@ -29,6 +34,10 @@ class Engine:
             raise ValueError(f"max_seq_len={max_seq_len} must be >= 2")
         if drafter is not None and drafter.target is not target:
             raise ValueError("the drafter was loaded against a different target (load_drafter(dir, target))")
+        self.eager_reason = None
+        if getattr(target, "is_hybrid", False):         # see HYBRID_EAGER
+            self.eager_reason = HYBRID_EAGER
+            config = dataclasses.replace(config, cuda_graphs=False, fused_steps=False, compile_layers=False)
         self.target, self.drafter = target, drafter
         self.max_seq_len = max_seq_len
         self.device = target.device

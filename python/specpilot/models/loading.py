@@ -6,10 +6,12 @@ from pathlib import Path
 
 import torch
 
-from . import hf_names
+from . import hf_names, hybrid_names
 from .checkpoint import SPLIT12_FORMAT, assign_state, checkpoint_format, read_any_state_dict
 from .config import drafter_config_from_dict, read_config_json, target_config_from_dict
 from .drafter import DFlashDrafter
+from .hybrid import HybridLM
+from .hybrid_config import hybrid_config_from_dict, is_hybrid_config
 from .target import TargetLM
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32,
@@ -40,16 +42,28 @@ def build_target(cfg) -> TargetLM:
         return TargetLM(cfg)
 
 
+def build_hybrid(cfg) -> HybridLM:
+    """An empty (meta) HybridLM for `cfg`, to be filled by assign_state."""
+    with torch.device("meta"):
+        return HybridLM(cfg)
+
+
 def load_target(folder, device="cpu", dtype=torch.bfloat16, weights=None) -> TargetLM:
-    """Qwen3 / LLaMA-3.x causal LM from an HF folder (config.json + safetensors, single or sharded,
+    """Qwen3 / LLaMA-3.x causal LM (or a Qwen3.5 hybrid recurrent one: HybridLM) from an HF folder (config.json + safetensors, single or sharded,
     or a split12-packed folder). weights="split12" swaps the linears for split12 ones after loading
     (a bf16 folder is packed at load), "bf16" keeps bf16 linears (a split12 folder is unpacked),
     None runs the weights as stored: split12 for a split12 folder in bf16, else bf16."""
     weights = resolve_weights(folder, dtype, weights)
     device, dtype = _device(device), as_dtype(dtype)
-    cfg = target_config_from_dict(read_config_json(folder), where=f"target {folder}")
-    state = hf_names.target_from_hf(read_any_state_dict(folder), cfg, where=f"target {folder}")
-    model = build_target(cfg)
+    raw, where = read_config_json(folder), f"target {folder}"
+    if is_hybrid_config(raw):                        # Qwen3.5: Gated DeltaNet + gated attention
+        cfg = hybrid_config_from_dict(raw, where=where)
+        state = hybrid_names.hybrid_from_hf(read_any_state_dict(folder), cfg, where=where)
+        model = build_hybrid(cfg)
+    else:
+        cfg = target_config_from_dict(raw, where=where)
+        state = hf_names.target_from_hf(read_any_state_dict(folder), cfg, where=where)
+        model = build_target(cfg)
     assign_state(model, state, f"target {folder}", device, dtype)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed.weight

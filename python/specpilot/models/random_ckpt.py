@@ -19,6 +19,9 @@ import torch
 from . import hf_names
 from .config import DrafterConfig, RopeConfig, TargetConfig
 from .drafter import DFlashDrafter
+from .hybrid_config import HybridConfig
+from .hybrid_names import hybrid_to_hf
+from .random_hybrid import HYBRID_PRESETS, hf_hybrid_config, random_hybrid_target
 from .target import TargetLM
 
 LLAMA3_ROPE = RopeConfig(theta=500000.0, kind="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
@@ -31,6 +34,7 @@ TARGET_PRESETS = {
     "qwen3-8b": TargetConfig("qwen3", 151936, 4096, 36, 32, 8, 128, 12288, 1e-6, RopeConfig(1000000.0), False, 40960),
     "llama-3.1-8b": TargetConfig("llama", 128256, 4096, 32, 32, 8, 128, 14336, 1e-5, LLAMA3_ROPE, False, 131072),
 }
+TARGET_PRESETS.update(HYBRID_PRESETS)              # Qwen3.5 hybrids (models/random_hybrid.py)
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list:
@@ -71,6 +75,8 @@ def _fill_random(module: torch.nn.Module, device, dtype, seed: int) -> None:
 
 
 def random_target(cfg: TargetConfig, device="cpu", dtype=torch.float32, seed: int = 0) -> TargetLM:
+    if isinstance(cfg, HybridConfig):
+        return random_hybrid_target(cfg, device, dtype, seed)
     with torch.device("meta"):
         model = TargetLM(cfg)
     _fill_random(model, torch.device(device), dtype, seed)
@@ -107,6 +113,8 @@ def _common_hf(c) -> dict:
 
 
 def hf_target_config(cfg: TargetConfig, eos_token_id: int) -> dict:
+    if isinstance(cfg, HybridConfig):
+        return hf_hybrid_config(cfg, eos_token_id)
     arch = {"qwen3": ("Qwen3ForCausalLM", "qwen3"), "llama": ("LlamaForCausalLM", "llama")}[cfg.family]
     out = {"architectures": [arch[0]], "model_type": arch[1], **_common_hf(cfg),
            "tie_word_embeddings": cfg.tie_word_embeddings, "max_position_embeddings": cfg.max_position_embeddings,
@@ -207,6 +215,7 @@ def write_pair(out, target_cfg="tiny-qwen3", drafter_layers: int = 2, block_size
         write_byte_tokenizer(tdir, cfg.vocab_size)
     target = random_target(cfg, device, dtype, seed)
     drafter = random_drafter(dcfg, target, seed + 1)
-    save_safetensors(hf_names.target_to_hf(target.state_dict(), cfg), tdir, max_shard_bytes)
+    to_hf = hybrid_to_hf if isinstance(cfg, HybridConfig) else hf_names.target_to_hf
+    save_safetensors(to_hf(target.state_dict(), cfg), tdir, max_shard_bytes)
     save_safetensors(hf_names.drafter_to_hf(drafter.state_dict(), dcfg), ddir, max_shard_bytes)
     return tdir, ddir

@@ -17,6 +17,9 @@ passed = no unexcused forced-path mismatch, no unexcused speculative-output disa
 positions within the cap, every path's referee agreement not worse than stock's and its RMS error
 within verdict.PRECISION_FACTOR of stock's, and (fp32 runs) stock's acceptance lengths wherever our
 output is stock's.
+For a hybrid recurrent target the transcript forced against is the target's own greedy AR instead of
+stock's (target_greedy.py: stock is not lossless there); the rules are the same, and acceptance lengths
+are not compared (AR has none).
 """
 from __future__ import annotations
 
@@ -24,12 +27,13 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from specpilot.engine.cache import KVCache
+from specpilot.engine.cache import target_cache
 
 from .arbiter_error import ArbiterErrorTally
 from .referee import Referee, load_referee, scored_logits
 from .spec_checks import spec_disagreements
 from .stock import StockPair, hf_logits, run_stock
+from .target_greedy import STOCK, reference_for, run_target_greedy
 from .verdict import (PRECISION_FACTOR, REFEREE_K, AgreementTally, Rule, disagreement, distinct_contexts, excuse_cap,
                       judge, noise_and_imprecise)
 
@@ -46,6 +50,7 @@ class ForcingReport:
     excuse_cap: int = 0
     passed: bool = False
     reasons: list = field(default_factory=list)           # why it failed, one line each
+    reference: str = STOCK                  # the transcript forced against (target_greedy.reference_for)
     referee: str = ""                       # "fp32", "fp64" or "none" (the ulp fallback)
     referee_note: str = ""
     referee_k: float = REFEREE_K
@@ -64,7 +69,7 @@ class ForcingReport:
 
     def summary(self) -> dict:
         """The JSON line: counts, the rule, the verdict and every excused / failed record."""
-        keys = ("prompts", "tokens", "mismatches", "spec_mismatches", "excused", "excuse_cap", "passed", "reasons",
+        keys = ("reference", "prompts", "tokens", "mismatches", "spec_mismatches", "excused", "excuse_cap", "passed", "reasons",
                 "referee", "referee_k", "noise", "rule", "referee_note", "spec_identical", "ar_identical",
                 "acceptance_mismatches", "acceptance_judged", "agreement", "referee_error", "excused_list",
                 "mismatch_list", "spec_mismatch_list")
@@ -77,11 +82,10 @@ class ForcingReport:
 @torch.inference_mode()
 def forced_logits(target, sequence) -> torch.Tensor:
     """Our target's logits [L, V] at every position of one full sequence (one forward, fresh cache)."""
-    c = target.config
     ids = torch.tensor([list(map(int, sequence))], dtype=torch.long, device=target.device)
     length = ids.shape[1]
     target.ensure_rope(length + 1)
-    cache = KVCache(c.num_layers, 1, c.num_kv_heads, length, c.head_dim, target.device, target.dtype)
+    cache = target_cache(target, 1, length)
     positions = torch.arange(length, device=target.device)
     logits, _ = target(ids, positions, cache, length)           # [1, L, V]
     return logits[0]
@@ -133,12 +137,13 @@ def token_force(engine, stock: StockPair, prompts, max_new_tokens: int, stop_ids
         referee = load_referee(target.source_dir, target.dtype, str(target.device.type))
     tally, agreement = ArbiterErrorTally(), AgreementTally()
     forced_items, spec_items, rows = [], [], []
-    report = ForcingReport(referee=referee.kind, referee_note=referee.note)
+    report = ForcingReport(reference=reference_for(target), referee=referee.kind, referee_note=referee.note)
+    run_reference = run_stock if report.reference == STOCK else run_target_greedy
     verify_block = block_size or (engine.drafter.block_size if engine.drafter is not None else 1)
     for index, prompt in enumerate(prompts):
         name = ids[index] if ids is not None else index
         prompt = list(map(int, prompt))
-        ref = run_stock(stock, prompt, max_new_tokens, stop_ids, 0.0, block_size)
+        ref = run_reference(stock, prompt, max_new_tokens, stop_ids, 0.0, block_size)
         sequence, n, t = prompt + ref.tokens, len(prompt), len(ref.tokens)
         generated = slice(n - 1, len(sequence) - 1)                  # the positions that chose stock's tokens
         with engine.runner.kernel_ctx(len(sequence)):   # the linears' prefill kernels (split12: "dense")
@@ -210,9 +215,11 @@ def _decide(report: ForcingReport, run_dtype, tally, agreement, forced_items, sp
     # Same output, so the same verify inputs: in fp32 our drafter and stock's agree to ~1e-6, so the
     # accepted counts are step for step stock's (a stale draft context, say, changes them, not the
     # output). In bf16 / fp16 the drafter's own near-ties may differ: reported, not judged.
-    report.acceptance_mismatches = sum(r["spec_identical"] and not r["acceptance_identical"] for r in rows)
-    # A reduced draft vocabulary (EngineConfig.draft_vocab) changes the drafts by design: not judged.
-    report.acceptance_judged = run_dtype == torch.float32 and drafts_are_stocks
+    report.acceptance_mismatches = sum(r["spec_identical"] and not r["acceptance_identical"] for r in rows) \
+        if report.reference == STOCK else 0
+    # The target's greedy AR (hybrid targets) has no acceptance; a reduced draft vocabulary
+    # (EngineConfig.draft_vocab) changes the drafts by design: neither is judged.
+    report.acceptance_judged = run_dtype == torch.float32 and report.reference == STOCK and drafts_are_stocks
     reasons = []
     if report.acceptance_judged and report.acceptance_mismatches:
         reasons.append(f"{report.acceptance_mismatches} prompts with stock's output but other acceptance lengths "

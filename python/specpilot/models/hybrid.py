@@ -1,0 +1,219 @@
+"""Hybrid recurrent causal LM (Qwen3.5 text layout, and Qwen3-Next: the same with sparse MoE MLPs):
+Gated DeltaNet layers and gated full-attention layers, over a HybridCache (engine/recurrent_state.py:
+KV for the attention layers, conv + recurrent state for the GDN layers, per-position snapshots for
+verify blocks).
+
+Same forward contract as TargetLM (ids, positions, cache, kv_len, feature_layers, logits_rows), so
+the engine's step runner and loops drive it unchanged. Positions must be consecutive: a recurrent
+state only moves forward.
+
+Exactness: per-row arithmetic as transformers' Qwen3_5ForCausalLM torch path: zero-centred RMSNorms
+((1 + w) in fp32), the GDN layer's conv / gates / recurrence / gated norm (models/gdn.py), gated
+attention with partial RoPE and q/k norms; projections fused ([qkv; z; b; a] for GDN, [q|gate; k; v]
+for attention, [gate; up] for the MLP), which changes only GEMM rounding. Prefills of more than
+MAX_SNAPSHOT_T tokens run the chunked GDN form (as transformers' prefill), shorter calls the
+recurrent form (as its decode), keeping the state after every token.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specpilot.kernels import gdn_chain
+from specpilot.ops import linear
+from specpilot.ops.attention import attend, attention_mask
+
+from . import gdn
+from .hybrid_config import HybridConfig
+from .layers import SwiGLU, rope_table
+from .moe import SparseMoE
+
+
+def zero_centred_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm with weight (1 + w), both in fp32, one cast back (transformers' Qwen3NextRMSNorm)."""
+    xf = x.float()
+    out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (out * (1.0 + weight.float())).to(x.dtype)
+
+
+class ZeroCentredRMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x):
+        return zero_centred_rms_norm(x, self.weight, self.eps)
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def partial_rope(x, cos, sin):
+    """x [B, H, T, D]; cos/sin [T, R] with R <= D: rotate the first R dims, pass the rest."""
+    r = cos.shape[-1]
+    rot, rest = x[..., :r], x[..., r:]
+    return torch.cat([rot * cos + rotate_half(rot) * sin, rest], dim=-1)
+
+
+class GatedAttention(nn.Module):
+    """Full attention whose q projection also yields a per-head output gate: out = attn * sigmoid(gate)."""
+
+    def __init__(self, cfg: HybridConfig):
+        super().__init__()
+        self.nq, self.nkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.qkv = nn.Linear(cfg.hidden_size, (2 * self.nq + 2 * self.nkv) * self.d, bias=False)  # [q|gate; k; v]
+        self.o = nn.Linear(self.nq * self.d, cfg.hidden_size, bias=False)
+        self.q_norm = ZeroCentredRMSNorm(self.d, cfg.rms_norm_eps)
+        self.k_norm = ZeroCentredRMSNorm(self.d, cfg.rms_norm_eps)
+        self.scale = self.d ** -0.5
+
+    def forward(self, x, cos, sin, positions, k_cache, v_cache, kv_len, mask):
+        b, t, _ = x.shape
+        qg, k, v = linear.linear(self.qkv, x).split(
+            (2 * self.nq * self.d, self.nkv * self.d, self.nkv * self.d), dim=-1)
+        q, gate = qg.view(b, t, self.nq, 2 * self.d).chunk(2, dim=-1)          # per head: [query | gate]
+        gate = gate.reshape(b, t, self.nq * self.d)
+        q = partial_rope(self.q_norm(q).transpose(1, 2), cos, sin)              # [B, Hq, T, D]
+        k = partial_rope(self.k_norm(k.view(b, t, self.nkv, self.d)).transpose(1, 2), cos, sin)
+        k_cache[:, :, positions] = k
+        v_cache[:, :, positions] = v.view(b, t, self.nkv, self.d).transpose(1, 2)
+        out = attend(q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], mask, self.scale)  # [B, T, Hq*D]
+        return linear.linear(self.o, out * torch.sigmoid(gate))
+
+
+class GatedDeltaNet(nn.Module):
+    """The recurrent token mixer: fused projection [qkv; z; b; a], short causal conv over qkv, gates,
+    the gated delta rule (models/gdn.py), gated RMSNorm, output projection."""
+
+    def __init__(self, cfg: HybridConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.nk, self.nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        self.key_dim, self.value_dim, self.conv_dim = cfg.key_dim, cfg.value_dim, cfg.conv_dim
+        self.in_proj = nn.Linear(cfg.hidden_size, self.conv_dim + self.value_dim + 2 * self.nv, bias=False)
+        self.conv_weight = nn.Parameter(torch.zeros(self.conv_dim, cfg.conv_kernel))
+        self.A_log = nn.Parameter(torch.zeros(self.nv))
+        self.dt_bias = nn.Parameter(torch.ones(self.nv))
+        self.norm_weight = nn.Parameter(torch.ones(self.dv))
+        self.eps = cfg.rms_norm_eps
+        self.out_proj = nn.Linear(self.value_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x, cache, every_position: bool):
+        b, t, _ = x.shape
+        qkv, z, beta_in, a = linear.linear(self.in_proj, x).split(
+            (self.conv_dim, self.value_dim, self.nv, self.nv), dim=-1)
+        conv_state, state = cache.layer_state(self.layer)
+        window = torch.cat([conv_state, qkv.transpose(1, 2)], dim=-1)          # [B, C, K-1+T]
+        mixed = gdn.causal_conv(window, self.conv_weight).transpose(1, 2)       # [B, T, C]
+        beta = beta_in.sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)   # log decay <= 0, fp32
+        if every_position and gdn_chain.takes(mixed, self.dk, self.dv):       # one CUDA kernel per layer
+            out, snapshots = gdn_chain.gdn_chain(mixed[0].contiguous(), self.nk, self.dk, g[0], beta[0].float(),
+                                                 state[0])
+            cache.stash(self.layer, window, snapshots[None])
+            return self._output(out[None], z, b, t)
+        q, k, v = mixed.split((self.key_dim, self.key_dim, self.value_dim), dim=-1)
+        q, k = q.reshape(b, t, self.nk, self.dk), k.reshape(b, t, self.nk, self.dk)
+        v = v.reshape(b, t, self.nv, self.dv)
+        if self.nv > self.nk:
+            q, k = (y.repeat_interleave(self.nv // self.nk, dim=2) for y in (q, k))
+        if every_position:
+            out, _, snapshots = gdn.recurrent_gated_delta_rule(q, k, v, g, beta, state, keep_states=True)
+        else:
+            out, final = gdn.chunked_gated_delta_rule(q, k, v, g, beta, state)
+            snapshots = final[:, None]
+        cache.stash(self.layer, window, snapshots)
+        return self._output(out, z, b, t)
+
+    def _output(self, out, z, b: int, t: int):
+        """out [B, T, H, Dv] of the delta rule -> gated RMSNorm -> output projection."""
+        out = gdn.gated_rms_norm(out, z.reshape(b, t, self.nv, self.dv), self.norm_weight, self.eps)
+        return linear.linear(self.out_proj, out.reshape(b, t, self.value_dim))
+
+
+class HybridBlock(nn.Module):
+    """x + mixer(norm(x)), then + mlp(norm(x)); the mixer is GatedDeltaNet or GatedAttention."""
+
+    def __init__(self, cfg: HybridConfig, layer: int):
+        super().__init__()
+        self.recurrent = cfg.layer_types[layer] == "linear_attention"
+        self.attn_norm = ZeroCentredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mixer = GatedDeltaNet(cfg, layer) if self.recurrent else GatedAttention(cfg)
+        self.mlp_norm = ZeroCentredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SparseMoE(cfg.hidden_size, cfg) if layer in cfg.moe_layers else \
+            SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+
+
+class HybridLM(nn.Module):
+    is_hybrid = True
+    compiled_layers = None          # the engine runs hybrid targets eagerly (Engine: eager_reason)
+    use_compiled = False
+
+    def __init__(self, cfg: HybridConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(HybridBlock(cfg, i) for i in range(cfg.num_layers))
+        self.norm = ZeroCentredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.rope_cos = self.rope_sin = None
+
+    @property
+    def device(self):
+        return self.embed.weight.device
+
+    @property
+    def dtype(self):
+        return self.embed.weight.dtype
+
+    def forward(self, ids, positions, cache, kv_len: int, feature_layers=(), logits_rows=None):
+        """ids [B, T] at consecutive positions [T]; cache: HybridCache. Returns (logits [B, T', V],
+        features [B, T, F] or None) as TargetLM.forward: feature layer i is layer i's output (the last
+        layer's after the final norm, as HF's hidden_states)."""
+        t = ids.shape[1]
+        start = int(positions[0])
+        every = cache.begin(start, t)
+        x = self.embed(ids)
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        c = self.config
+        mask = attention_mask(positions, kv_len, c.num_heads // c.num_kv_heads, x.dtype, writes_at_last=True)
+        feats = {}
+        for i, layer in enumerate(self.layers):
+            h = layer.attn_norm(x)
+            if layer.recurrent:
+                h = layer.mixer(h, cache, every)
+            else:
+                j = cache.kv_index[i]
+                h = layer.mixer(h, cos, sin, positions, cache.k[j], cache.v[j], kv_len, mask)
+            x = x + h
+            x = x + layer.mlp(layer.mlp_norm(x))
+            if i in feature_layers and i != len(self.layers) - 1:
+                feats[i] = x
+        x = self.norm(x)
+        if len(self.layers) - 1 in feature_layers:
+            feats[len(self.layers) - 1] = x
+        if logits_rows is not None:
+            x = x[:, -logits_rows:]
+        logits = linear.linear(self.lm_head, x)
+        features = torch.cat([feats[i] for i in feature_layers], dim=-1) if feature_layers else None
+        return logits, features
+
+    def ensure_rope(self, num_positions: int, device=None, dtype=None):
+        """cos/sin tables [P, rotary_dim] (partial RoPE: only the first rotary_dim dims of a head turn)."""
+        device, dtype = device or self.device, dtype or self.dtype
+        if self.rope_cos is None or self.rope_cos.shape[0] < num_positions or self.rope_cos.device != device:
+            self.rope_cos, self.rope_sin = rope_table(self.config.rope, self.config.rotary_dim, num_positions,
+                                                      device, dtype)
+
+    def prepare(self) -> None:
+        """Nothing to build before the engine runs (the engine keeps hybrid targets out of graphs)."""
+
+    def layer_fns(self):
+        return self.layers
