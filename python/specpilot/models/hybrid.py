@@ -173,10 +173,10 @@ class HybridLM(nn.Module):
     def dtype(self):
         return self.embed.weight.dtype
 
-    def forward(self, ids, positions, cache, kv_len: int, feature_layers=(), logits_rows=None):
+    def forward(self, ids, positions, cache, kv_len: int, feature_layers=(), logits_rows=None, head=None):
         """ids [B, T] at consecutive positions [T]; cache: HybridCache. Returns (logits [B, T', V],
         features [B, T, F] or None) as TargetLM.forward: feature layer i is layer i's output (the last
-        layer's after the final norm, as HF's hidden_states)."""
+        layer's after the final norm, as HF's hidden_states). head: as TargetLM.forward's."""
         t = ids.shape[1]
         start = int(positions[0])
         every = cache.begin(start, t)
@@ -201,7 +201,7 @@ class HybridLM(nn.Module):
             feats[len(self.layers) - 1] = x
         if logits_rows is not None:
             x = x[:, -logits_rows:]
-        logits = linear.linear(self.lm_head, x)
+        logits = linear.linear(self.lm_head, x) if head is None else head(x)
         features = torch.cat([feats[i] for i in feature_layers], dim=-1) if feature_layers else None
         return logits, features
 
