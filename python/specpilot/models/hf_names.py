@@ -9,10 +9,24 @@ import torch
 from .config import DrafterConfig, TargetConfig
 
 
-def _take(state: dict, name: str, where: str) -> torch.Tensor:
+def take(state: dict, name: str, where: str) -> torch.Tensor:
+    """Pops a tensor a checkpoint must hold, with an error naming it."""
     if name not in state:
         raise ValueError(f"{where}: checkpoint lacks tensor {name!r}")
     return state.pop(name)
+
+
+def finish_head(hf: dict, ours: dict, tied: bool, where: str) -> dict:
+    """The LM head (the embedding when tied), then refuses any tensor left unmapped."""
+    if tied:
+        hf.pop("lm_head.weight", None)             # some tied checkpoints store a copy
+        ours["lm_head.weight"] = ours["embed.weight"]
+    else:
+        ours["lm_head.weight"] = take(hf, "lm_head.weight", where)
+    hf = {k: v for k, v in hf.items() if not k.endswith("rotary_emb.inv_freq")}
+    if hf:
+        raise ValueError(f"{where}: unexpected tensors in checkpoint: {sorted(hf)[:8]}")
+    return ours
 
 
 def _norms(src: str, dst: str, qk_norm: bool) -> list:
@@ -27,27 +41,19 @@ def _norms(src: str, dst: str, qk_norm: bool) -> list:
 def target_from_hf(hf: dict, cfg: TargetConfig, where: str = "target") -> dict:
     """HF Qwen3/LLaMA names -> our TargetLM names. Leftover tensors are reported as unexpected."""
     hf = dict(hf)
-    ours = {"embed.weight": _take(hf, "model.embed_tokens.weight", where),
-            "norm.weight": _take(hf, "model.norm.weight", where)}
+    ours = {"embed.weight": take(hf, "model.embed_tokens.weight", where),
+            "norm.weight": take(hf, "model.norm.weight", where)}
     for i in range(cfg.num_layers):
         src, dst = f"model.layers.{i}.", f"layers.{i}."
         a = src + "self_attn."
-        ours[dst + "attn.qkv.weight"] = torch.cat([_take(hf, a + f"{p}_proj.weight", where) for p in "qkv"])
-        ours[dst + "attn.o.weight"] = _take(hf, a + "o_proj.weight", where)
-        ours[dst + "mlp.gate_up.weight"] = torch.cat([_take(hf, src + f"mlp.{p}_proj.weight", where)
+        ours[dst + "attn.qkv.weight"] = torch.cat([take(hf, a + f"{p}_proj.weight", where) for p in "qkv"])
+        ours[dst + "attn.o.weight"] = take(hf, a + "o_proj.weight", where)
+        ours[dst + "mlp.gate_up.weight"] = torch.cat([take(hf, src + f"mlp.{p}_proj.weight", where)
                                                       for p in ("gate", "up")])
-        ours[dst + "mlp.down.weight"] = _take(hf, src + "mlp.down_proj.weight", where)
+        ours[dst + "mlp.down.weight"] = take(hf, src + "mlp.down_proj.weight", where)
         for s, d in _norms(src, dst, cfg.qk_norm):
-            ours[d] = _take(hf, s, where)
-    if cfg.tie_word_embeddings:
-        hf.pop("lm_head.weight", None)             # some tied checkpoints store a copy
-        ours["lm_head.weight"] = ours["embed.weight"]
-    else:
-        ours["lm_head.weight"] = _take(hf, "lm_head.weight", where)
-    hf = {k: v for k, v in hf.items() if not k.endswith("rotary_emb.inv_freq")}
-    if hf:
-        raise ValueError(f"{where}: unexpected tensors in checkpoint: {sorted(hf)[:8]}")
-    return ours
+            ours[d] = take(hf, s, where)
+    return finish_head(hf, ours, cfg.tie_word_embeddings, where)
 
 
 def target_to_hf(ours: dict, cfg: TargetConfig) -> dict:
@@ -71,19 +77,19 @@ def target_to_hf(ours: dict, cfg: TargetConfig) -> dict:
 
 def drafter_from_hf(hf: dict, cfg: DrafterConfig, where: str = "drafter") -> dict:
     hf = dict(hf)
-    ours = {n: _take(hf, n, where) for n in ("fc.weight", "hidden_norm.weight", "norm.weight")}
+    ours = {n: take(hf, n, where) for n in ("fc.weight", "hidden_norm.weight", "norm.weight")}
     for i in range(cfg.num_layers):
         src, dst = f"layers.{i}.", f"layers.{i}."
         a = src + "self_attn."
-        ours[dst + "attn.q.weight"] = _take(hf, a + "q_proj.weight", where)
-        ours[dst + "attn.kv.weight"] = torch.cat([_take(hf, a + "k_proj.weight", where),
-                                                  _take(hf, a + "v_proj.weight", where)])
-        ours[dst + "attn.o.weight"] = _take(hf, a + "o_proj.weight", where)
-        ours[dst + "mlp.gate_up.weight"] = torch.cat([_take(hf, src + f"mlp.{p}_proj.weight", where)
+        ours[dst + "attn.q.weight"] = take(hf, a + "q_proj.weight", where)
+        ours[dst + "attn.kv.weight"] = torch.cat([take(hf, a + "k_proj.weight", where),
+                                                  take(hf, a + "v_proj.weight", where)])
+        ours[dst + "attn.o.weight"] = take(hf, a + "o_proj.weight", where)
+        ours[dst + "mlp.gate_up.weight"] = torch.cat([take(hf, src + f"mlp.{p}_proj.weight", where)
                                                       for p in ("gate", "up")])
-        ours[dst + "mlp.down.weight"] = _take(hf, src + "mlp.down_proj.weight", where)
+        ours[dst + "mlp.down.weight"] = take(hf, src + "mlp.down_proj.weight", where)
         for s, d in _norms(src, dst, True):
-            ours[d] = _take(hf, s, where)
+            ours[d] = take(hf, s, where)
     hf = {k: v for k, v in hf.items() if not k.endswith("rotary_emb.inv_freq")}
     if hf:
         raise ValueError(f"{where}: unexpected tensors in drafter checkpoint (a DFlash drafter holds only "

@@ -11,15 +11,10 @@ from __future__ import annotations
 
 import torch
 
+from .hf_names import finish_head, take
 from .hybrid_config import HybridConfig
 
 IGNORED_PREFIXES = ("mtp.", "model.visual.")
-
-
-def _take(state: dict, name: str, where: str) -> torch.Tensor:
-    if name not in state:
-        raise ValueError(f"{where}: checkpoint lacks tensor {name!r}")
-    return state.pop(name)
 
 
 def _text_names(hf: dict) -> dict:
@@ -110,10 +105,10 @@ def _experts_from_hf(hf: dict, cfg: HybridConfig, i: int, where: str) -> dict:
     """The routed experts, from per-expert tensors (the Hub's form) or transformers' fused 3D ones."""
     e, dst = f"model.layers.{i}.mlp.experts.", f"layers.{i}.mlp."
     if e + "gate_up_proj" in hf:
-        return {dst + "gate_up": _take(hf, e + "gate_up_proj", where), dst + "down": _take(hf, e + "down_proj", where)}
-    gate_up = [torch.cat([_take(hf, f"{e}{x}.gate_proj.weight", where), _take(hf, f"{e}{x}.up_proj.weight", where)])
+        return {dst + "gate_up": take(hf, e + "gate_up_proj", where), dst + "down": take(hf, e + "down_proj", where)}
+    gate_up = [torch.cat([take(hf, f"{e}{x}.gate_proj.weight", where), take(hf, f"{e}{x}.up_proj.weight", where)])
                for x in range(cfg.num_experts)]
-    down = [_take(hf, f"{e}{x}.down_proj.weight", where) for x in range(cfg.num_experts)]
+    down = [take(hf, f"{e}{x}.down_proj.weight", where) for x in range(cfg.num_experts)]
     return {dst + "gate_up": torch.stack(gate_up), dst + "down": torch.stack(down)}
 
 
@@ -130,21 +125,21 @@ def _experts_to_hf(ours: dict, cfg: HybridConfig, i: int) -> dict:
 def hybrid_from_hf(hf: dict, cfg: HybridConfig, where: str = "target") -> dict:
     """HF names -> HybridLM names. Leftover tensors are reported as unexpected."""
     hf = _text_names(hf)
-    ours = {"embed.weight": _take(hf, "model.embed_tokens.weight", where),
-            "norm.weight": _take(hf, "model.norm.weight", where)}
+    ours = {"embed.weight": take(hf, "model.embed_tokens.weight", where),
+            "norm.weight": take(hf, "model.norm.weight", where)}
     for i in range(cfg.num_layers):
         for h, o in _per_layer(cfg, i):
-            ours[o] = _take(hf, h, where)
+            ours[o] = take(hf, h, where)
         for o, parts in _fused(cfg, i):
-            ours[o] = torch.cat([_take(hf, h, where) for h in parts])
+            ours[o] = torch.cat([take(hf, h, where) for h in parts])
         if i in cfg.moe_layers:
             ours.update(_experts_from_hf(hf, cfg, i, where))
         if cfg.family == "qwen3_next" and cfg.layer_types[i] == "linear_attention":
             a = f"model.layers.{i}.linear_attn."
             ours[f"layers.{i}.mixer.in_proj.weight"] = _next_in_proj_from_hf(
-                _take(hf, a + "in_proj_qkvz.weight", where), _take(hf, a + "in_proj_ba.weight", where), cfg, i, where)
+                take(hf, a + "in_proj_qkvz.weight", where), take(hf, a + "in_proj_ba.weight", where), cfg, i, where)
         if cfg.layer_types[i] == "linear_attention":
-            conv = _take(hf, f"model.layers.{i}.linear_attn.conv1d.weight", where)
+            conv = take(hf, f"model.layers.{i}.linear_attn.conv1d.weight", where)
             if conv.dim() != 3 or conv.shape[1] != 1:
                 raise ValueError(f"{where}: layer {i} conv1d.weight has shape {tuple(conv.shape)}, expected "
                                  f"[{cfg.conv_dim}, 1, {cfg.conv_kernel}] (depthwise)")
@@ -152,15 +147,7 @@ def hybrid_from_hf(hf: dict, cfg: HybridConfig, where: str = "target") -> dict:
             if conv.shape[-1] != cfg.conv_kernel:
                 raise ValueError(f"{where}: layer {i} conv width {conv.shape[-1]} != linear_conv_kernel_dim "
                                  f"{cfg.conv_kernel}")
-    if cfg.tie_word_embeddings:
-        hf.pop("lm_head.weight", None)
-        ours["lm_head.weight"] = ours["embed.weight"]
-    else:
-        ours["lm_head.weight"] = _take(hf, "lm_head.weight", where)
-    hf = {k: v for k, v in hf.items() if not k.endswith("rotary_emb.inv_freq")}
-    if hf:
-        raise ValueError(f"{where}: unexpected tensors in checkpoint: {sorted(hf)[:8]}")
-    return ours
+    return finish_head(hf, ours, cfg.tie_word_embeddings, where)
 
 
 def hybrid_to_hf(ours: dict, cfg: HybridConfig) -> dict:

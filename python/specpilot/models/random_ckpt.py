@@ -21,7 +21,8 @@ from .config import DrafterConfig, RopeConfig, TargetConfig
 from .drafter import DFlashDrafter
 from .hybrid_config import HybridConfig
 from .hybrid_names import hybrid_to_hf
-from .random_hybrid import HYBRID_PRESETS, hf_hybrid_config, random_hybrid_target
+from .hybrid import HybridLM
+from .random_hybrid import HYBRID_PRESETS, fill_random_hybrid, hf_hybrid_config
 from .target import TargetLM
 
 LLAMA3_ROPE = RopeConfig(theta=500000.0, kind="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
@@ -75,11 +76,11 @@ def _fill_random(module: torch.nn.Module, device, dtype, seed: int) -> None:
 
 
 def random_target(cfg: TargetConfig, device="cpu", dtype=torch.float32, seed: int = 0) -> TargetLM:
-    if isinstance(cfg, HybridConfig):
-        return random_hybrid_target(cfg, device, dtype, seed)
+    """A TargetLM, or a HybridLM for a HybridConfig, with seeded random weights."""
+    hybrid = isinstance(cfg, HybridConfig)
     with torch.device("meta"):
-        model = TargetLM(cfg)
-    _fill_random(model, torch.device(device), dtype, seed)
+        model = HybridLM(cfg) if hybrid else TargetLM(cfg)
+    (fill_random_hybrid if hybrid else _fill_random)(model, torch.device(device), dtype, seed)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed.weight
     model.eval().requires_grad_(False)

@@ -68,17 +68,6 @@ def fill_random_hybrid(model: HybridLM, device, dtype, seed: int) -> None:
                 p[r0:r0 + rows].copy_(randn((rows, p.shape[1])) / p.shape[1] ** 0.5)
 
 
-def random_hybrid_target(cfg: HybridConfig, device="cpu", dtype=torch.float32, seed: int = 0) -> HybridLM:
-    with torch.device("meta"):
-        model = HybridLM(cfg)
-    fill_random_hybrid(model, torch.device(device), dtype, seed)
-    if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.embed.weight
-    model.eval().requires_grad_(False)
-    model.ensure_rope(4096)
-    model.eos_token_ids = ()
-    return model
-
 
 def hf_hybrid_config(cfg: HybridConfig, eos_token_id: int) -> dict:
     """config.json of a Qwen3_5ForCausalLM (`qwen3_5_text`) or Qwen3NextForCausalLM for `cfg`."""
