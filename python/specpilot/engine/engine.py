@@ -14,6 +14,7 @@ from .graphs import kv_spans
 from .replay import GREEDY
 from .result import GenerationResult
 from .spec import run_spec
+from .spec_session import run_spec_session
 from .steps import StepRunner
 
 
@@ -88,12 +89,12 @@ class Engine:
                 start = max(0, span - t)
                 if start + t <= capacity:
                     self.runner.target_step(ids[:, :t], start, with_features=t > 1 and self.drafter is not None)
-            if self.drafter is not None and b > 1 and span - b >= 1:
+            if drafter_kind(self.drafter) == "dflash" and b > 1 and span - b >= 1:
                 ctx = torch.zeros(1, 1, len(self.runner.feature_layers) * self.target.config.hidden_size,
                                   device=self.device, dtype=self.target.dtype)
                 self.runner.draft_step(ctx, span - b - 1, ids, span - b, b)
         if self.config.fused_steps:
-            self.runner.fused.capture_all(b if self.drafter is not None else None)
+            self.runner.fused.capture_all(b if drafter_kind(self.drafter) == "dflash" else None)
         torch.cuda.synchronize()
         return len(self.runner.graphs) + len(self.runner.fused.graphs)
 
@@ -118,8 +119,9 @@ class Engine:
         if replay is not None and temperature > 0:
             raise ValueError("replay works with greedy decoding only (temperature=0)")
         ids = self.check_request(prompt_ids, max_new_tokens, temperature)
-        return run_spec(self, ids, max_new_tokens, tuple(stop_ids), temperature, block_size,
-                        GREEDY if replay is None else replay, self.generator(seed))
+        loop = run_spec if drafter_kind(self.drafter) == "dflash" else run_spec_session  # other kinds: sessions
+        return loop(self, ids, max_new_tokens, tuple(stop_ids), temperature, block_size,
+                    GREEDY if replay is None else replay, self.generator(seed))
 
 
 def compile_decoder_layers(target, drafter=None) -> None:
@@ -137,3 +139,8 @@ def compile_decoder_layers(target, drafter=None) -> None:
         if model is not None:
             model.compiled_layers = [torch.compile(layer.forward, dynamic=False, fullgraph=True)
                                      for layer in model.layers]
+
+
+def drafter_kind(drafter):
+    """'dflash' (run_spec and its fused step), another kind (run_spec_session), or None."""
+    return None if drafter is None else getattr(drafter, "kind", "dflash")

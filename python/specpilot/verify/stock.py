@@ -28,7 +28,6 @@ class StockResult:
 
 
 def load_stock(target_dir, drafter_dir, device="cpu", dtype=torch.bfloat16) -> StockPair:
-    from dflash.model import DFlashDraftModel
     from transformers import AutoModelForCausalLM
 
     from specpilot.formats.split12.io import hf_loadable
@@ -36,8 +35,23 @@ def load_stock(target_dir, drafter_dir, device="cpu", dtype=torch.bfloat16) -> S
     dtype, device = as_dtype(dtype), torch.device(device)
     with hf_loadable(target_dir) as folder:  # a split12 folder: stock reads its bf16 unpack
         target = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, attn_implementation="sdpa")
-    drafter = DFlashDraftModel.from_pretrained(str(drafter_dir), dtype=dtype, attn_implementation="sdpa")
+    drafter = _stock_drafter_class(drafter_dir).from_pretrained(str(drafter_dir), dtype=dtype,
+                                                                 attn_implementation="sdpa")
     return StockPair(target.to(device).eval(), drafter.to(device).eval(), device)
+
+
+def _stock_drafter_class(drafter_dir):
+    """DFlashDraftModel or DFlash2DraftModel, by the drafter's kind; stock dflash has no other kind."""
+    from dflash.model import DFlash2DraftModel, DFlashDraftModel
+
+    from specpilot.models.config import read_config_json
+    from specpilot.models.drafters.kinds import detect_kind
+
+    kind = detect_kind(read_config_json(drafter_dir), f"drafter {drafter_dir}")
+    if kind not in ("dflash", "dflash2"):
+        raise ValueError(f"stock dflash runs DFlash and DFlash2 drafters only; {drafter_dir} is a {kind} drafter "
+                         f"(its reference is tests/{kind}_reference.py)")
+    return DFlash2DraftModel if kind == "dflash2" else DFlashDraftModel
 
 
 @contextlib.contextmanager
