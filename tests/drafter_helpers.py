@@ -17,9 +17,9 @@ PROBE = [5, 9, 2, 7, 11, 3]
 
 
 class KindPair:
-    def __init__(self, folder, kind, seed, block_size=8, **options):
+    def __init__(self, folder, kind, seed, block_size=8, preset="tiny-qwen3", **options):
         self.kind, self.seed = kind, seed
-        self.target_dir, self.drafter_dir = write_kind_pair(folder, kind, "tiny-qwen3", drafter_layers=2,
+        self.target_dir, self.drafter_dir = write_kind_pair(folder, kind, preset, drafter_layers=2,
                                                             block_size=block_size, seed=seed, layer_ids=[0, 2],
                                                             **options)
         self.target = load_target(self.target_dir, dtype=torch.float32)
@@ -34,10 +34,12 @@ class KindPair:
         return torch.randint(0, 318, (length,), generator=torch.Generator().manual_seed(fresh_seed())).tolist()
 
 
-def accepting_pair(folder_factory, kind, tries: int = 12, **options) -> KindPair:
+def accepting_pair(folder_factory, kind, tries: int = 12, preset="tiny-llama", **options) -> KindPair:
+    """tiny-llama by default: its untied head with two hot rows gives mixed 0 / 1 outputs (tied
+    tiny-qwen3 settles on one repeated token)."""
     base = fresh_seed()
     for i in range(tries):
-        pair = KindPair(folder_factory(), kind, base + i, two_token_head=True, **options)
+        pair = KindPair(folder_factory(), kind, base + i, preset=preset, two_token_head=True, **options)
         if pair.longest_acceptance() >= 3:
             print(f"{kind} pair: seed {pair.seed} accepts >= 2 drafts on the probe prompt")
             return pair

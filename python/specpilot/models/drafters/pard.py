@@ -52,12 +52,12 @@ def pard_config_from_dict(cfg: dict, target: TargetConfig, where: str = "drafter
     model = target_config_from_dict(cfg, where)
     token = cfg.get("pard_token")
     k = int(cfg.get("pard_draft_k", DEFAULT_DRAFTS))
-    if not isinstance(token, int) or not 0 <= token < model.vocab_size:
-        raise ValueError(f"{where}: pard_token {token!r} must be a token id of the drafter's vocab "
-                         f"(size {model.vocab_size})")
     if model.vocab_size != target.vocab_size:
         raise ValueError(f"{where}: vocab_size {model.vocab_size} != target vocab_size {target.vocab_size} "
                          f"(a PARD drafter must share the target's tokenizer)")
+    if not isinstance(token, int) or not 0 <= token < model.vocab_size:
+        raise ValueError(f"{where}: pard_token {token!r} must be a token id of the drafter's vocab "
+                         f"(size {model.vocab_size})")
     if k < 1:
         raise ValueError(f"{where}: pard_draft_k {k} must be >= 1")
     return PardConfig(model=model, pard_token=token, num_drafts=k)
