@@ -27,7 +27,12 @@ class KindPair:
         self.engine = Engine(self.target, self.drafter, max_seq_len=512)
 
     def longest_acceptance(self) -> int:
-        return max(self.engine.generate_spec(PROBE, 24).acceptance_lengths)
+        return max(self.engine.generate_spec(PROBE, 23).acceptance_lengths)
+
+    def prompts(self, block_size, length):
+        """A random prompt, and the probe too at the drafter's own block (where the pair was seen to
+        accept two drafts, so a check of acceptance lengths over these prompts sees one)."""
+        return ([PROBE] if block_size == self.drafter.block_size else []) + [self.prompt(length)]
 
     def prompt(self, length):
         """Random prompt tokens (below the byte tokenizer's specials)."""

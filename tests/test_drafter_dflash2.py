@@ -31,14 +31,14 @@ def test_loads_as_dflash2(pair):
 def test_greedy_equals_stock_and_ar(pair):
     longest = 0
     for block_size in (2, 3, 5, 8):
-        prompt = pair.prompt(6 + block_size)
-        for max_new in (1, 9, 23):
-            ref = run_stock(pair.stock, prompt, max_new, (), 0.0, block_size)
-            ours = pair.engine.generate_spec(prompt, max_new, block_size=block_size)
-            assert ours.tokens == ref.tokens, f"seed {pair.seed}, block {block_size}, max_new {max_new}"
-            assert ours.acceptance_lengths == ref.acceptance_lengths
-            assert ours.tokens == pair.engine.generate_ar(prompt, max_new).tokens
-            longest = max([longest, *ours.acceptance_lengths])
+        for prompt in pair.prompts(block_size, 6 + block_size):
+            for max_new in (1, 9, 23):
+                ref = run_stock(pair.stock, prompt, max_new, (), 0.0, block_size)
+                ours = pair.engine.generate_spec(prompt, max_new, block_size=block_size)
+                assert ours.tokens == ref.tokens, f"seed {pair.seed}, block {block_size}, max_new {max_new}"
+                assert ours.acceptance_lengths == ref.acceptance_lengths
+                assert ours.tokens == pair.engine.generate_ar(prompt, max_new).tokens
+                longest = max([longest, *ours.acceptance_lengths])
     assert longest > 2, "no step accepted two drafts: the test would not see an acceptance bug"
 
 
