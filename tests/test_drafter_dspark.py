@@ -1,5 +1,5 @@
 """DSpark in our engine against a plain torch loop that follows DeepSpec's evaluator
-(tests/dspark_reference.py) and against the target's greedy AR output, on tiny random pairs, CPU
+(verify/dspark_reference.py) and against the target's greedy AR output, on tiny random pairs, CPU
 fp32: identical tokens and acceptance lengths at several block sizes; the confidence head is
 computed but never changes a token; misfit drafters refused."""
 import json
@@ -9,21 +9,22 @@ import torch
 
 from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU thread)
 from drafter_helpers import KindPair, accepting_pair
-from dspark_reference import DSparkReference
+from specpilot.verify.dspark_reference import DSparkReference
+from specpilot.verify.pard_reference import load_hf
 from specpilot.models import load_drafter, load_target
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     p = accepting_pair(lambda: tmp_path_factory.mktemp("dspark"), "dspark", block_size=8)
-    p.reference = DSparkReference(p.drafter_dir, p.target_dir)
+    p.reference, p.hf_target = DSparkReference(p.drafter_dir), load_hf(p.target_dir)
     return p
 
 
 @pytest.fixture(scope="module")
 def plain_pair(tmp_path_factory):
     p = KindPair(tmp_path_factory.mktemp("dspark_plain"), "dspark", seed=4, block_size=8, preset="tiny-llama")
-    p.reference = DSparkReference(p.drafter_dir, p.target_dir)
+    p.reference, p.hf_target = DSparkReference(p.drafter_dir), load_hf(p.target_dir)
     return p
 
 
@@ -33,7 +34,7 @@ def test_greedy_equals_reference_and_ar(pair):
     for block_size in (2, 3, 5, 8):
         for prompt in pair.prompts(block_size, 5 + block_size):
             for max_new in (1, 9, 23):
-                ref_tokens, ref_acc = pair.reference.generate(prompt, max_new, block_size)
+                ref_tokens, ref_acc = pair.reference.generate(pair.hf_target, prompt, max_new, block_size)
                 ours = pair.engine.generate_spec(prompt, max_new, block_size=block_size)
                 assert ours.tokens == ref_tokens, f"seed {pair.seed}, block {block_size}, max_new {max_new}"
                 assert ours.acceptance_lengths == ref_acc
@@ -46,7 +47,7 @@ def test_varied_output(plain_pair):
     seen = set()
     for _ in range(3):
         prompt = plain_pair.prompt(10)
-        ref_tokens, ref_acc = plain_pair.reference.generate(prompt, 30, 8)
+        ref_tokens, ref_acc = plain_pair.reference.generate(plain_pair.hf_target, prompt, 30, 8)
         ours = plain_pair.engine.generate_spec(prompt, 30)
         assert ours.tokens == ref_tokens == plain_pair.engine.generate_ar(prompt, 30).tokens
         assert ours.acceptance_lengths == ref_acc
@@ -58,7 +59,7 @@ def test_stop_token(pair):
     prompt = pair.prompt(8)
     free = pair.engine.generate_ar(prompt, 20).tokens
     stop = free[5]
-    ref_tokens, ref_acc = pair.reference.generate(prompt, 20, 8, (stop,))
+    ref_tokens, ref_acc = pair.reference.generate(pair.hf_target, prompt, 20, 8, (stop,))
     ours = pair.engine.generate_spec(prompt, 20, stop_ids=(stop,))
     assert ours.tokens == ref_tokens == free[:free.index(stop) + 1] and ours.acceptance_lengths == ref_acc
 

@@ -1,4 +1,4 @@
-"""PARD in our engine against a plain HF loop (tests/pard_reference.py) and the target's greedy AR
+"""PARD in our engine against a plain HF loop (verify/pard_reference.py) and the target's greedy AR
 output, on tiny random pairs, CPU fp32: identical tokens and acceptance lengths at several block
 sizes; sampling reproducible; misfit drafters refused."""
 import json
@@ -8,7 +8,7 @@ import torch
 
 from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU thread)
 from drafter_helpers import KindPair, accepting_pair
-from pard_reference import load_hf, pard_generate
+from specpilot.verify.pard_reference import load_hf, pard_generate
 from specpilot.models import load_drafter, load_target
 
 SHAPES = {"small": {}, "target-copy": {"pard_shape": "target"}}

@@ -28,3 +28,16 @@ def detect_kind(cfg: dict, where: str = "drafter") -> str:
     raise ValueError(f"{where}: cannot tell the drafter kind from config.json (architectures={archs}, no "
                      f"pard_token / markov_rank); supported kinds: {', '.join(KINDS)} (DFlashDraftModel, "
                      f"DFlash2DraftModel, *DSpark* architectures, a causal LM with pard_token)")
+
+
+def verify_block_size(kind: str, cfg: dict) -> int:
+    """The engine's default verify block (anchor + drafts) of a drafter, from its config.json:
+    block_size for DFlash / DFlash2 (the anchor row drafts nothing), block_size + 1 for DSpark (every
+    row drafts), pard_draft_k + 1 for PARD (12 + 1 when absent, PARD's default K)."""
+    if kind == "pard":
+        return int(cfg.get("pard_draft_k", 12)) + 1
+    inner = cfg.get("dflash_config") or cfg.get("dspark_config") or {}
+    block = inner.get("block_size", cfg.get("block_size"))
+    if not isinstance(block, int) or block < 1:
+        raise ValueError(f"drafter config has no usable block_size (got {block!r})")
+    return block + 1 if kind == "dspark" else block

@@ -1,4 +1,5 @@
-"""Reference PARD loop for the tests: HF transformers models (target and PARD drafter, each with its
+"""Reference PARD loop (the "stock" of PARD drafters for tests and `specpilot verify`; no PARD package
+exists): HF transformers models (target and PARD drafter, each with its
 own DynamicCache), following AMD-AGI/PARD `pard_infer.py`'s parallel mode step by step: the drafter
 sees the newly committed tokens then pard_token x (K - 1), drafts are the argmax of its last K rows,
 the K - 1 pard entries are cropped from its cache after each draft, the target verifies
@@ -12,8 +13,21 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 
-def load_hf(folder):
-    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="sdpa").eval()
+def load_hf(folder, dtype=torch.float32, device="cpu"):
+    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, attn_implementation="sdpa").to(device).eval()
+
+
+class PardReference:
+    """The PARD drafter for verify/stock.py: an HF causal LM and its pard_token / K."""
+
+    def __init__(self, drafter_dir, dtype=torch.float32, device="cpu"):
+        self.model = load_hf(drafter_dir, dtype, device)
+        self.pard_token = int(self.model.config.pard_token)
+        self.block_size = int(getattr(self.model.config, "pard_draft_k", 12)) + 1
+
+    def generate(self, target, prompt, max_new_tokens, block_size=None, stop_ids=()):
+        return pard_generate(target, self.model, prompt, max_new_tokens, block_size or self.block_size,
+                             self.pard_token, stop_ids)
 
 
 @torch.inference_mode()
@@ -21,7 +35,8 @@ def pard_generate(target, drafter, prompt, max_new_tokens, block_size, pard_toke
     """-> (new tokens, acceptance lengths)."""
     n, max_length = len(prompt), len(prompt) + max_new_tokens
     target_cache, draft_cache = DynamicCache(), DynamicCache()
-    ids = torch.tensor([prompt])
+    device = next(target.parameters()).device
+    ids = torch.tensor([prompt], device=device)
     tokens = [int(target(ids, past_key_values=target_cache, use_cache=True).logits[0, -1].argmax())]
     drafter(ids, past_key_values=draft_cache, use_cache=True)                 # the drafter's own prefill
     pending, start, acceptance = [tokens[0]], n, []
@@ -31,11 +46,11 @@ def pard_generate(target, drafter, prompt, max_new_tokens, block_size, pard_toke
         block = [tokens[-1]]
         if verify > 1:
             k = verify - 1
-            draft_in = torch.tensor([pending + [pard_token] * (k - 1)])
+            draft_in = torch.tensor([pending + [pard_token] * (k - 1)], device=device)
             logits = drafter(draft_in, past_key_values=draft_cache, use_cache=True).logits[0, -k:]
             block += logits.argmax(-1).tolist()
             draft_cache.crop(draft_cache.get_seq_length() - (k - 1))        # drop the pard entries
-        posterior = target(torch.tensor([block]), past_key_values=target_cache, use_cache=True).logits[0].argmax(-1)
+        posterior = target(torch.tensor([block], device=device), past_key_values=target_cache, use_cache=True).logits[0].argmax(-1)
         accepted = 0
         while accepted < verify - 1 and block[accepted + 1] == int(posterior[accepted]):
             accepted += 1

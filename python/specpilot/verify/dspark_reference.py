@@ -1,4 +1,5 @@
-"""Reference DSpark loop for the tests: plain torch over the checkpoint's tensors (published names)
+"""Reference DSpark loop (the "stock" of DSpark drafters for tests and `specpilot verify`; DeepSpec is
+not a package): plain torch over the checkpoint's tensors (published names)
 and an HF transformers target, following deepseek-ai/DeepSpec's evaluator
 (`deepspec/eval/dspark/evaluator.py`, `base_evaluator.generate_decoding_sample`) step by step:
 
@@ -21,8 +22,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, DynamicCache
+from transformers import DynamicCache
 from transformers.models.qwen3.modeling_qwen3 import Qwen3Config, Qwen3RotaryEmbedding
 
 
@@ -37,11 +37,13 @@ def rotate_half(x):
 
 
 class DSparkReference:
-    def __init__(self, drafter_dir, target_dir):
+    def __init__(self, drafter_dir, dtype=torch.float32, device="cpu"):
+        from specpilot.models.checkpoint import read_state_dict
+
         self.cfg = json.loads((Path(drafter_dir) / "config.json").read_text())
-        self.w = load_file(str(Path(drafter_dir) / "model.safetensors"))
-        self.target = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32,
-                                                           attn_implementation="sdpa").eval()
+        self.w = {k: v.to(device=device, dtype=dtype) for k, v in read_state_dict(drafter_dir).items()}
+        self.device = torch.device(device)
+        self.block_size = int(self.cfg.get("block_size", 7)) + 1
         c = self.cfg
         self.heads, self.kv_heads, self.d = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
         self.eps, self.layers = c["rms_norm_eps"], c["num_hidden_layers"]
@@ -49,8 +51,9 @@ class DSparkReference:
 
     def rope(self, positions):
         """(cos, sin) [T, D] as the published Qwen3DSparkModel's rotary embedding computes them."""
-        cos, sin = self.rotary(torch.zeros(1, dtype=torch.float32), positions[None])
-        return cos[0], sin[0]
+        dtype = self.w["fc.weight"].dtype
+        cos, sin = self.rotary(torch.zeros(1, dtype=dtype), positions[None].cpu())
+        return cos[0].to(self.device), sin[0].to(self.device)
 
     def features(self, hidden_states):
         return torch.cat([hidden_states[i + 1] for i in self.cfg["target_layer_ids"]], dim=-1)
@@ -61,7 +64,7 @@ class DSparkReference:
         ctx = rms_norm(context @ w["fc.weight"].T, w["hidden_norm.weight"], eps)        # [C, H]
         x = w["embed_tokens.weight"][block]                                            # [K, H]
         k_len, c_len = x.shape[0], ctx.shape[0]
-        cos, sin = self.rope(torch.arange(start - c_len, start + k_len))
+        cos, sin = self.rope(torch.arange(start - c_len, start + k_len, device=self.device))
         for i in range(self.layers):
             p = f"layers.{i}."
             h = rms_norm(x, w[p + "input_layernorm.weight"], eps)
@@ -96,26 +99,29 @@ class DSparkReference:
         return drafts
 
     @torch.inference_mode()
-    def generate(self, prompt, max_new_tokens, block_size, stop_ids=()):
-        """block_size: the verify block (anchor + drafts). -> (new tokens, acceptance lengths)."""
+    def generate(self, target, prompt, max_new_tokens, block_size=None, stop_ids=()):
+        """target: the HF causal LM; block_size: the verify block (anchor + drafts), default the
+        checkpoint's block_size + 1. -> (new tokens, acceptance lengths)."""
+        block_size = block_size or self.block_size
         n, max_length = len(prompt), len(prompt) + max_new_tokens
-        target_cache = DynamicCache()
-        out = self.target(torch.tensor([prompt]), past_key_values=target_cache, use_cache=True,
-                          output_hidden_states=True)
+        target_cache, dev = DynamicCache(), self.device
+        out = target(torch.tensor([prompt], device=dev), past_key_values=target_cache, use_cache=True,
+                     output_hidden_states=True)
         tokens = [int(out.logits[0, -1].argmax())]
         context = self.features(out.hidden_states)[0]
-        cache = [[torch.zeros(self.kv_heads, 0, self.d), torch.zeros(self.kv_heads, 0, self.d)]
-                 for _ in range(self.layers)]
+        empty = torch.zeros(self.kv_heads, 0, self.d, device=dev, dtype=context.dtype)
+        cache = [[empty, empty] for _ in range(self.layers)]
         start, acceptance, stopped = n, [], tokens[0] in stop_ids
         mask = self.cfg["mask_token_id"]
         while start + 1 < max_length and not stopped:
             verify = min(block_size, max_length - start)
             block = [tokens[-1]]
             if verify > 1:
-                hidden = self.draft_block(torch.tensor([tokens[-1]] + [mask] * (verify - 2)), context, start, cache)
+                hidden = self.draft_block(torch.tensor([tokens[-1]] + [mask] * (verify - 2), device=dev), context,
+                                          start, cache)
                 block += self.markov_drafts(hidden, tokens[-1])
-            out = self.target(torch.tensor([block]), past_key_values=target_cache, use_cache=True,
-                              output_hidden_states=True)
+            out = target(torch.tensor([block], device=dev), past_key_values=target_cache, use_cache=True,
+                         output_hidden_states=True)
             posterior = out.logits[0].argmax(-1)
             accepted = 0
             while accepted < verify - 1 and block[accepted + 1] == int(posterior[accepted]):
