@@ -16,7 +16,8 @@ def configure(parser):
     parser.add_argument("--target", required=True,
                         help="target HF checkpoint folder, or random:<preset>[:<drafter layers>] "
                              "(scale tier, our methods only, e.g. random:qwen3-8b)")
-    parser.add_argument("--drafter", default=None, help="DFlash drafter folder (needed by hf_ar, stock, our_spec)")
+    parser.add_argument("--drafter", default=None, help="drafter folder, any kind (DFlash, DFlash2, DSpark, PARD; detected); "
+                        "hf_ar and stock take DFlash / DFlash2 only")
     parser.add_argument("--datasets", default=str(s.datasets),
                         help="folder of <benchmark>.jsonl (default %(default)s)")
     parser.add_argument("--out", default="bench_out", help="output folder (default %(default)s)")
