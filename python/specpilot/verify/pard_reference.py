@@ -50,7 +50,8 @@ def pard_generate(target, drafter, prompt, max_new_tokens, block_size, pard_toke
             logits = drafter(draft_in, past_key_values=draft_cache, use_cache=True).logits[0, -k:]
             block += logits.argmax(-1).tolist()
             draft_cache.crop(draft_cache.get_seq_length() - (k - 1))        # drop the pard entries
-        posterior = target(torch.tensor([block], device=device), past_key_values=target_cache, use_cache=True).logits[0].argmax(-1)
+        out = target(torch.tensor([block], device=device), past_key_values=target_cache, use_cache=True)
+        posterior = out.logits[0].argmax(-1)
         accepted = 0
         while accepted < verify - 1 and block[accepted + 1] == int(posterior[accepted]):
             accepted += 1

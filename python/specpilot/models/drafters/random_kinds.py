@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
@@ -24,6 +23,8 @@ from ..random_ckpt import (TARGET_PRESETS, _fill_random, hf_drafter_config, rand
 
 QWEN3_0_6B = TargetConfig("qwen3", 151936, 1024, 28, 16, 8, 128, 3072, 1e-6, TARGET_PRESETS["qwen3-8b"].rope,
                           True, 40960)
+# DFlash2's conv and selector sizes here (kernel 3, group 16, rank 64, top-k 8) are our defaults, not
+# read from a published config: the cost they model is of that order (elementwise taps, r x V codebooks).
 SCALE_SHAPES = {
     "dflash2": dict(drafter_layers=5, block_size=8),
     "dspark": dict(drafter_layers=5, block_size=8, layer_ids=[1, 9, 17, 25, 33], markov_rank=256),
@@ -32,7 +33,7 @@ SCALE_SHAPES = {
 
 
 def _tiny_pard_shape(target: TargetConfig) -> TargetConfig:
-    """A PARD drafter a quarter of the target's depth and half its width (same vocab and rope)."""
+    """A PARD drafter of half the target's depth and width (same vocab and rope)."""
     heads = max(2, target.num_heads // 2)
     return replace(target, hidden_size=target.hidden_size // 2, num_layers=max(1, target.num_layers // 2),
                    num_heads=heads, num_kv_heads=max(1, min(target.num_kv_heads, heads)),
