@@ -66,3 +66,24 @@ def test_random_checkpoint_cli_writes_each_kind(tmp_path):
         assert main(["--preset", "tiny-qwen3", "--drafter-kind", kind, "--out", str(tmp_path / kind),
                      "--dtype", "fp32", "--block-size", "4"]) == 0
         assert detect_kind(json.loads((tmp_path / kind / "drafter" / "config.json").read_text())) == kind
+
+
+@pytest.mark.parametrize("kind", ["dflash2", "dspark", "pard"])
+def test_random_target_with_a_drafter_kind_runs_replayed(kind):
+    """bench's in-memory scale tier: random:<preset>:<layers>:<kind>, acceptance replayed."""
+    from specpilot.bench import random_pair
+    from specpilot.engine.replay import AcceptanceReplay
+
+    target = f"random:tiny-qwen3:2:{kind}"
+    assert random_pair.kind(target) == kind and random_pair.parse(target) == ("tiny-qwen3", 2)
+    block = random_pair.default_block_size(target)
+    engine = random_pair.engine(target, "cpu", torch.float32, block, 256, False, True)
+    assert engine.drafter.kind == kind and engine.drafter.block_size == block
+    prompt = list(range(40, 52))
+    ar = engine.generate_ar(prompt, 24).tokens
+    assert engine.generate_spec(prompt, 24).tokens == ar
+    replayed = engine.generate_spec(prompt, 24, replay=AcceptanceReplay(ar, 3.0))
+    assert replayed.tokens == ar and replayed.replay_shortfalls == 0
+    assert replayed.acceptance_lengths[:6] == [3] * 6
+    with pytest.raises(ValueError, match="drafter kind 'eagle'"):
+        random_pair.parse("random:tiny-qwen3:2:eagle")

@@ -129,7 +129,8 @@ def _run_info(args, cfg, runners, names, random_target) -> dict:
     drafter = args.drafter
     if random_target:
         has_drafter = {"stock", "our_spec"} & set(cfg.methods)
-        drafter = f"random {random_pair.parse(args.target)[1]}-layer DFlash drafter" if has_drafter else None
+        name = {"dflash": "DFlash", "dflash2": "DFlash2", "dspark": "DSpark", "pard": "PARD"}[random_pair.kind(args.target)]
+        drafter = f"random {random_pair.parse(args.target)[1]}-layer {name} drafter" if has_drafter else None
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "tier": tier,
             "replay": cfg.replay.describe() if cfg.replay else None, "device": report.device_name(cfg.device),
             "dtype": args.dtype, "weights": ",".join(cfg.weights), "target": args.target, "drafter": drafter,
@@ -170,7 +171,7 @@ def run(args) -> int:
     # a random target gets no stop token: every prompt runs to --max-new-tokens
     stop_ids = [] if random_target else e2e.stop_ids_for(args.target, tokenizer)
     block_size = args.block_size or (e2e.drafter_block_size(args.drafter) if args.drafter
-                                     else 16 if random_target else 1)
+                                     else random_pair.default_block_size(args.target) if random_target else 1)
     cfg = e2e.BenchConfig(
         target_dir=args.target, drafter_dir=args.drafter,
         device=torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu")),

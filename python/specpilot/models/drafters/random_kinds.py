@@ -18,8 +18,8 @@ import torch
 
 from .. import hf_names
 from ..config import TargetConfig
-from ..random_ckpt import (TARGET_PRESETS, _fill_random, hf_drafter_config, random_target, save_safetensors,
-                           write_byte_tokenizer, write_configs)
+from ..random_ckpt import (TARGET_PRESETS, _fill_random, drafter_config_for, hf_drafter_config, random_target,
+                           save_safetensors, write_byte_tokenizer, write_configs)
 
 QWEN3_0_6B = TargetConfig("qwen3", 151936, 1024, 28, 16, 8, 128, 3072, 1e-6, TARGET_PRESETS["qwen3-8b"].rope,
                           True, 40960)
@@ -143,3 +143,23 @@ def _build(kind, cfg, dcfg, block_size, target, extra):
     c = PardConfig(model=shape, pard_token=dcfg.mask_token_id, num_drafts=block_size - 1)
     with torch.device("meta"):
         return hf_pard_config(c), PardDrafter(c, target), lambda s: pard_to_hf(s, c)
+
+
+def random_kind_drafter(kind: str, target, drafter_layers: int, block_size: int, seed: int = 1):
+    """A random drafter of `kind` for an in-memory random target (bench's random:<preset>:<layers>:<kind>),
+    built on the target's device and dtype; on an 8B preset with the kind's published scale shape."""
+    cfg = target.config
+    options = {"drafter_layers": drafter_layers, "block_size": block_size}
+    if cfg.hidden_size >= 4096 and kind in SCALE_SHAPES:
+        options.update({k: v for k, v in SCALE_SHAPES[kind].items() if k != "block_size"})
+    layers, layer_ids = options.pop("drafter_layers"), options.pop("layer_ids", None)
+    options.pop("block_size")
+    dcfg = drafter_config_for(cfg, layers, block_size, layer_ids, mask_token_id=cfg.vocab_size - 1)
+    _, drafter, _ = _build(kind, cfg, dcfg, block_size, target, options)
+    _fill_random(drafter, target.device, target.dtype, seed)
+    _init_conv_taps(drafter)
+    _copy_from_target(kind, drafter, target, False)
+    drafter.after_load()
+    drafter.eval().requires_grad_(False)
+    drafter.ensure_rope(target.rope_cos.shape[0])
+    return drafter
