@@ -9,6 +9,7 @@ from specpilot.config import EngineConfig
 from specpilot.verify.sampling import validate_sampling
 
 from .ar_loop import run_ar
+from .block_draft import warm_block_drafts
 from .cache import drafter_cache, target_cache
 from .graphs import kv_spans
 from .replay import GREEDY
@@ -93,6 +94,8 @@ class Engine:
                 ctx = torch.zeros(1, 1, len(self.runner.feature_layers) * self.target.config.hidden_size,
                                   device=self.device, dtype=self.target.dtype)
                 self.runner.draft_step(ctx, span - b - 1, ids, span - b, b)
+        if drafter_kind(self.drafter) in ("dflash2", "dspark"):
+            warm_block_drafts(self, b)                 # their greedy draft graphs (engine/block_draft.py)
         if self.config.fused_steps:
             self.runner.fused.capture_all(b if drafter_kind(self.drafter) == "dflash" else None)
         torch.cuda.synchronize()

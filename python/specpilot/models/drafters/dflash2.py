@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specpilot.engine.block_draft import block_draft
 from specpilot.ops import linear
 from specpilot.ops.attention import AttentionMask, attention_mask
 from specpilot.ops.norm_rope import add_rms_norm
@@ -152,8 +153,10 @@ class CandidateSelector(nn.Module):
 
 def layer_mask(cfg: DFlash2Config, layer: int, positions, kv_len: int, dtype) -> AttentionMask:
     """Stock's per-layer visibility over cache slots [0, kv_len) (slot == absolute position): every
-    slot for a full layer; for a sliding layer key j <= position (causal) and position - j < window
-    (and, non-causal with a window, j - position < window too)."""
+    slot up to the block's last position for a full layer; for a sliding layer also key j <= position
+    (causal) and position - j < window (and, non-causal with a window, j - position < window). A
+    graphed step's kv_len is a bucket past the block: its later slots (stale, or the trash slot of
+    padded context rows) stay unseen."""
     kind = cfg.layer_types[layer]
     causal = kind == "sliding_attention" if cfg.is_causal is None else bool(cfg.is_causal)
     window = cfg.sliding_window if kind == "sliding_attention" else None
@@ -161,7 +164,7 @@ def layer_mask(cfg: DFlash2Config, layer: int, positions, kv_len: int, dtype) ->
     if not causal and window is None:
         return attention_mask(positions[-1:].expand(positions.shape[0]), kv_len, groups, dtype)
     key, query = torch.arange(kv_len, device=positions.device)[None, :], positions[:, None]
-    visible = torch.ones(query.shape[0], kv_len, dtype=torch.bool, device=positions.device)
+    visible = (key <= positions[-1]).expand(query.shape[0], kv_len).clone()   # slots past the block: unseen
     if causal:
         visible &= key <= query
     if window is not None:
@@ -218,26 +221,36 @@ class DFlash2Session:
     uses_features = True
 
     def __init__(self, engine, block_size: int):
-        self.engine, self.drafter = engine, engine.drafter
+        self.engine, self.drafter, self.block_size = engine, engine.drafter, block_size
         self.ctx = self.ctx_start = None
 
     def begin(self, prompt_ids, first_token: int, features) -> None:
         self.ctx, self.ctx_start = features, 0
 
     def propose(self, anchor: int, start: int, num_drafts: int, temperature: float, generator):
-        d, runner = self.drafter, self.engine.runner
+        d = self.drafter
         t = num_drafts + 1
-        device = self.ctx.device
-        block = torch.full((1, t), d.mask_token_id, dtype=torch.long, device=device)
+        block = torch.full((1, t), d.mask_token_id, dtype=torch.long, device=self.ctx.device)
         block[0, 0] = anchor
-        ctx_positions = torch.arange(self.ctx_start, self.ctx_start + self.ctx.shape[1], device=device)
-        positions = torch.arange(start, start + t, device=device)
-        with runner.kernel_ctx(t):
-            d.write_context(self.ctx, ctx_positions, self.engine.draft_cache)
-            hidden = d.forward_hidden(block, positions, self.engine.draft_cache, start + t)
+        if temperature > 0:                              # sampled: eager (host generator)
+            positions = torch.arange(self.ctx_start, self.ctx_start + self.ctx.shape[1], device=block.device)
+            hidden = self._hidden(self.ctx, positions, block, torch.arange(start, start + t, device=block.device),
+                                  start + t)
             drafts, candidates, q = d.propose(hidden, block[:, 0], temperature, generator)
-        probs = None if q is None else dense_draft_probs(candidates, q, d.config.vocab_size)
-        return drafts, probs
+            return drafts, dense_draft_probs(candidates, q, d.config.vocab_size)
+        return block_draft(self.engine, "dflash2", self._greedy, self.ctx, self.ctx_start, block, start,
+                           self.block_size), None
+
+    def _hidden(self, ctx, ctx_positions, block, block_positions, kv_len):
+        d, cache = self.drafter, self.engine.draft_cache
+        with self.engine.runner.kernel_ctx(block.shape[1]):
+            d.write_context(ctx, ctx_positions, cache)
+            return d.forward_hidden(block, block_positions, cache, kv_len)
+
+    def _greedy(self, ctx, ctx_positions, block, block_positions, kv_len):
+        hidden = self._hidden(ctx, ctx_positions, block, block_positions, kv_len)
+        with self.engine.runner.kernel_ctx(block.shape[1]):
+            return self.drafter.propose(hidden, block[:, 0], 0.0)[0]
 
     def accept(self, new_tokens: list, start: int, features) -> None:
         self.ctx, self.ctx_start = features[:, :len(new_tokens)], start

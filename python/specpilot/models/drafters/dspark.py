@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from specpilot.engine.block_draft import block_draft
 from specpilot.ops import linear
 from specpilot.ops.attention import attention_mask
 from specpilot.ops.norm_rope import add_rms_norm
@@ -81,7 +82,7 @@ class DSparkDrafter(DFlashDrafter):
         """Nothing to tie: the embedding and LM head are its own."""
 
     def session(self, engine, block_size: int):
-        return DSparkSession(engine)
+        return DSparkSession(engine, block_size)
 
     def forward_hidden(self, block_ids, positions, cache, kv_len: int):
         """block_ids [B, K] (anchor then masks) at `positions` [K] -> final-normed hidden [B, K, H] of
@@ -125,8 +126,8 @@ class DSparkSession:
     step's confidence per draft (scheduling only)."""
     uses_features = True
 
-    def __init__(self, engine):
-        self.engine, self.drafter = engine, engine.drafter
+    def __init__(self, engine, block_size: int):
+        self.engine, self.drafter, self.block_size = engine, engine.drafter, block_size
         self.ctx = self.ctx_start = self.confidence = None
 
     def begin(self, prompt_ids, first_token: int, features) -> None:
@@ -136,13 +137,26 @@ class DSparkSession:
         d, device = self.drafter, self.ctx.device
         block = torch.full((1, num_drafts), d.mask_token_id, dtype=torch.long, device=device)
         block[0, 0] = anchor
-        ctx_positions = torch.arange(self.ctx_start, self.ctx_start + self.ctx.shape[1], device=device)
-        positions = torch.arange(start, start + num_drafts, device=device)
-        with self.engine.runner.kernel_ctx(num_drafts):
-            d.write_context(self.ctx, ctx_positions, self.engine.draft_cache)
-            hidden = d.forward_hidden(block, positions, self.engine.draft_cache, start + num_drafts)
-            drafts, logits, self.confidence = d.draft(hidden, block[:, 0], temperature, generator)
-        return drafts, sampling_probs(logits, temperature) if temperature > 0 else None
+        if temperature > 0:                              # sampled: eager (host generator)
+            ctx_positions = torch.arange(self.ctx_start, self.ctx_start + self.ctx.shape[1], device=device)
+            positions = torch.arange(start, start + num_drafts, device=device)
+            drafts, logits, self.confidence = self._draft(self.ctx, ctx_positions, block, positions,
+                                                          start + num_drafts, temperature, generator)
+            return drafts, sampling_probs(logits, temperature)
+        drafts, self.confidence = block_draft(self.engine, "dspark", self._greedy, self.ctx, self.ctx_start,
+                                              block, start, self.block_size - 1)
+        return drafts, None
+
+    def _draft(self, ctx, ctx_positions, block, block_positions, kv_len, temperature=0.0, generator=None):
+        d, cache = self.drafter, self.engine.draft_cache
+        with self.engine.runner.kernel_ctx(block.shape[1]):
+            d.write_context(ctx, ctx_positions, cache)
+            hidden = d.forward_hidden(block, block_positions, cache, kv_len)
+            return d.draft(hidden, block[:, 0], temperature, generator)
+
+    def _greedy(self, ctx, ctx_positions, block, block_positions, kv_len):
+        drafts, _, confidence = self._draft(ctx, ctx_positions, block, block_positions, kv_len)
+        return drafts, confidence
 
     def accept(self, new_tokens: list, start: int, features) -> None:
         self.ctx, self.ctx_start = features[:, :len(new_tokens)], start
