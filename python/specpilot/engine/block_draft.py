@@ -36,15 +36,21 @@ def block_draft(engine, key: str, draft_fn, ctx, ctx_start: int, block, start: i
 
 
 def warm_block_drafts(engine, block_size: int) -> None:
-    """Captures the greedy draft graph of every kv span (scratch K/V, overwritten before it is seen)."""
+    """Captures the greedy draft graph of every kv span of a DFlash2 / DSpark / PARD drafter (scratch
+    K/V, overwritten before it is seen)."""
     if not engine.runner.use_graphs or block_size < 2:
         return
+    pard = engine.drafter.kind == "pard"
+    rows = 2 * (block_size - 1) if pard else block_size       # PARD: the padded input (models/drafters/pard.py)
     width = len(engine.runner.feature_layers) * engine.target.config.hidden_size
     for span in kv_spans(engine.runner.capacity):
-        start = span - block_size
-        if start >= 1:
-            session = engine.drafter.session(engine, block_size)
-            ctx = torch.zeros(1, 1, width, device=engine.device, dtype=engine.target.dtype)
-            session.begin(None, 0, ctx)
+        start = span - rows
+        if start < 1:
+            continue
+        session = engine.drafter.session(engine, block_size)
+        if pard:
+            session.pending = [0]
+        else:
+            session.begin(None, 0, torch.zeros(1, 1, width, device=engine.device, dtype=engine.target.dtype))
             session.ctx_start = start - 1
-            session.propose(0, start, block_size - 1, 0.0, None)
+        session.propose(0, start, block_size - 1, 0.0, None)

@@ -94,7 +94,7 @@ class Engine:
                 ctx = torch.zeros(1, 1, len(self.runner.feature_layers) * self.target.config.hidden_size,
                                   device=self.device, dtype=self.target.dtype)
                 self.runner.draft_step(ctx, span - b - 1, ids, span - b, b)
-        if drafter_kind(self.drafter) in ("dflash2", "dspark"):
+        if drafter_kind(self.drafter) in ("dflash2", "dspark", "pard"):
             warm_block_drafts(self, b)                 # their greedy draft graphs (engine/block_draft.py)
         if self.config.fused_steps:
             self.runner.fused.capture_all(b if drafter_kind(self.drafter) == "dflash" else None)

@@ -113,7 +113,7 @@ class PardDrafter(nn.Module):
         return self.model.rope_cos
 
     def session(self, engine, block_size: int):
-        return PardSession(engine)
+        return PardSession(engine, block_size)
 
     def forward_tokens(self, ids, first_position: int, cache, logits_rows=None):
         """ids [1, T] at positions first_position.. (causal, own cache) -> logits [1, T or rows, V]."""
@@ -125,11 +125,18 @@ class PardDrafter(nn.Module):
 
 class PardSession:
     """Per-generation state: the committed tokens not yet in the drafter's cache (ending with the
-    anchor), at positions ending at the anchor's."""
+    anchor), at positions ending at the anchor's.
+
+    Greedy full-size drafts on a graphing engine run as one captured step of fixed shape: the input
+    is [pending (p <= K + 1 rows), pard x (2K - p)], 2K rows from position start + 1 - p, its extra
+    trailing pard rows past the block (their K/V land at later slots, clamped to the trash slot, which
+    every later step overwrites before a real row can see them: slots past the anchor are rewritten
+    from the next pending token on); the K draft rows are picked on the device by the offset p - 1.
+    Real rows attend exactly as in the eager call (causal: nothing after them is visible)."""
     uses_features = False
 
-    def __init__(self, engine):
-        self.engine, self.drafter = engine, engine.drafter
+    def __init__(self, engine, block_size: int):
+        self.engine, self.drafter, self.block_size = engine, engine.drafter, block_size
         self.pending = []
 
     def begin(self, prompt_ids, first_token: int, features) -> None:
@@ -138,6 +145,8 @@ class PardSession:
         self.pending = [first_token]
 
     def propose(self, anchor: int, start: int, num_drafts: int, temperature: float, generator):
+        if temperature == 0 and self.engine.runner.use_graphs and num_drafts == self.block_size - 1:
+            return self._graphed(start, num_drafts), None
         d = self.drafter
         ids = torch.tensor([self.pending + [d.mask_token_id] * (num_drafts - 1)], dtype=torch.long,
                            device=self.engine.device)
@@ -148,6 +157,26 @@ class PardSession:
             probs = sampling_probs(logits, temperature)
             return sample_probs(probs, generator), probs
         return torch.argmax(logits, dim=-1), None
+
+    def _graphed(self, start: int, k: int):
+        from specpilot.engine.graphs import kv_bucket
+
+        engine, runner, p = self.engine, self.engine.runner, len(self.pending)
+        rows, trash = 2 * k, engine.draft_cache.trash_slot
+        first = start + 1 - p
+        ids = torch.full((1, rows), self.drafter.mask_token_id, dtype=torch.long, device=engine.device)
+        ids[0, :p] = torch.tensor(self.pending, dtype=torch.long, device=engine.device)
+        positions = (first + torch.arange(rows, device=engine.device)).clamp_(max=trash)
+        span = kv_bucket(min(first + rows - 1, trash) + 1, runner.capacity)
+        offset = torch.tensor([p - 1], dtype=torch.long, device=engine.device)
+        key = ("pard", rows, span)
+        if key not in runner.graphs:
+            def fn(i, pos, off):
+                with runner.kernel_ctx(rows):
+                    logits, _ = self.drafter.model(i, pos, engine.draft_cache, span)
+                return torch.argmax(logits[0].index_select(0, off + torch.arange(k, device=off.device)), dim=-1)[None]
+            runner.graphs[key] = runner.step_factory(fn, (ids, positions, offset), runner.pool)
+        return runner.graphs[key](ids, positions, offset)
 
     def accept(self, new_tokens: list, start: int, features) -> None:
         self.pending = list(new_tokens)
