@@ -41,8 +41,8 @@ class Engine:
         if drafter is not None:
             drafter.ensure_rope(self.cache.slots)
         self.runner = StepRunner(target, drafter, self.cache, self.draft_cache, self.use_graphs, config=config)
-        if config.compile_layers:
-            compile_decoder_layers(target, drafter)
+        if config.compile_layers:   # the other kinds' draft steps do not run through compiled layers
+            compile_decoder_layers(target, drafter if drafter_kind(drafter) == "dflash" else None)
 
     # -- helpers shared by the loops -------------------------------------------------------------
     def check_request(self, prompt_ids, max_new_tokens: int, temperature: float, room: int = 0):
