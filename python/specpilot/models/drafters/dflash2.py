@@ -236,7 +236,8 @@ class DFlash2Session:
             positions = torch.arange(self.ctx_start, self.ctx_start + self.ctx.shape[1], device=block.device)
             hidden = self._hidden(self.ctx, positions, block, torch.arange(start, start + t, device=block.device),
                                   start + t)
-            drafts, candidates, q = d.propose(hidden, block[:, 0], temperature, generator)
+            with self.engine.runner.kernel_ctx(t):
+                drafts, candidates, q = d.propose(hidden, block[:, 0], temperature, generator)
             return drafts, dense_draft_probs(candidates, q, d.config.vocab_size)
         return block_draft(self.engine, "dflash2", self._greedy, self.ctx, self.ctx_start, block, start,
                            self.block_size), None
