@@ -112,7 +112,8 @@ class Engine:
     @torch.inference_mode()
     def generate_spec(self, prompt_ids, max_new_tokens: int, stop_ids=(), temperature: float = 0.0,
                       block_size=None, replay=None, seed=None) -> GenerationResult:
-        """The stock DFlash loop (dflash 0.1.0 `dflash_generate`), token for token (engine/spec.py).
+        """The stock DFlash loop (dflash 0.1.0 `dflash_generate`), token for token (engine/spec.py); a
+        DFlash2 / DSpark / PARD drafter drafts through its session (engine/spec_session.py).
         replay: an AcceptanceReplay forcing each step's accepted count (a benchmark device; greedy only)."""
         if self.drafter is None:
             raise ValueError("generate_spec needs a drafter: Engine(target, drafter)")
