@@ -84,7 +84,8 @@ def test_misfit_drafter_refused(tmp_path):
     cfg = json.loads((ddir / "config.json").read_text())
     for change, message in ((lambda c: c.update(vocab_size=300), "vocab_size 300 != target"),
                             (lambda c: c.update(pard_token=5000), "pard_token 5000"),
-                            (lambda c: c.update(pard_draft_k=0), "pard_draft_k 0")):
+                            (lambda c: c.update(pard_draft_k=0), "pard_draft_k 0"),
+                            (lambda c: c.update(spd_type="pard2"), "PARD-2 drafter")):
         bad = dict(cfg)
         change(bad)
         (ddir / "config.json").write_text(json.dumps(bad))

@@ -49,6 +49,9 @@ class PardConfig:
 
 
 def pard_config_from_dict(cfg: dict, target: TargetConfig, where: str = "drafter") -> PardConfig:
+    if cfg.get("pard2") or cfg.get("spd_type") == "pard2":
+        raise ValueError(f"{where}: a PARD-2 drafter (target features fused into its input embeddings, "
+                         f"warp_model.bin) is not supported yet; plain PARD drafters are")
     model = target_config_from_dict(cfg, where)
     token = cfg.get("pard_token")
     k = int(cfg.get("pard_draft_k", DEFAULT_DRAFTS))
