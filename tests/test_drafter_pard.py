@@ -50,8 +50,9 @@ def test_varied_output_equals_hf_greedy(plain_pair):
     seen = set()
     for _ in range(3):
         prompt = plain_pair.prompt(11)
-        hf = plain_pair.hf_target.generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False,
-                                           pad_token_id=0)[0, len(prompt):].tolist()
+        ids = torch.tensor([prompt])          # an explicit mask: HF would take pad-id tokens for padding
+        hf = plain_pair.hf_target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=30,
+                                           do_sample=False, pad_token_id=318)[0, len(prompt):].tolist()
         ours = plain_pair.engine.generate_spec(prompt, 30)
         ref_tokens, ref_acc = pard_generate(plain_pair.hf_target, plain_pair.hf_drafter, prompt, 30, 6,
                                             plain_pair.drafter.mask_token_id)
@@ -85,9 +86,61 @@ def test_misfit_drafter_refused(tmp_path):
     for change, message in ((lambda c: c.update(vocab_size=300), "vocab_size 300 != target"),
                             (lambda c: c.update(pard_token=5000), "pard_token 5000"),
                             (lambda c: c.update(pard_draft_k=0), "pard_draft_k 0"),
-                            (lambda c: c.update(spd_type="pard2"), "PARD-2 drafter")):
+                            (lambda c: c.update(spd_type="pard2"), "needs pard2_target_layers"),
+                            (lambda c: c.update(spd_type="pard2", pard2_target_layers=[0]), "0, the embeddings"),
+                            (lambda c: c.update(spd_type="pard2", pard2_target_layers=[1], pard2_target_dim=7),
+                             "pard2_target_dim 7")):
         bad = dict(cfg)
         change(bad)
         (ddir / "config.json").write_text(json.dumps(bad))
         with pytest.raises(ValueError, match=message):
             load_drafter(ddir, target)
+    bad = dict(cfg, spd_type="pard2", pard2_target_layers=[1], pard2_target_dim=target.config.hidden_size)
+    (ddir / "config.json").write_text(json.dumps(bad))
+    with pytest.raises(FileNotFoundError, match="warp_model.bin"):
+        load_drafter(ddir, target)
+
+
+@pytest.fixture(scope="module")
+def pard2_pair(tmp_path_factory):
+    """PARD-2: target features of layers 1 and 3 (HF hidden_states indices) fused into the drafter's
+    input embeddings; scale 1 so that a wrong feature row changes the drafts."""
+    from specpilot.verify.pard_reference import PardReference
+
+    p = accepting_pair(lambda: tmp_path_factory.mktemp("pard2"), "pard", block_size=9, pard2_layers=[1, 3],
+                       pard2_scale=1.0)
+    p.hf_target, p.reference = load_hf(p.target_dir), PardReference(p.drafter_dir)
+    return p
+
+
+def test_pard2_equals_reference_and_ar(pard2_pair):
+    pair = pard2_pair
+    assert pair.drafter.config.pard2 and pair.engine.runner.feature_layers == (0, 2)
+    assert pair.reference.warp is not None
+    longest = 0
+    for block_size in (2, 4, 9):
+        for prompt in pair.prompts(block_size, 6 + block_size):
+            for max_new in (1, 9, 23):
+                ref_tokens, ref_acc = pair.reference.generate(pair.hf_target, prompt, max_new, block_size)
+                ours = pair.engine.generate_spec(prompt, max_new, block_size=block_size)
+                assert ours.tokens == ref_tokens, f"seed {pair.seed}, block {block_size}, max_new {max_new}"
+                assert ours.acceptance_lengths == ref_acc
+                assert ours.tokens == pair.engine.generate_ar(prompt, max_new).tokens
+                longest = max([longest, *ours.acceptance_lengths])
+    assert longest > 2
+
+
+def test_pard2_logits_depend_on_feature_alignment(pard2_pair):
+    """The drafter's logits move when its feature rows shift by one position, so the equality above
+    checks which target row feeds which token (scale 1 here; the published default is 0.02)."""
+    from specpilot.engine.cache import drafter_cache
+
+    d = pard2_pair.drafter
+    ids = torch.tensor([pard2_pair.prompt(10)])
+    features = torch.randn(1, 10, d.config.feature_dim, generator=torch.Generator().manual_seed(0))
+    cache = drafter_cache(d, 1, 64)
+    with torch.inference_mode():
+        aligned = d.forward_tokens(ids, 0, cache, features=features)
+        shifted = d.forward_tokens(ids, 0, cache, features=features.roll(1, dims=1))
+        plain = d.forward_tokens(ids, 0, cache)
+    assert (aligned - shifted).abs().max() > 1e-2 and (aligned - plain).abs().max() > 1e-2

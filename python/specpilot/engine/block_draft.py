@@ -41,6 +41,8 @@ def warm_block_drafts(engine, block_size: int) -> None:
     if not engine.runner.use_graphs or block_size < 2:
         return
     pard = engine.drafter.kind == "pard"
+    if pard and engine.drafter.config.pard2:
+        return                                                # PARD-2 drafts eagerly (its features vary)
     rows = 2 * (block_size - 1) if pard else block_size       # PARD: the padded input (models/drafters/pard.py)
     width = len(engine.runner.feature_layers) * engine.target.config.hidden_size
     for span in kv_spans(engine.runner.capacity):

@@ -48,6 +48,6 @@ def _pard(raw, folder, target, where):
     from .pard import PardDrafter, pard_config_from_dict, pard_from_hf
 
     cfg = pard_config_from_dict(raw, target.config, where)
-    state = pard_from_hf(read_any_state_dict(folder), cfg, where)
+    state = pard_from_hf(read_any_state_dict(folder), cfg, where, folder)
     with torch.device("meta"):
         return PardDrafter(cfg, target), state

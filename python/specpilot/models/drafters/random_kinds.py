@@ -58,7 +58,8 @@ def write_kind_pair(out, kind: str, target_cfg="tiny-qwen3", drafter_layers: int
     is, DSpark stores block_size - 1 (every position drafts), PARD stores pard_draft_k = block_size - 1.
     extra: DFlash2 conv_kernel_size, conv_group_size, selector_rank, selector_top_k, layer_types,
     sliding_window; DSpark markov_rank, confidence_head; PARD pard_shape (a TargetConfig, or "target":
-    the target's shape and weights, so its first draft is the target's own next token).
+    the target's shape and weights, so its first draft is the target's own next token), and for
+    PARD-2 pard2_layers (HF hidden_states indices), pard2_scale, pard2_bias.
     two_token_head: the LM-head rows of tokens 0 and 1 become w and -w, scaled by PEAK_SCALE (tied
     embeddings too), so the target mostly emits 0 or 1 by the sign of <h, w>, and so does a drafter
     with that head (the target's, or DSpark's copy, or PARD's own made the same way): about half
@@ -84,6 +85,9 @@ def write_kind_pair(out, kind: str, target_cfg="tiny-qwen3", drafter_layers: int
         _two_token_head(drafter.model.lm_head.weight)
     (ddir / "config.json").write_text(json.dumps(config_json, indent=2))
     save_safetensors(to_hf(drafter.state_dict()), ddir, max_shard_bytes)
+    if kind == "pard" and drafter.config.pard2:
+        from .pard import write_warp
+        write_warp(drafter.state_dict(), ddir)
     return tdir, ddir
 
 
@@ -138,9 +142,12 @@ def _build(kind, cfg, dcfg, block_size, target, extra):
 
     shape = extra.pop("pard_shape", None) or _tiny_pard_shape(cfg)
     shape = cfg if shape == "target" else shape
+    pard2_layers = tuple(extra.pop("pard2_layers", ()))       # PARD-2: HF hidden_states indices (>= 1)
+    pard2 = dict(feature_layers=tuple(i - 1 for i in pard2_layers), feature_dim=len(pard2_layers) * cfg.hidden_size,
+                 feature_scale=float(extra.pop("pard2_scale", 0.02)), feature_bias=bool(extra.pop("pard2_bias", False)))
     if extra:
         raise ValueError(f"unknown PARD options {sorted(extra)}")
-    c = PardConfig(model=shape, pard_token=dcfg.mask_token_id, num_drafts=block_size - 1)
+    c = PardConfig(model=shape, pard_token=dcfg.mask_token_id, num_drafts=block_size - 1, **pard2)
     with torch.device("meta"):
         return hf_pard_config(c), PardDrafter(c, target), lambda s: pard_to_hf(s, c)
 
