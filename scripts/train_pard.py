@@ -15,7 +15,8 @@ so `specpilot generate/verify/bench --drafter OUT` detect it as a PARD drafter.
 
 The data is build_corpus.py's output (tokens.bin as uint16, meta.json):
     python shared/zoo/recipe/build_corpus.py corpus --out /tmp/zoo/data          # about 30 s
-    python scripts/train_pard.py --data /tmp/zoo/data --target shared/zoo/code-tiny --out /tmp/zoo/code-tiny-pard-k8 --seconds 300
+    python scripts/train_pard.py --data /tmp/zoo/data --target shared/zoo/code-tiny \
+        --out /tmp/zoo/code-tiny-pard-k8 --seconds 300
 
 Cost: the drafter (2 layers, 512 wide) is about a quarter of the target's compute per token, and
 each window carries L + A (K - 1) rows (512 + 32 x 7 = 736 by default). The target trained at

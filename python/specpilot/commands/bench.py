@@ -16,8 +16,9 @@ def configure(parser):
     parser.add_argument("--target", required=True,
                         help="target HF checkpoint folder, or random:<preset>[:<drafter layers>] "
                              "(scale tier, our methods only, e.g. random:qwen3-8b)")
-    parser.add_argument("--drafter", default=None, help="drafter folder, any kind (DFlash, DFlash2, DSpark, PARD; detected); "
-                        "hf_ar and stock take DFlash / DFlash2 only")
+    parser.add_argument("--drafter", default=None,
+                        help="drafter folder, any kind (DFlash, DFlash2, DSpark, PARD; detected); "
+                             "hf_ar and stock take DFlash / DFlash2 only")
     parser.add_argument("--datasets", default=str(s.datasets),
                         help="folder of <benchmark>.jsonl (default %(default)s)")
     parser.add_argument("--out", default="bench_out", help="output folder (default %(default)s)")
@@ -129,7 +130,8 @@ def _run_info(args, cfg, runners, names, random_target) -> dict:
     drafter = args.drafter
     if random_target:
         has_drafter = {"stock", "our_spec"} & set(cfg.methods)
-        name = {"dflash": "DFlash", "dflash2": "DFlash2", "dspark": "DSpark", "pard": "PARD"}[random_pair.kind(args.target)]
+        names = {"dflash": "DFlash", "dflash2": "DFlash2", "dspark": "DSpark", "pard": "PARD"}
+        name = names[random_pair.kind(args.target)]
         drafter = f"random {random_pair.parse(args.target)[1]}-layer {name} drafter" if has_drafter else None
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "tier": tier,
             "replay": cfg.replay.describe() if cfg.replay else None, "device": report.device_name(cfg.device),

@@ -206,7 +206,8 @@ class PardDrafter(nn.Module):
         t = ids.shape[1]
         positions = torch.arange(first_position, first_position + t, device=ids.device)
         if features is not None:
-            self.model.embed.extra = self.target_proj(features.to(self.target_proj.weight.dtype)) * self.config.feature_scale
+            fused = self.target_proj(features.to(self.target_proj.weight.dtype))
+            self.model.embed.extra = fused * self.config.feature_scale
         try:
             logits, _ = self.model(ids, positions, cache, first_position + t, (), logits_rows)
         finally:
