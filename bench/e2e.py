@@ -148,7 +148,8 @@ def _replay(trace: Trace | None, index: int, transcript, max_new_tokens: int):
 
 
 def drafter_block_size(drafter_dir) -> int:
-    """The drafter's trained block size (dflash_config.block_size, else config.block_size)."""
+    """The drafter's trained block size (dflash_config.block_size, else config.block_size); for the
+    other kinds their verify block (models/drafters/kinds.py verify_block_size)."""
     import json
     from pathlib import Path
 
@@ -156,6 +157,11 @@ def drafter_block_size(drafter_dir) -> int:
     if not path.is_file():
         raise FileNotFoundError(f"drafter config {path} does not exist")
     config = json.loads(path.read_text())
+    from specpilot.models.drafters.kinds import detect_kind, verify_block_size
+
+    kind = detect_kind(config, f"drafter {drafter_dir}")
+    if kind != "dflash":
+        return verify_block_size(kind, config)
     bs = (config.get("dflash_config") or {}).get("block_size", config.get("block_size"))
     if not isinstance(bs, int) or bs < 2:
         raise ValueError(f"{path}: no usable block_size (got {bs!r}); pass --block-size")

@@ -60,6 +60,13 @@ def load_hf_pair(target_dir, drafter_dir, device, dtype) -> HFPair:
     if drafter_dir is not None:
         from dflash.model import DFlash2DraftModel, DFlashDraftModel
 
+        from specpilot.models.config import read_config_json
+        from specpilot.models.drafters.kinds import detect_kind
+
+        kind = detect_kind(read_config_json(drafter_dir), f"drafter {drafter_dir}")
+        if kind not in ("dflash", "dflash2"):
+            raise ValueError(f"methods hf_ar / stock run dflash_generate, which takes DFlash / DFlash2 drafters; "
+                             f"{drafter_dir} is a {kind} drafter: use --methods hf_static,our_ar,our_spec")
         archs = AutoConfig.from_pretrained(drafter_dir).architectures or []
         cls = DFlash2DraftModel if "DFlash2DraftModel" in archs else DFlashDraftModel
         drafter = cls.from_pretrained(drafter_dir, dtype=dtype, attn_implementation="sdpa").to(device).eval()

@@ -1,4 +1,7 @@
-"""`--target random:<preset>[:<drafter layers>]`: the scale tier without a checkpoint on disk.
+"""`--target random:<preset>[:<drafter layers>[:<drafter kind>]]`: the scale tier without a checkpoint
+on disk. The kind (dflash, dflash2, dspark, pard; default dflash) picks the drafter; the new kinds
+take their published scale shapes on 8B presets (models/drafters/random_kinds.py SCALE_SHAPES), e.g.
+`random:qwen3-8b:5:dspark`.
 
 Builds our target + DFlash drafter with random weights directly on the device
 (`specpilot.models.random_ckpt`, e.g. `random:qwen3-8b` = Qwen3-8B shapes with a 5-layer drafter,
@@ -22,14 +25,31 @@ def parse(target: str) -> tuple[str, int]:
 
     parts = str(target)[len(PREFIX):].split(":")
     preset = parts[0]
-    if preset not in TARGET_PRESETS or len(parts) > 2:
-        raise ValueError(f"--target {target!r}: use random:<preset>[:<drafter layers>], "
+    if preset not in TARGET_PRESETS or len(parts) > 3:
+        raise ValueError(f"--target {target!r}: use random:<preset>[:<drafter layers>[:<drafter kind>]], "
                          f"presets {sorted(TARGET_PRESETS)}")
+    kind(target)
     try:
         layers = int(parts[1]) if len(parts) == 2 else (5 if "8b" in preset else 2)
     except ValueError:
         raise ValueError(f"--target {target!r}: drafter layers {parts[1]!r} is not an integer") from None
     return preset, layers
+
+
+def kind(target: str) -> str:
+    """The drafter kind of 'random:<preset>:<layers>:<kind>' (dflash when absent)."""
+    from specpilot.models.drafters.kinds import KINDS
+
+    parts = str(target)[len(PREFIX):].split(":")
+    name = parts[2] if len(parts) == 3 else "dflash"
+    if name not in KINDS:
+        raise ValueError(f"--target {target!r}: drafter kind {name!r} is not one of {', '.join(KINDS)}")
+    return name
+
+
+def default_block_size(target: str) -> int:
+    """The verify block a random pair runs by default: 16 for DFlash, the published shapes' for the rest."""
+    return {"dflash": 16, "dflash2": 8, "dspark": 8, "pard": 13}[kind(target)]
 
 
 class ByteTokenizer:
@@ -79,7 +99,13 @@ def engine(target: str, device, dtype, block_size: int, max_seq_len: int, cuda_g
     model = random_target(cfg, device, dtype, seed=0)
     if weights == "split12":
         swap_to_split12(model)
-    drafter = random_drafter(drafter_config_for(cfg, layers, block_size), model, seed=1) if with_drafter else None
+    drafter = None
+    if with_drafter and kind(target) != "dflash":
+        from specpilot.models.drafters.random_kinds import random_kind_drafter
+
+        drafter = random_kind_drafter(kind(target), model, layers, block_size, seed=1)
+    elif with_drafter:
+        drafter = random_drafter(drafter_config_for(cfg, layers, block_size), model, seed=1)
     if weights == "split12" and drafter is not None:
         swap_to_split12(drafter)
     return Engine(model, drafter=drafter, max_seq_len=max_seq_len, config=EngineConfig(cuda_graphs=cuda_graphs, **(options or {})))

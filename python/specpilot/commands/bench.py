@@ -16,7 +16,9 @@ def configure(parser):
     parser.add_argument("--target", required=True,
                         help="target HF checkpoint folder, or random:<preset>[:<drafter layers>] "
                              "(scale tier, our methods only, e.g. random:qwen3-8b)")
-    parser.add_argument("--drafter", default=None, help="DFlash drafter folder (needed by hf_ar, stock, our_spec)")
+    parser.add_argument("--drafter", default=None,
+                        help="drafter folder, any kind (DFlash, DFlash2, DSpark, PARD; detected); "
+                             "hf_ar and stock take DFlash / DFlash2 only")
     parser.add_argument("--datasets", default=str(s.datasets),
                         help="folder of <benchmark>.jsonl (default %(default)s)")
     parser.add_argument("--out", default="bench_out", help="output folder (default %(default)s)")
@@ -134,7 +136,9 @@ def _run_info(args, cfg, runners, names, random_target) -> dict:
     drafter = args.drafter
     if random_target:
         has_drafter = {"stock", "our_spec"} & set(cfg.methods)
-        drafter = f"random {random_pair.parse(args.target)[1]}-layer DFlash drafter" if has_drafter else None
+        names = {"dflash": "DFlash", "dflash2": "DFlash2", "dspark": "DSpark", "pard": "PARD"}
+        name = names[random_pair.kind(args.target)]
+        drafter = f"random {random_pair.parse(args.target)[1]}-layer {name} drafter" if has_drafter else None
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "tier": tier,
             "replay": cfg.replay.describe() if cfg.replay else None, "device": report.device_name(cfg.device),
             "dtype": args.dtype, "weights": ",".join(cfg.weights), "target": args.target, "drafter": drafter,
@@ -180,7 +184,7 @@ def run(args) -> int:
     # a random target gets no stop token: every prompt runs to --max-new-tokens
     stop_ids = [] if random_target else e2e.stop_ids_for(args.target, tokenizer)
     block_size = args.block_size or (e2e.drafter_block_size(args.drafter) if args.drafter
-                                     else 16 if random_target else 1)
+                                     else random_pair.default_block_size(args.target) if random_target else 1)
     cfg = e2e.BenchConfig(
         target_dir=args.target, drafter_dir=args.drafter,
         device=torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu")),

@@ -159,6 +159,17 @@ def cost_report(target_dir, drafter_dir=None, batch: int = 1, block_size: int | 
         raise ValueError(f"need batch >= 1 and context >= 1, got batch={batch}, context={context}")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     target = ModelShape.from_dir(target_dir)
+    if drafter_dir:                               # the step model below is DFlash's
+        from specpilot.models.config import read_config_json
+        from specpilot.models.drafters.kinds import detect_kind
+
+        try:
+            kind = detect_kind(read_config_json(drafter_dir), f"drafter {drafter_dir}")
+        except ValueError:                        # a bare shape config: modelled as DFlash
+            kind = "dflash"
+        if kind != "dflash":
+            raise ValueError(f"specpilot cost models DFlash drafters only; {drafter_dir} is a {kind} drafter "
+                             f"(its draft step is not modelled yet)")
     drafter = ModelShape.from_dir(drafter_dir) if drafter_dir else None
     if drafter is not None:
         block_size = block_size or _drafter_block_size(drafter_dir)

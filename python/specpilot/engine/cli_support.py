@@ -8,7 +8,8 @@ from specpilot.models.loading import load_pair  # noqa: F401  (the commands load
 
 def add_model_args(parser, drafter_required: bool = True):
     parser.add_argument("--target", required=True, help="target model folder (HF format)")
-    parser.add_argument("--drafter", required=drafter_required, help="DFlash drafter folder")
+    parser.add_argument("--drafter", required=drafter_required,
+                        help="drafter folder of any kind (DFlash, DFlash2, DSpark, PARD: detected from config.json)")
     parser.add_argument("--weights", default=None, choices=["bf16", "split12"],
                         help="our engine's target weights, which the drafter's follow (default: as stored; split12 "
                              "packs a bf16 folder at load, bf16 unpacks a split12 folder)")

@@ -11,12 +11,14 @@ from specpilot.models.draft_vocab import prepare_draft_vocab
 from specpilot.verify.sampling import validate_sampling
 
 from .ar_loop import run_ar
+from .block_draft import warm_block_drafts
 from .cache import drafter_cache, target_cache
 from .certified_head import CertifiedHead
 from .graphs import kv_spans
 from .replay import GREEDY
 from .result import GenerationResult
 from .spec import run_spec
+from .spec_session import run_spec_session
 from .steps import StepRunner
 
 
@@ -52,8 +54,8 @@ class Engine:
             prepare_draft_vocab(drafter, config)               # the reduced draft head, before any capture
         self.certified_head = CertifiedHead(target) if config.two_level == "certified-head" else None
         self.runner = StepRunner(target, drafter, self.cache, self.draft_cache, self.use_graphs, config=config)
-        if config.compile_layers:
-            compile_decoder_layers(target, drafter)
+        if config.compile_layers:   # the other kinds' draft steps do not run through compiled layers
+            compile_decoder_layers(target, drafter if drafter_kind(drafter) == "dflash" else None)
 
     # -- helpers shared by the loops -------------------------------------------------------------
     def check_request(self, prompt_ids, max_new_tokens: int, temperature: float, room: int = 0):
@@ -101,12 +103,14 @@ class Engine:
                 start = max(0, span - t)
                 if start + t <= capacity:
                     self.runner.target_step(ids[:, :t], start, with_features=t > 1 and self.drafter is not None)
-            if self.drafter is not None and b > 1 and span - b >= 1:
+            if drafter_kind(self.drafter) == "dflash" and b > 1 and span - b >= 1:
                 ctx = torch.zeros(1, 1, len(self.runner.feature_layers) * self.target.config.hidden_size,
                                   device=self.device, dtype=self.target.dtype)
                 self.runner.draft_step(ctx, span - b - 1, ids, span - b, b)
+        if drafter_kind(self.drafter) in ("dflash2", "dspark", "pard"):
+            warm_block_drafts(self, b)                 # their greedy draft graphs (engine/block_draft.py)
         if self.config.fused_steps:
-            self.runner.fused.capture_all(b if self.drafter is not None else None)
+            self.runner.fused.capture_all(b if drafter_kind(self.drafter) == "dflash" else None)
         torch.cuda.synchronize()
         return len(self.runner.graphs) + len(self.runner.fused.graphs)
 
@@ -121,7 +125,8 @@ class Engine:
     @torch.inference_mode()
     def generate_spec(self, prompt_ids, max_new_tokens: int, stop_ids=(), temperature: float = 0.0,
                       block_size=None, replay=None, seed=None) -> GenerationResult:
-        """The stock DFlash loop (dflash 0.1.0 `dflash_generate`), token for token (engine/spec.py).
+        """The stock DFlash loop (dflash 0.1.0 `dflash_generate`), token for token (engine/spec.py); a
+        DFlash2 / DSpark / PARD drafter drafts through its session (engine/spec_session.py).
         replay: an AcceptanceReplay forcing each step's accepted count (a benchmark device; greedy only)."""
         if self.drafter is None:
             raise ValueError("generate_spec needs a drafter: Engine(target, drafter)")
@@ -133,8 +138,9 @@ class Engine:
         if replay is not None and temperature > 0:
             raise ValueError("replay works with greedy decoding only (temperature=0)")
         ids = self.check_request(prompt_ids, max_new_tokens, temperature)
-        return run_spec(self, ids, max_new_tokens, tuple(stop_ids), temperature, block_size,
-                        GREEDY if replay is None else replay, self.generator(seed))
+        loop = run_spec if drafter_kind(self.drafter) == "dflash" else run_spec_session  # other kinds: sessions
+        return loop(self, ids, max_new_tokens, tuple(stop_ids), temperature, block_size,
+                    GREEDY if replay is None else replay, self.generator(seed))
 
 
 def compile_decoder_layers(target, drafter=None) -> None:
@@ -152,3 +158,8 @@ def compile_decoder_layers(target, drafter=None) -> None:
         if model is not None:
             model.compiled_layers = [torch.compile(layer.forward, dynamic=False, fullgraph=True)
                                      for layer in model.layers]
+
+
+def drafter_kind(drafter):
+    """'dflash' (run_spec and its fused step), another kind (run_spec_session), or None."""
+    return None if drafter is None else getattr(drafter, "kind", "dflash")

@@ -152,20 +152,27 @@ def drafter_config_from_dict(cfg: dict, where: str = "drafter") -> DrafterConfig
     dcfg = cfg.get("dflash_config")
     if not isinstance(dcfg, dict):
         raise ValueError(f"{where}: config.json has no 'dflash_config' object")
-    value = lambda name, default=None: dcfg.get(name, cfg.get(name, default))  # stock's _draft_value
+    layer_types = cfg.get("layer_types") or []
+    if any(t != "full_attention" for t in layer_types) or cfg.get("is_causal"):
+        raise ValueError(f"{where}: only non-causal full-attention DFlash layers are supported "
+                         f"(layer_types={sorted(set(layer_types))}, is_causal={cfg.get('is_causal')})")
+    return DrafterConfig(**block_drafter_fields(cfg, dcfg, where))
+
+
+def block_drafter_fields(cfg: dict, dcfg: dict, where: str) -> dict:
+    """DrafterConfig's fields of a DFlash-family block drafter (DFlash, DFlash2, DSpark): the Qwen3
+    shape plus the keys of `dcfg` (its dflash_config / dspark_config), each falling back to the top
+    level of config.json, as stock's _draft_value does."""
+    value = lambda name, default=None: dcfg.get(name, cfg.get(name, default))
     for name in ("target_layer_ids", "mask_token_id"):
         if value(name) is None:
             raise ValueError(f"{where}: dflash_config has no {name!r}")
     layer_ids = value("target_layer_ids")
     if not isinstance(layer_ids, (list, tuple)) or not layer_ids or not all(isinstance(i, int) for i in layer_ids):
         raise ValueError(f"{where}: target_layer_ids must be a non-empty list of ints, got {layer_ids!r}")
-    layer_types = cfg.get("layer_types") or []
-    if any(t != "full_attention" for t in layer_types) or cfg.get("is_causal"):
-        raise ValueError(f"{where}: only non-causal full-attention DFlash layers are supported "
-                         f"(layer_types={sorted(set(layer_types))}, is_causal={cfg.get('is_causal')})")
     softcap = value("final_logit_softcapping")
-    return DrafterConfig(**_common(cfg, where), target_layer_ids=tuple(layer_ids),
-                         mask_token_id=int(value("mask_token_id")), block_size=int(value("block_size", 16)),
-                         input_embedding_scale=float(value("input_embedding_scale", 1.0)),
-                         output_multiplier=float(value("output_multiplier", 1.0)),
-                         final_logit_softcapping=None if softcap is None else float(softcap))
+    return dict(**_common(cfg, where), target_layer_ids=tuple(layer_ids),
+                mask_token_id=int(value("mask_token_id")), block_size=int(value("block_size", 16)),
+                input_embedding_scale=float(value("input_embedding_scale", 1.0)),
+                output_multiplier=float(value("output_multiplier", 1.0)),
+                final_logit_softcapping=None if softcap is None else float(softcap))

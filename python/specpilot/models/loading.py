@@ -111,7 +111,9 @@ def swap_to_split12(model) -> None:
 
 
 def load_drafter(folder, target: TargetLM, weights=None) -> DFlashDrafter:
-    """DFlash drafter from an HF folder, validated against `target` (hidden size, vocab, layer ids,
+    """A drafter of any kind (DFlash, DFlash2, DSpark, PARD: detected from config.json,
+    models/drafters/kinds.py); the rest of this text is DFlash's (the others: models/drafters/load.py).
+    DFlash drafter from an HF folder, validated against `target` (hidden size, vocab, layer ids,
     mask token); on the target's device and dtype, sharing its embedding and LM head. weights:
     "split12" packs its linears (layers and fc) at load, "bf16" keeps them; None follows the target
     (split12 when the target's linears are): fewer bytes per draft step (docs/design.md,
@@ -120,7 +122,29 @@ def load_drafter(folder, target: TargetLM, weights=None) -> DFlashDrafter:
     which moves acceptance at a near-tie at most; the target's verification keeps the output lossless."""
     _check_weights(weights, "as the target")
     where = f"drafter {folder}"
-    cfg = drafter_config_from_dict(read_config_json(folder), where=where)
+    raw = read_config_json(folder)
+    from .drafters.kinds import detect_kind
+    kind = detect_kind(raw, where)
+    if kind != "dflash":                          # DFlash2 / DSpark / PARD: models/drafters
+        from .drafters.load import load_other_drafter
+        return load_other_drafter(kind, raw, folder, target, weights)
+    cfg = drafter_config_from_dict(raw, where=where)
+    check_block_drafter_fits(cfg, target, where)
+    state = hf_names.drafter_from_hf(read_any_state_dict(folder), cfg, where=where)
+    with torch.device("meta"):
+        drafter = DFlashDrafter(cfg, target)
+    assign_state(drafter, state, where, target.device, target.dtype)
+    drafter.eval().requires_grad_(False)
+    if (weights or weights_of(target)) == "split12":
+        swap_to_split12(drafter)
+    drafter.ensure_rope(target.rope_cos.shape[0])
+    drafter.source_dir = str(folder)
+    return drafter
+
+
+def check_block_drafter_fits(cfg, target: TargetLM, where: str) -> None:
+    """A DFlash-family drafter config against its target: hidden size, vocab, layer ids, mask token,
+    block size, each refused with a message naming both sides."""
     t = target.config
     if cfg.hidden_size != t.hidden_size:
         raise ValueError(f"{where}: hidden_size {cfg.hidden_size} != target hidden_size {t.hidden_size}")
@@ -134,16 +158,6 @@ def load_drafter(folder, target: TargetLM, weights=None) -> DFlashDrafter:
         raise ValueError(f"{where}: mask_token_id {cfg.mask_token_id} is outside the vocab (size {t.vocab_size})")
     if cfg.block_size < 1:
         raise ValueError(f"{where}: block_size {cfg.block_size} must be >= 1")
-    state = hf_names.drafter_from_hf(read_any_state_dict(folder), cfg, where=where)
-    with torch.device("meta"):
-        drafter = DFlashDrafter(cfg, target)
-    assign_state(drafter, state, where, target.device, target.dtype)
-    drafter.eval().requires_grad_(False)
-    if (weights or weights_of(target)) == "split12":
-        swap_to_split12(drafter)
-    drafter.ensure_rope(target.rope_cos.shape[0])
-    drafter.source_dir = str(folder)
-    return drafter
 
 
 def _generation_eos(folder) -> tuple:

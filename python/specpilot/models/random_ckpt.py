@@ -68,6 +68,8 @@ def _fill_random(module: torch.nn.Module, device, dtype, seed: int) -> None:
             p.copy_(1 + 0.1 * torch.randn(p.shape, generator=gen, device=device, dtype=torch.float32))
         elif name.startswith("embed"):
             p.copy_(torch.randn(p.shape, generator=gen, device=device, dtype=torch.float32))
+        elif p.ndim != 2:   # conv taps, biases: small tensors, N(0, 1/last dim)
+            p.copy_(torch.randn(p.shape, generator=gen, device=device, dtype=torch.float32) / p.shape[-1] ** 0.5)
         else:   # chunked so an 8B-size matrix never needs an fp32 copy of itself
             for rows in torch.arange(p.shape[0], device="cpu").split(8192):
                 r = slice(int(rows[0]), int(rows[-1]) + 1)

@@ -1,6 +1,8 @@
 """Stock: dflash 0.1.0 `dflash_generate` with an HF `AutoModelForCausalLM` target and a
-`DFlashDraftModel` drafter (attn_implementation="sdpa"), exactly as dflash's benchmark loads them.
-This is the reference every engine output is token-forced against; nothing here is ours but glue.
+`DFlashDraftModel` (or `DFlash2DraftModel`) drafter (attn_implementation="sdpa"), exactly as dflash's
+benchmark loads them. This is the reference every engine output is token-forced against; nothing here
+is ours but glue. DSpark and PARD drafters have no installable stock: their reference loops
+(verify/dspark_reference.py, verify/pard_reference.py) stand in, greedy only.
 """
 from __future__ import annotations
 
@@ -28,7 +30,6 @@ class StockResult:
 
 
 def load_stock(target_dir, drafter_dir, device="cpu", dtype=torch.bfloat16) -> StockPair:
-    from dflash.model import DFlashDraftModel
     from transformers import AutoModelForCausalLM
 
     from specpilot.formats.split12.io import hf_loadable
@@ -36,8 +37,26 @@ def load_stock(target_dir, drafter_dir, device="cpu", dtype=torch.bfloat16) -> S
     dtype, device = as_dtype(dtype), torch.device(device)
     with hf_loadable(target_dir) as folder:  # a split12 folder: stock reads its bf16 unpack
         target = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, attn_implementation="sdpa")
-    drafter = DFlashDraftModel.from_pretrained(str(drafter_dir), dtype=dtype, attn_implementation="sdpa")
-    return StockPair(target.to(device).eval(), drafter.to(device).eval(), device)
+    return StockPair(target.to(device).eval(), _stock_drafter(drafter_dir, dtype, device), device)
+
+
+def _stock_drafter(drafter_dir, dtype, device):
+    """By the drafter's kind: dflash's DFlashDraftModel / DFlash2DraftModel; for DSpark and PARD, which
+    have no installable stock, the reference loops beside ours (verify/{dspark,pard}_reference.py)."""
+    from dflash.model import DFlash2DraftModel, DFlashDraftModel
+
+    from specpilot.models.config import read_config_json
+    from specpilot.models.drafters.kinds import detect_kind
+
+    kind = detect_kind(read_config_json(drafter_dir), f"drafter {drafter_dir}")
+    if kind == "dspark":
+        from .dspark_reference import DSparkReference
+        return DSparkReference(drafter_dir, dtype, device)
+    if kind == "pard":
+        from .pard_reference import PardReference
+        return PardReference(drafter_dir, dtype, device)
+    cls = DFlash2DraftModel if kind == "dflash2" else DFlashDraftModel
+    return cls.from_pretrained(str(drafter_dir), dtype=dtype, attn_implementation="sdpa").to(device).eval()
 
 
 @contextlib.contextmanager
@@ -62,6 +81,13 @@ def run_stock(pair: StockPair, prompt_ids, max_new_tokens: int, stop_ids=(), tem
     """One `dflash_generate` call; seed (for temperature > 0) is applied with torch.manual_seed."""
     from dflash.model import dflash_generate
 
+    if hasattr(pair.drafter, "generate"):          # the DSpark / PARD reference loops: greedy only
+        if temperature > 0:
+            raise ValueError(f"the {type(pair.drafter).__name__} loop is greedy only (temperature 0)")
+        t0 = time.perf_counter()
+        tokens, acceptance = pair.drafter.generate(pair.target, list(map(int, prompt_ids)), max_new_tokens,
+                                                   block_size, tuple(stop_ids))
+        return StockResult(tokens=tokens, acceptance_lengths=acceptance, seconds=time.perf_counter() - t0)
     ids = torch.tensor([list(map(int, prompt_ids))], dtype=torch.long, device=pair.device)
     if seed is not None:
         torch.manual_seed(int(seed))
