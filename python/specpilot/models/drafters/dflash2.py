@@ -270,11 +270,11 @@ def dflash2_from_hf(hf: dict, cfg: DFlash2Config, where: str) -> dict:
     for i in range(cfg.num_layers):
         for theirs, mine in _CONV:
             for leaf in ("base_kernel", "kernel_projection.weight"):
-                ours[f"layers.{i}.{mine}.{leaf}"] = hf_names._take(hf, f"layers.{i}.{theirs}.{leaf}", where)
+                ours[f"layers.{i}.{mine}.{leaf}"] = hf_names.take(hf, f"layers.{i}.{theirs}.{leaf}", where)
     for name in _CODEBOOKS:
         key = f"candidate_selector.{name}"
-        ours[key + ".weight"] = hf.pop(key) if key in hf else hf_names._take(hf, key + ".weight", where)
-    ours["candidate_selector.hidden_projection.weight"] = hf_names._take(
+        ours[key + ".weight"] = hf.pop(key) if key in hf else hf_names.take(hf, key + ".weight", where)
+    ours["candidate_selector.hidden_projection.weight"] = hf_names.take(
         hf, "candidate_selector.hidden_projection.weight", where)
     return {**hf_names.drafter_from_hf(hf, cfg, where), **ours}
 

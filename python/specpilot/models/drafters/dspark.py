@@ -173,7 +173,7 @@ def dspark_from_hf(hf: dict, cfg: DSparkConfig, where: str) -> dict:
 
     hf, ours = dict(hf), {}
     for theirs, mine in _OWN + (_CONFIDENCE if cfg.confidence_head else ()):
-        ours[mine] = hf_names._take(hf, theirs, where)
+        ours[mine] = hf_names.take(hf, theirs, where)
     return {**hf_names.drafter_from_hf(hf, cfg, where), **ours}
 
 
