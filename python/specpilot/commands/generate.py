@@ -2,7 +2,8 @@
 and per-prompt stats (tokens, tau, tokens/s); the last line is a JSON summary."""
 import json
 
-from specpilot.engine.cli_support import add_model_args, checked_block_size, engine_for, load_pair, prompts_from_args
+from specpilot.engine.cli_support import (add_model_args, checked_block_size, engine_for, load_pair, prompts_from_args,
+                                          resolve_model_args)
 
 
 def configure(parser):
@@ -23,6 +24,7 @@ def run(args) -> int:
 
     if not args.ar and not args.drafter:
         raise ValueError("speculative decoding needs --drafter DIR (or pass --ar)")
+    resolve_model_args(args)
     weights = resolve_weights(args.target, args.dtype, args.weights)
     target, drafter, tok = load_pair(args.target, None if args.ar else args.drafter, args.device, args.dtype, weights)
     args.block_size = checked_block_size(args.block_size, drafter)

@@ -7,8 +7,10 @@ from specpilot.models.loading import load_pair  # noqa: F401  (the commands load
 
 
 def add_model_args(parser, drafter_required: bool = True):
-    parser.add_argument("--target", required=True, help="target model folder (HF format)")
-    parser.add_argument("--drafter", required=drafter_required, help="DFlash drafter folder")
+    parser.add_argument("--target", required=True,
+                        help="target model: a folder (HF format) or a Hugging Face id already in the local HF cache")
+    parser.add_argument("--drafter", required=drafter_required,
+                        help="DFlash drafter: a folder or a Hugging Face id already in the local HF cache")
     parser.add_argument("--weights", default=None, choices=["bf16", "split12"],
                         help="our engine's target weights, which the drafter's follow (default: as stored; split12 "
                              "packs a bf16 folder at load, bf16 unpacks a split12 folder)")
@@ -19,6 +21,15 @@ def add_run_args(parser):
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+
+
+def resolve_model_args(args) -> None:
+    """args.target / args.drafter as local folders (a Hugging Face id becomes its cached snapshot)."""
+    from specpilot.models.model_paths import resolve_model_dir
+
+    args.target = resolve_model_dir(args.target, "--target")
+    if getattr(args, "drafter", None):
+        args.drafter = resolve_model_dir(args.drafter, "--drafter")
 
 
 def prompts_from_args(args, tokenizer):

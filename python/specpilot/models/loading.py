@@ -163,9 +163,14 @@ def load_tokenizer(folder):
 
 
 def load_pair(target_dir, drafter_dir=None, device="cpu", dtype=torch.bfloat16, weights=None):
-    """(target, drafter, tokenizer) from HF folders: the target on `device` in `dtype` with `weights`
-    ("bf16", "split12" or None: as stored), the drafter (None without drafter_dir) loaded against it
-    (its weights follow the target's), and the target folder's tokenizer."""
+    """(target, drafter, tokenizer) from HF folders or Hugging Face ids in the local HF cache (never the
+    network): the target on `device` in `dtype` with `weights` ("bf16", "split12" or None: as stored),
+    the drafter (None without drafter_dir) loaded against it (its weights follow the target's), and
+    the target folder's tokenizer."""
+    from .model_paths import resolve_model_dir
+
+    target_dir = resolve_model_dir(target_dir, "target")
+    drafter_dir = resolve_model_dir(drafter_dir, "drafter") if drafter_dir else None
     target = load_target(target_dir, device=device, dtype=dtype, weights=weights)
     drafter = load_drafter(drafter_dir, target) if drafter_dir else None
     return target, drafter, load_tokenizer(target_dir)
