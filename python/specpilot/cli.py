@@ -35,6 +35,15 @@ def quiet_progress_bars_when_piped() -> None:
         sys.modules["transformers"].utils.logging.disable_progress_bar()
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """`-h` shows each option's default, except where there is none to show (None, a False flag)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     quiet_progress_bars_when_piped()
@@ -46,7 +55,8 @@ def main(argv=None) -> int:
         print(f"specpilot: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(f"specpilot.commands.{name}")
-    parser = argparse.ArgumentParser(prog=f"specpilot {name}", description=COMMANDS[name])
+    parser = argparse.ArgumentParser(prog=f"specpilot {name}", description=COMMANDS[name],
+                                     formatter_class=HelpFormatter)
     module.configure(parser)
     args = parser.parse_args(rest)
     try:
@@ -55,3 +65,6 @@ def main(argv=None) -> int:
         # Bad input: one clear line naming the problem, no traceback.
         print(f"specpilot {name}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:                  # Ctrl-C outside a command's own handling: no traceback
+        print(f"\nspecpilot {name}: interrupted", file=sys.stderr)
+        return 130

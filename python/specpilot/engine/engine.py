@@ -100,16 +100,18 @@ class Engine:
     # -- the API -------------------------------------------------------------------------------
     @torch.inference_mode()
     def generate_ar(self, prompt_ids, max_new_tokens: int, stop_ids=(), temperature: float = 0.0,
-                    seed=None) -> GenerationResult:
-        """Target-only decoding: greedy at temperature 0 (equals HF greedy generate), else sampled."""
+                    seed=None, on_tokens=None) -> GenerationResult:
+        """Target-only decoding: greedy at temperature 0 (equals HF greedy generate), else sampled.
+        on_tokens(list of token ids): called with each new token as it is produced (streaming)."""
         ids = self.check_request(prompt_ids, max_new_tokens, temperature)
-        return run_ar(self, ids, max_new_tokens, tuple(stop_ids), temperature, self.generator(seed))
+        return run_ar(self, ids, max_new_tokens, tuple(stop_ids), temperature, self.generator(seed), on_tokens)
 
     @torch.inference_mode()
     def generate_spec(self, prompt_ids, max_new_tokens: int, stop_ids=(), temperature: float = 0.0,
-                      block_size=None, replay=None, seed=None) -> GenerationResult:
+                      block_size=None, replay=None, seed=None, on_tokens=None) -> GenerationResult:
         """The stock DFlash loop (dflash 0.1.0 `dflash_generate`), token for token (engine/spec.py).
-        replay: an AcceptanceReplay forcing each step's accepted count (a benchmark device; greedy only)."""
+        replay: an AcceptanceReplay forcing each step's accepted count (a benchmark device; greedy only).
+        on_tokens(list of token ids): called with each step's committed tokens (streaming)."""
         if self.drafter is None:
             raise ValueError("generate_spec needs a drafter: Engine(target, drafter)")
         block_size = self.drafter.block_size if block_size is None else int(block_size)
@@ -119,7 +121,7 @@ class Engine:
             raise ValueError("replay works with greedy decoding only (temperature=0)")
         ids = self.check_request(prompt_ids, max_new_tokens, temperature)
         return run_spec(self, ids, max_new_tokens, tuple(stop_ids), temperature, block_size,
-                        GREEDY if replay is None else replay, self.generator(seed))
+                        GREEDY if replay is None else replay, self.generator(seed), on_tokens)
 
 
 def compile_decoder_layers(target, drafter=None) -> None:
