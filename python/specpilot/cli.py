@@ -4,9 +4,10 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 
 COMMANDS = {
-    "demo": "speculative decoding of a few prompts with the zoo pair (or a tiny random pair)",
+    "demo": "speculative decoding of a few prompts with the zoo pair, or the small pair shipped with specpilot",
     "env": "versions, build flags, GPU, which implementation of each op is live",
     "generate": "generate text with AR or speculative decoding",
     "verify": "run stock DFlash and ours, token-force, exit 0 only if every prompt passes",
@@ -44,9 +45,25 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def plain_specpilot_warnings() -> None:
+    """Our own warnings (e.g. a slow path) as one line, `specpilot: warning: ...`; others as Python shows them."""
+    python_format = warnings.formatwarning
+    if getattr(python_format, "specpilot", False):
+        return
+
+    def format_warning(message, category, filename, lineno, line=None):
+        if category.__module__.startswith("specpilot"):
+            return f"specpilot: warning: {message}\n"
+        return python_format(message, category, filename, lineno, line)
+
+    format_warning.specpilot = True
+    warnings.formatwarning = format_warning
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     quiet_progress_bars_when_piped()
+    plain_specpilot_warnings()
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from specpilot.engine.cache import KVCache
+from specpilot.progress import progress
 
 from .arbiter_error import ArbiterErrorTally
 from .referee import Referee, load_referee, scored_logits
@@ -135,7 +136,7 @@ def token_force(engine, stock: StockPair, prompts, max_new_tokens: int, stop_ids
     forced_items, spec_items, rows = [], [], []
     report = ForcingReport(referee=referee.kind, referee_note=referee.note)
     verify_block = block_size or (engine.drafter.block_size if engine.drafter is not None else 1)
-    for index, prompt in enumerate(prompts):
+    for index, prompt in enumerate(progress(prompts, desc="stock runs + token forcing", unit="prompt")):
         name = ids[index] if ids is not None else index
         prompt = list(map(int, prompt))
         ref = run_stock(stock, prompt, max_new_tokens, stop_ids, 0.0, block_size)
