@@ -79,3 +79,22 @@ def test_other_warnings_keep_pythons_format():
     plain_specpilot_warnings()                                   # idempotent
     text = warnings.formatwarning("m", UserWarning, "f.py", 3)
     assert text.startswith("f.py:3: UserWarning: m")
+
+
+def test_bench_progress_is_a_bar_on_a_terminal_and_lines_when_piped(monkeypatch):
+    from specpilot.bench.live_progress import LiveProgress
+
+    rows = [{"benchmark": "gsm8k", "method": "our_spec", "new_tokens": 10, "time_per_token_s": 0.05,
+             "acceptance_lengths": [3, 2]}]
+    piped = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", piped)
+    progress = LiveProgress()
+    progress("gsm8k", 1, 2, 0, rows)
+    assert piped.getvalue().startswith("[gsm8k 1/2] our_spec")
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    progress("gsm8k", 1, 2, 0, rows)
+    progress("gsm8k", 2, 2, 0, rows)
+    progress.close()
+    shown = term.getvalue()
+    assert "gsm8k" in shown and "2/2" in shown and "our_spec" in shown and "[gsm8k" not in shown
