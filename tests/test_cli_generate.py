@@ -163,3 +163,23 @@ def test_ctrl_c_while_loading_is_one_line(pair, capsys, monkeypatch):
     monkeypatch.setattr(gen_cmd, "load_pair", interrupted)
     rc = main(["generate", "--target", str(pair[0]), "--ar", "--prompt", "x", "--device", "cpu"])
     assert rc == 130 and capsys.readouterr().err.strip() == "specpilot generate: interrupted"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the graphed, early-launch loops")
+@pytest.mark.parametrize("early_launch", [True, False])
+def test_on_tokens_on_the_graphed_gpu_loops(early_launch):
+    """The fused CUDA-graph loops (one step launched ahead) stream every token once, in order, and only
+    tokens that were committed: the callback's tokens are the result's tokens."""
+    from specpilot import embedded_pair
+
+    target, drafter, tok = load_pair(*embedded_pair(), device="cuda", dtype="bf16")
+    engine = Engine(target, drafter, max_seq_len=512, config=EngineConfig(early_launch=early_launch))
+    engine.warmup()
+    prompt = tok.encode("import os\n\n\ndef list_files(path):\n    ")
+    stop = (tok.eos_token_id,)
+    for generate in (engine.generate_ar, engine.generate_spec):
+        calls = []
+        result = generate(prompt, 200, stop, on_tokens=calls.append)
+        assert [t for c in calls for t in c] == result.tokens
+        if generate == engine.generate_spec:
+            assert [len(c) for c in calls] == [1] + result.acceptance_lengths
