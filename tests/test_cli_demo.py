@@ -61,3 +61,19 @@ def test_the_zoo_pair_is_preferred_when_present(monkeypatch, capsys):
 
     (target, drafter), prompts, note = pair_and_prompts(2)
     assert (target, drafter) == settings.zoo_pair() and len(prompts) == 2 and note.startswith("the zoo pair at ")
+
+
+def test_setup_ships_every_file_of_the_embedded_pair():
+    """setup.py's package_data globs cover the whole folder (a wheel without the weights would break demo)."""
+    import fnmatch
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("specpilot_setup", root / "setup.py")
+    setup = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(setup)
+    patterns = setup.PACKAGE_DATA["specpilot"]
+    package = root / "python" / "specpilot"
+    files = [p.relative_to(package).as_posix() for p in settings.EMBEDDED_PAIR.rglob("*") if p.is_file()]
+    assert len(files) >= 10
+    assert [f for f in files if not any(fnmatch.fnmatch(f, pat) for pat in patterns)] == []
