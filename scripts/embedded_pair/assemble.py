@@ -15,6 +15,7 @@ def main():
     ap.add_argument("--work", required=True, help="build.sh's work folder: target/, drafter/, data/, measure.json")
     ap.add_argument("--dest", required=True)
     ap.add_argument("--demo-prompts", type=int, default=8)
+    ap.add_argument("--earlier-drafter-runs", default="", help="comma list of work subfolders the drafter continued")
     a = ap.parse_args()
     work, dest = Path(a.work), Path(a.dest)
     for sub, names in (("target", TARGET_FILES), ("drafter", DRAFTER_FILES)):
@@ -24,6 +25,8 @@ def main():
     target = json.loads((work / "target" / "train_stats.json").read_text())
     corpus = target.pop("corpus")
     drafter = json.loads((work / "drafter" / "train_stats.json").read_text())
+    drafter["earlier_runs"] = [json.loads((work / run / "train_stats.json").read_text())
+                               for run in a.earlier_drafter_runs.split(",") if run]
     measure = json.loads((work / "measure.json").read_text())
     stats = {"target": target, "drafter": drafter,
              "corpus": {k: corpus[k] for k in ("python", "n_docs", "text_mib", "n_tokens", "val_tokens",

@@ -16,13 +16,17 @@ nice python "$ZOO/recipe/build_corpus.py" corpus --tokenizer "$ZOO/code-tiny/tok
 nice python scripts/embedded_pair/train_target_pca.py --zoo-target "$ZOO/code-tiny" --data "$WORK/data" \
     --out "$WORK/target" --device cpu --compile 0 --hidden 128 --layers 4 --heads 4 --kv-heads 2 --ffn 384 \
     --seq 256 --batch 16 --lr 3e-3 --seconds 1500 --reserve 40
-# the drafter in two runs (the second continues the first with smaller batches, more steps)
+# the drafter in three runs, each continuing the last: smaller batches (more steps), then prompts as long
+# as the demo's (128, 160 tokens)
 DRAFT="--layer-ids 1,2,3 --target $WORK/target --data $WORK/data --device cpu --gen-batch 256 --gen-new 128 \
     --prompt-lens 32,64 --anchors 16 --reserve 20"
 nice python scripts/embedded_pair/train_drafter_layers.py $DRAFT --out "$WORK/drafter1" --seconds 480 \
     --gen-seconds 120 --batch 32
-nice python scripts/embedded_pair/train_drafter_layers.py $DRAFT --init "$WORK/drafter1" --out "$WORK/drafter" \
+nice python scripts/embedded_pair/train_drafter_layers.py $DRAFT --init "$WORK/drafter1" --out "$WORK/drafter2" \
     --seconds 560 --gen-seconds 100 --batch 16 --lr 1e-3 --warmup-frac 0.01
+nice python scripts/embedded_pair/train_drafter_layers.py $DRAFT --init "$WORK/drafter2" --out "$WORK/drafter" \
+    --seconds 400 --gen-seconds 60 --batch 16 --lr 7e-4 --warmup-frac 0.01 --gen-batch 128 --gen-new 96 \
+    --prompt-lens 128,160
 nice python scripts/embedded_pair/measure.py --target "$WORK/target" --drafter "$WORK/drafter" \
     --prompts "$WORK/data/prompts/pystdlib.jsonl" --strip-final-newline --out "$WORK/measure.json"
-python scripts/embedded_pair/assemble.py --work "$WORK" --dest "$DEST"
+python scripts/embedded_pair/assemble.py --work "$WORK" --dest "$DEST" --earlier-drafter-runs drafter1,drafter2
