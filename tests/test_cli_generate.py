@@ -183,3 +183,30 @@ def test_on_tokens_on_the_graphed_gpu_loops(early_launch):
         assert [t for c in calls for t in c] == result.tokens
         if generate == engine.generate_spec:
             assert [len(c) for c in calls] == [1] + result.acceptance_lengths
+
+
+def test_a_real_sigint_stops_generate_cleanly():
+    """The process as a user runs it, sent SIGINT while it decodes: exit 130, the text so far, its stats."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from specpilot import embedded_pair
+
+    target, drafter = embedded_pair()
+    proc = subprocess.Popen([sys.executable, "-m", "specpilot", "generate", "--target", str(target), "--drafter",
+                             str(drafter), "--prompt", "class Stack:", "--max-new-tokens", "2000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a terminal's
+    assert proc.stdout.readline() == "=== prompt ===\n"         # decoding has started
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["interrupted"] is True and 1 <= summary["tokens"] < 2000
+    stats = [line for line in out.splitlines() if line.startswith("--- prompt: interrupted (Ctrl-C): prompt ")]
+    assert len(stats) == 1 and f" tokens, {summary['tokens']} new in " in stats[0]
