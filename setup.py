@@ -97,6 +97,9 @@ def extensions():
 
 
 PACKAGE_DIRS = {"specpilot": "python/specpilot", "specpilot.agents": "agents", "specpilot.bench": "bench"}
+# The small trained model pair `specpilot demo` runs without a zoo (python/specpilot/data/pair, ~5 MB).
+PACKAGE_DATA = {"specpilot": ["data/pair/*.md", "data/pair/*.json", "data/pair/*.jsonl",
+                              "data/pair/target/*", "data/pair/drafter/*"]}
 
 
 def packages():
@@ -124,6 +127,7 @@ if __name__ == "__main__":  # setuptools runs this file as __main__; tests impor
         python_requires=">=3.10",
         package_dir=PACKAGE_DIRS,
         packages=packages(),
+        package_data=PACKAGE_DATA,
         ext_modules=extensions(),
         cmdclass={"build_ext": build_ext_class()},
         entry_points={"console_scripts": ["specpilot=specpilot.cli:main"]},

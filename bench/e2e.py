@@ -274,8 +274,8 @@ def _transcript(runners: Runners, method: str, outs: dict, ids, max_new_tokens):
     return list(runners.ar_for_transcript[method](ids, max_new_tokens, 0, None).tokens)
 
 
-def print_progress(name, k, n, turn, rows, stream=None):
-    """One stderr line per prompt: running tau and tok/s of each method on this benchmark."""
+def running_summary(name, rows) -> str:
+    """Running tau and tok/s of each method on benchmark `name`: "our_spec tau 4.10 90.1 tok/s | ..."."""
     from .metrics import method_summary
 
     mine = [r for r in rows if r["benchmark"] == name]
@@ -284,5 +284,10 @@ def print_progress(name, k, n, turn, rows, stream=None):
         s = method_summary([r for r in mine if r["method"] == m])
         tau = f" tau {s['tau']:.2f}" if s["tau"] is not None else ""
         parts.append(f"{m}{tau} {s['tokens_per_s']:.1f} tok/s")
+    return " | ".join(parts)
+
+
+def print_progress(name, k, n, turn, rows, stream=None):
+    """One stderr line per prompt: running tau and tok/s of each method on this benchmark."""
     turn_note = f" turn {turn + 1}" if turn else ""
-    print(f"[{name} {k}/{n}{turn_note}] " + " | ".join(parts), file=stream or sys.stderr, flush=True)
+    print(f"[{name} {k}/{n}{turn_note}] " + running_summary(name, rows), file=stream or sys.stderr, flush=True)

@@ -1,4 +1,4 @@
-"""`specpilot generate / verify / demo` end to end on a tiny random pair (fp32, CPU)."""
+"""`specpilot generate / verify` end to end on a tiny random pair (fp32, CPU); the demo: test_cli_demo.py."""
 import json
 
 import pytest
@@ -87,15 +87,6 @@ def test_generate_errors(pair, capsys):
         assert main([command, "--target", str(t), "--drafter", str(d), *source, "--block-size", "64",
                      "--device", "cpu", "--dtype", "fp32"]) == 2
         assert "--block-size 64: the drafter was trained for blocks of 4; use 1..4" in capsys.readouterr().err
-
-
-def test_demo_without_zoo_says_so(monkeypatch, tmp_path, capsys):
-    monkeypatch.setenv("SPECPILOT_ZOO", str(tmp_path / "no-zoo"))
-    rc = main(["demo", "--prompts", "1", "--max-new-tokens", "8", "--device", "cpu"])
-    out = capsys.readouterr().out
-    assert rc == 0 and "NO ZOO PAIR FOUND" in out and "RANDOM-WEIGHT" in out
-    summary = last_json(out)
-    assert summary["passed"] is True and summary["prompts"] == 1 and summary["tokens"] == 8
 
 
 def test_split12_folder_as_target(tmp_path, capsys):

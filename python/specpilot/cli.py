@@ -4,9 +4,10 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 
 COMMANDS = {
-    "demo": "speculative decoding of a few prompts with the zoo pair (or a tiny random pair)",
+    "demo": "speculative decoding of a few prompts with the zoo pair, or the small pair shipped with specpilot",
     "env": "versions, build flags, GPU, which implementation of each op is live",
     "generate": "generate text with AR or speculative decoding",
     "serve": "an OpenAI-compatible HTTP server on the batched speculative engine",
@@ -37,9 +38,34 @@ def quiet_progress_bars_when_piped() -> None:
         sys.modules["transformers"].utils.logging.disable_progress_bar()
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """`-h` shows each option's default, except where there is none to show (None, a False flag)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def plain_specpilot_warnings() -> None:
+    """Our own warnings (e.g. a slow path) as one line, `specpilot: warning: ...`; others as Python shows them."""
+    python_format = warnings.formatwarning
+    if getattr(python_format, "specpilot", False):
+        return
+
+    def format_warning(message, category, filename, lineno, line=None):
+        if category.__module__.startswith("specpilot"):
+            return f"specpilot: warning: {message}\n"
+        return python_format(message, category, filename, lineno, line)
+
+    format_warning.specpilot = True
+    warnings.formatwarning = format_warning
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     quiet_progress_bars_when_piped()
+    plain_specpilot_warnings()
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0
@@ -48,7 +74,8 @@ def main(argv=None) -> int:
         print(f"specpilot: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(f"specpilot.commands.{name.replace('-', '_')}")
-    parser = argparse.ArgumentParser(prog=f"specpilot {name}", description=COMMANDS[name])
+    parser = argparse.ArgumentParser(prog=f"specpilot {name}", description=COMMANDS[name],
+                                     formatter_class=HelpFormatter)
     module.configure(parser)
     args = parser.parse_args(rest)
     try:
@@ -57,3 +84,6 @@ def main(argv=None) -> int:
         # Bad input: one clear line naming the problem, no traceback.
         print(f"specpilot {name}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:                  # Ctrl-C outside a command's own handling: no traceback
+        print(f"\nspecpilot {name}: interrupted", file=sys.stderr)
+        return 130

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # valid for the editable (source) install
+EMBEDDED_PAIR = Path(__file__).resolve().parent / "data" / "pair"  # shipped in the package (package_data)
 CSRC_DIR = REPO_ROOT / "csrc"
 
 
@@ -41,3 +42,18 @@ def zoo_pair(settings: Settings | None = None):
     if (target / "config.json").exists() and (drafter / "config.json").exists():
         return target, drafter
     return None
+
+
+def zoo_is_explicit() -> bool:
+    """Whether the user set SPECPILOT_ZOO (then a missing pair there is an error, not a fallback)."""
+    return bool(os.environ.get("SPECPILOT_ZOO"))
+
+
+def embedded_pair():
+    """(target_dir, drafter_dir) of the small trained pair shipped inside the package: a Qwen3-layout
+    code model and its DFlash drafter (data/pair/README.md says how it was trained and what it accepts)."""
+    target, drafter = EMBEDDED_PAIR / "target", EMBEDDED_PAIR / "drafter"
+    if not ((target / "config.json").exists() and (drafter / "config.json").exists()):
+        raise FileNotFoundError(f"the embedded model pair is missing from {EMBEDDED_PAIR} (a broken install: "
+                                "reinstall specpilot)")
+    return target, drafter

@@ -63,6 +63,11 @@ def _check_args(args):
 
     if random_pair.is_random(args.target):
         random_pair.parse(args.target)
+    else:                                  # a folder, or a Hugging Face id in the local HF cache
+        from specpilot.models.model_paths import resolve_model_dir
+
+        args.target = resolve_model_dir(args.target, "--target")
+        args.drafter = resolve_model_dir(args.drafter, "--drafter") if args.drafter else None
     for flag, path in (("--target", None if random_pair.is_random(args.target) else args.target),
                        ("--drafter", args.drafter), ("--datasets", args.datasets)):
         if path is not None and not Path(path).exists():
@@ -203,11 +208,16 @@ def run(args) -> int:
     rows = []
     out = Path(args.out)
     info = _run_info(args, cfg, runners, names, random_target)
+    from specpilot.bench.live_progress import LiveProgress
+
+    progress = LiveProgress()
     try:
         for n in names:
-            e2e.run_benchmark(n, samples[n], tokenizer, runners, args.max_new_tokens, e2e.print_progress,
+            e2e.run_benchmark(n, samples[n], tokenizer, runners, args.max_new_tokens, progress,
                               args.repeats, rows=rows)
+        progress.close()
     except (Exception, KeyboardInterrupt) as e:  # a long run keeps every finished prompt's rows
+        progress.close()
         if rows:
             done = sorted({r["benchmark"] for r in rows}, key=names.index)
             report.write_all(rows, {**info, "benchmarks": done, "stopped": f"{type(e).__name__}: {e}"}, out)

@@ -34,6 +34,7 @@ def collect() -> dict:
     info["ops"] = registry.live_implementations()
     s = settings.get()
     info["zoo"] = str(s.zoo.resolve()) if settings.zoo_pair(s) else None
+    info["embedded_pair"] = str(settings.EMBEDDED_PAIR) if (settings.EMBEDDED_PAIR / "target").is_dir() else None
     return info
 
 

@@ -6,8 +6,9 @@ on PASS. A split12 folder runs split12 (stock reads a bf16 unpack of it); --weig
 bf16 folder at load."""
 import json
 
-from specpilot.engine.cli_support import (add_mechanism_args, add_model_args, checked_block_size, engine_for,
-                                          load_pair, mechanism_options, prompts_from_args)
+from specpilot.engine.cli_support import (add_mechanism_args, add_model_args, apply_run_args, checked_block_size,
+                                          engine_for, load_pair, mechanism_options, prompts_from_args,
+                                          resolve_model_args)
 
 SHOWN_RECORDS = 20      # per list in the human output; the JSON line has every record
 
@@ -35,6 +36,8 @@ def run(args) -> int:
     from specpilot.verify.referee import load_referee
     from specpilot.verify.stock import load_stock
 
+    apply_run_args(args)
+    resolve_model_args(args)
     weights = resolve_weights(args.target, args.dtype, args.weights)
     target, drafter, tok = load_pair(args.target, args.drafter, args.device, args.dtype, weights)
     args.block_size = checked_block_size(args.block_size, drafter)

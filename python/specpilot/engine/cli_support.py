@@ -7,9 +7,11 @@ from specpilot.models.loading import load_pair  # noqa: F401  (the commands load
 
 
 def add_model_args(parser, drafter_required: bool = True):
-    parser.add_argument("--target", required=True, help="target model folder (HF format)")
+    parser.add_argument("--target", required=True,
+                        help="target model: a folder (HF format) or a Hugging Face id already in the local HF cache")
     parser.add_argument("--drafter", required=drafter_required,
-                        help="drafter folder of any kind (DFlash, DFlash2, DSpark, PARD: detected from config.json)")
+                        help="drafter of any kind (DFlash, DFlash2, DSpark, PARD: detected from config.json): "
+                             "a folder or a Hugging Face id already in the local HF cache")
     parser.add_argument("--weights", default=None, choices=["bf16", "split12"],
                         help="our engine's target weights, which the drafter's follow (default: as stored; split12 "
                              "packs a bf16 folder at load, bf16 unpacks a split12 folder)")
@@ -36,9 +38,31 @@ def mechanism_options(args) -> dict:
 
 
 def add_run_args(parser):
-    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--max-new-tokens", type=int, default=256,
+                        help="new tokens per prompt (prompt + new tokens must fit the model's positions)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    parser.add_argument("--dtype", default=None, choices=["bf16", "fp32"],
+                        help="default: fp32 on the CPU (exact, and faster there than bf16), bf16 on CUDA")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="CPU threads for torch (1 is fastest for small models and robust on a busy machine)")
+
+
+def apply_run_args(args) -> None:
+    """The run options' defaults that depend on each other: --dtype from --device, --threads."""
+    if args.dtype is None:
+        args.dtype = "fp32" if args.device == "cpu" else "bf16"
+    if args.threads < 1:
+        raise ValueError(f"--threads {args.threads} must be >= 1")
+    torch.set_num_threads(args.threads)
+
+
+def resolve_model_args(args) -> None:
+    """args.target / args.drafter as local folders (a Hugging Face id becomes its cached snapshot)."""
+    from specpilot.models.model_paths import resolve_model_dir
+
+    args.target = resolve_model_dir(args.target, "--target")
+    if getattr(args, "drafter", None):
+        args.drafter = resolve_model_dir(args.drafter, "--drafter")
 
 
 def prompts_from_args(args, tokenizer):
@@ -66,6 +90,21 @@ def checked_block_size(block_size, drafter):
         raise ValueError(f"--block-size {block_size}: the drafter was trained for blocks of {drafter.block_size}; "
                          f"use 1..{drafter.block_size}")
     return block_size
+
+
+def checked_max_new_tokens(max_new_tokens, prompts, target) -> int:
+    """--max-new-tokens, refused when it is < 1 or when the longest prompt plus it passes the model's
+    max_position_embeddings (positions past it were never trained: the text would be noise)."""
+    if max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens {max_new_tokens} must be >= 1")
+    positions = target.config.max_position_embeddings
+    pid, ids = max(prompts, key=lambda p: len(p[1]))
+    if len(ids) + max_new_tokens > positions:
+        room = positions - len(ids)
+        advice = f"use --max-new-tokens {room} or less" if room >= 1 else "shorten the prompt"
+        raise ValueError(f"--max-new-tokens {max_new_tokens}: prompt {pid!r} has {len(ids)} tokens and the model has "
+                         f"{positions} positions (max_position_embeddings); {advice}")
+    return max_new_tokens
 
 
 def engine_for(target, drafter, prompts, max_new_tokens, config=None):

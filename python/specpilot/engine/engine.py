@@ -117,17 +117,20 @@ class Engine:
     # -- the API -------------------------------------------------------------------------------
     @torch.inference_mode()
     def generate_ar(self, prompt_ids, max_new_tokens: int, stop_ids=(), temperature: float = 0.0,
-                    seed=None) -> GenerationResult:
-        """Target-only decoding: greedy at temperature 0 (equals HF greedy generate), else sampled."""
+                    seed=None, on_tokens=None) -> GenerationResult:
+        """Target-only decoding: greedy at temperature 0 (equals HF greedy generate), else sampled.
+        on_tokens(list of token ids): called with each new token as it is produced (streaming)."""
         ids = self.check_request(prompt_ids, max_new_tokens, temperature)
-        return run_ar(self, ids, max_new_tokens, tuple(stop_ids), temperature, self.generator(seed))
+        return run_ar(self, ids, max_new_tokens, tuple(stop_ids), temperature, self.generator(seed), on_tokens)
 
     @torch.inference_mode()
     def generate_spec(self, prompt_ids, max_new_tokens: int, stop_ids=(), temperature: float = 0.0,
-                      block_size=None, replay=None, seed=None) -> GenerationResult:
+                      block_size=None, replay=None, seed=None, on_tokens=None) -> GenerationResult:
         """The stock DFlash loop (dflash 0.1.0 `dflash_generate`), token for token (engine/spec.py); a
         DFlash2 / DSpark / PARD drafter drafts through its session (engine/spec_session.py).
-        replay: an AcceptanceReplay forcing each step's accepted count (a benchmark device; greedy only)."""
+        replay: an AcceptanceReplay forcing each step's accepted count (a benchmark device; greedy only).
+        on_tokens(list of token ids): called with each step's committed tokens (streaming; the session
+        loop of the other drafter kinds calls it once, with the whole output)."""
         if self.drafter is None:
             raise ValueError("generate_spec needs a drafter: Engine(target, drafter)")
         block_size = self.drafter.block_size if block_size is None else int(block_size)
@@ -138,9 +141,15 @@ class Engine:
         if replay is not None and temperature > 0:
             raise ValueError("replay works with greedy decoding only (temperature=0)")
         ids = self.check_request(prompt_ids, max_new_tokens, temperature)
-        loop = run_spec if drafter_kind(self.drafter) == "dflash" else run_spec_session  # other kinds: sessions
-        return loop(self, ids, max_new_tokens, tuple(stop_ids), temperature, block_size,
-                    GREEDY if replay is None else replay, self.generator(seed))
+        policy = GREEDY if replay is None else replay
+        if drafter_kind(self.drafter) == "dflash":
+            return run_spec(self, ids, max_new_tokens, tuple(stop_ids), temperature, block_size, policy,
+                            self.generator(seed), on_tokens)
+        result = run_spec_session(self, ids, max_new_tokens, tuple(stop_ids), temperature, block_size, policy,
+                                  self.generator(seed))
+        if on_tokens is not None:
+            on_tokens(list(result.tokens))
+        return result
 
 
 def compile_decoder_layers(target, drafter=None) -> None:

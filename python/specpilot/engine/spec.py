@@ -21,14 +21,16 @@ import torch
 from specpilot.verify.sampling import rejection_sample, sample, sample_probs, sampling_probs
 
 from .accept import accepted_prefix, commit, new_tokens
+from .ar_loop import _ignore
 from .result import GenerationResult
 
 
-def run_spec(engine, ids, max_new_tokens, stop_ids, temperature, block_size, policy, generator):
-    # ids [1, n]
+def run_spec(engine, ids, max_new_tokens, stop_ids, temperature, block_size, policy, generator, on_tokens=None):
+    # ids [1, n]; on_tokens(list of new token ids) is called after each commit (streaming)
+    notify = on_tokens or _ignore
     certified = engine.certified_head                        # two_level "certified-head": None when off
     if temperature == 0 and block_size > 1 and engine.config.fused_steps and certified is None:
-        return run_spec_graphed(engine, ids, max_new_tokens, stop_ids, block_size, policy)
+        return run_spec_graphed(engine, ids, max_new_tokens, stop_ids, block_size, policy, notify)
     runner, device, vocab = engine.runner, engine.device, engine.target.config.vocab_size
     n = ids.shape[1]
     max_length, stop = n + max_new_tokens, set(stop_ids)
@@ -36,6 +38,7 @@ def run_spec(engine, ids, max_new_tokens, stop_ids, temperature, block_size, pol
     t0 = engine.clock()
     logits, features = runner.prefill(ids, with_features=block_size > 1)   # [1, 1, V], [1, n, F]
     tokens = [int(sample(logits, temperature, generator).item())]
+    notify(tokens[-1:])
     ctx, ctx_start = features, 0                   # context features not yet in the draft cache
     t1 = engine.clock()
 
@@ -67,6 +70,7 @@ def run_spec(engine, ids, max_new_tokens, stop_ids, temperature, block_size, pol
             packed = torch.cat([matched, block[0], posterior[0]]).tolist()  # the one host transfer
             new = new_tokens(packed[1:1 + vs], packed[1 + vs:], policy.accepted(step, vs, packed[0]))
         produced, stopped = commit(new, max_length - start - 1, stop, tokens)   # commit
+        notify(tokens[-produced:])
         if vs > 1:
             ctx, ctx_start = features[:, :produced], start                  # anchor + accepted drafts
         start += produced
@@ -85,7 +89,7 @@ def sampled_new_tokens(block, logits, draft_probs, temperature, generator) -> li
     return block[0, 1:accepted + 1].tolist() + [int(bonus)]
 
 
-def run_spec_graphed(engine, ids, max_new_tokens, stop_ids, block_size, policy) -> GenerationResult:
+def run_spec_graphed(engine, ids, max_new_tokens, stop_ids, block_size, policy, notify=_ignore) -> GenerationResult:
     """Greedy: each step is one call of the fused step (draft, verify, accept on the device; the next
     step's control written by the step itself). The host reads [matched, block, posterior, start]
     (the only sync), commits by the same rule and, with early launch, launches the next step as soon
@@ -100,6 +104,7 @@ def run_spec_graphed(engine, ids, max_new_tokens, stop_ids, block_size, policy) 
     logits, features = engine.runner.prefill(ids, with_features=True)      # [1, 1, V], [1, n, F]
     tokens = [int(torch.argmax(logits[0, -1]).item())]
     t1 = engine.clock()
+    notify(tokens[-1:])
 
     acceptance, start, pending = [], n, None
     if tokens[0] not in stop and start + 1 < max_length:
@@ -113,6 +118,7 @@ def run_spec_graphed(engine, ids, max_new_tokens, stop_ids, block_size, policy) 
             raise RuntimeError(f"fused spec step ran at position {packed[-1]}, the host expected {start}")
         new = new_tokens(packed[1:1 + b], packed[1 + b:1 + 2 * b], policy.accepted(step, vs, packed[0]))
         produced, stopped = commit(new, max_length - start - 1, stop, tokens)
+        notify(tokens[-produced:])
         ctx_start, start, pending = start, start + produced, None
         acceptance.append(produced)
         if start + 1 < max_length and not stopped:

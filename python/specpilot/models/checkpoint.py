@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from specpilot.progress import progress
+
 SPLIT12_FORMAT = "split12"
 
 
@@ -71,7 +73,8 @@ def read_any_state_dict(folder, device="cpu") -> dict[str, torch.Tensor]:
         raise RuntimeError(f"{folder} is a split12-packed checkpoint but specpilot.formats.split12 "
                            f"is not available ({e})") from None
     state = {}
-    for name, value in split12_io.load_state_dict(folder).items():
+    packed = split12_io.load_state_dict(folder)
+    for name, value in progress(packed.items(), total=len(packed), desc=f"unpacking {folder}", unit="tensor"):
         state[name] = (unpack(value) if isinstance(value, Split12Tensor) else value).to(device)
     return state
 
@@ -90,7 +93,8 @@ def assign_state(module: torch.nn.Module, state: dict[str, torch.Tensor], where:
     if bad:
         raise ValueError(f"{where}: tensor shapes do not match the config (name, file, expected): {bad[:6]}")
     converted = {}
-    for name, t in state.items():                  # convert each distinct tensor once (tied weights)
+    for name, t in progress(state.items(), total=len(state), desc=f"loading {where}", unit="tensor"):
+        # convert each distinct tensor once (tied weights)
         key = id(t)
         if key not in converted:
             converted[key] = t.to(device=device, dtype=dtype)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import torch
@@ -17,6 +18,10 @@ from .target import TargetLM
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32,
           "fp16": torch.float16, "float16": torch.float16}
 ROPE_POSITIONS = 4096  # initial RoPE table length; the engine grows it to its max_seq_len
+
+
+class SlowPathWarning(UserWarning):
+    """A choice that runs correctly but far slower than another giving the same tokens."""
 
 
 def as_dtype(dtype) -> torch.dtype:
@@ -72,6 +77,10 @@ def load_target(folder, device="cpu", dtype=torch.bfloat16, weights=None) -> Tar
     model.source_dir = str(folder)
     model.eos_token_ids = _generation_eos(folder) or cfg.eos_token_ids
     if weights == "split12":
+        if device.type == "cpu":
+            warnings.warn("split12 weights on the CPU run about 15x slower than bf16 (each call decodes the "
+                          "12-bit planes; the packed format pays off on a GPU only); the same folder with "
+                          "weights='bf16' (--weights bf16) gives the same tokens", SlowPathWarning, stacklevel=2)
         swap_to_split12(model)
     return model
 
@@ -191,9 +200,14 @@ def load_tokenizer(folder):
 
 
 def load_pair(target_dir, drafter_dir=None, device="cpu", dtype=torch.bfloat16, weights=None):
-    """(target, drafter, tokenizer) from HF folders: the target on `device` in `dtype` with `weights`
-    ("bf16", "split12" or None: as stored), the drafter (None without drafter_dir) loaded against it
-    (its weights follow the target's), and the target folder's tokenizer."""
+    """(target, drafter, tokenizer) from HF folders or Hugging Face ids in the local HF cache (never the
+    network): the target on `device` in `dtype` with `weights` ("bf16", "split12" or None: as stored),
+    the drafter (None without drafter_dir) loaded against it (its weights follow the target's), and
+    the target folder's tokenizer."""
+    from .model_paths import resolve_model_dir
+
+    target_dir = resolve_model_dir(target_dir, "target")
+    drafter_dir = resolve_model_dir(drafter_dir, "drafter") if drafter_dir else None
     target = load_target(target_dir, device=device, dtype=dtype, weights=weights)
     drafter = load_drafter(drafter_dir, target) if drafter_dir else None
     return target, drafter, load_tokenizer(target_dir)

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from specpilot.engine.cache import target_cache
+from specpilot.progress import progress
 
 from .arbiter_error import ArbiterErrorTally
 from .referee import Referee, load_referee, scored_logits
@@ -140,7 +141,7 @@ def token_force(engine, stock: StockPair, prompts, max_new_tokens: int, stop_ids
     report = ForcingReport(reference=reference_for(target), referee=referee.kind, referee_note=referee.note)
     run_reference = run_stock if report.reference == STOCK else run_target_greedy
     verify_block = block_size or (engine.drafter.block_size if engine.drafter is not None else 1)
-    for index, prompt in enumerate(prompts):
+    for index, prompt in enumerate(progress(prompts, desc="stock runs + token forcing", unit="prompt")):
         name = ids[index] if ids is not None else index
         prompt = list(map(int, prompt))
         ref = run_reference(stock, prompt, max_new_tokens, stop_ids, 0.0, block_size)
