@@ -12,7 +12,8 @@ are recorded as such, never as validated.
 
 Evaluator protocol: name, forced (bool), models(mechanism) -> bool, gaps(deployment, assignment) ->
 {family: seconds lost per token}, reference(deployment) -> [token lists] (forced only), and
-__call__(deployment, assignment) -> object with tokens_per_s, outputs ([token lists] or None), label.
+__call__(deployment, assignment) -> object with tokens_per_s, outputs ([token lists] or None), label, and
+optionally verdict / reasons when the evaluator ran a full verdict itself (engine_evaluator.py, bf16).
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ class SearchResult:
     trajectory: list = field(default_factory=list)   # best tokens/s after each evaluation
     transferred_from: str | None = None
     skipped: list = field(default_factory=list)      # applicable mechanisms the evaluator cannot see
+    shipped_tokens_per_s: float | None = None        # the hand-tuned defaults, measured after the search
 
     def to_dict(self) -> dict:
         return dict(vars(self))
@@ -80,15 +82,19 @@ class _Search:
         self.best_a, self.best_t = None, None
         self.trajectory = []
 
-    def evaluate(self, a: dict) -> float | None:
+    def evaluate(self, a: dict, compete: bool = True) -> float | None:
         """Measures, gates and records one assignment; returns its tokens/s when it passed the gate
-        (or is an estimate), None otherwise."""
+        (or is an estimate), None otherwise. compete=False: a reference measurement (the shipped
+        configuration) that never becomes the incumbent."""
         key = frozenset(a.items())
-        if key in self.seen:
+        if key in self.seen and compete:
             return self.seen[key]
         try:
             out = self.ev(self.dep, a)
-            verdict, reasons = gate(self.reference, out.outputs)
+            if getattr(out, "verdict", None):      # the evaluator judged itself (token_force in bf16)
+                verdict, reasons = out.verdict, list(out.reasons)
+            else:
+                verdict, reasons = gate(self.reference, out.outputs)
             tps, label = float(out.tokens_per_s), out.label
             if not tps > 0:
                 verdict, reasons = "reject", reasons + [f"tokens/s {tps} is not positive"]
@@ -100,6 +106,9 @@ class _Search:
                                      verdict, reasons, label)
         self.seq += 1
         ok = tps if verdict in ("pass", "estimate") else None
+        if not compete:
+            self.log(f"  [ref] the shipped configuration: {verdict} {tps or 0:.1f} tok/s")
+            return ok
         self.seen[key] = ok
         if ok is not None and (self.best_t is None or ok > self.best_t * (1.0 + self.min_gain)):
             self.best_a, self.best_t = dict(a), ok
@@ -112,7 +121,15 @@ class _Search:
 
     @property
     def left(self) -> int:
-        return self.budget - self.seq
+        return self.budget - len(self.trajectory)
+
+
+def _gaps(evaluator, dep, a, log) -> dict:
+    try:
+        return evaluator.gaps(dep, a)
+    except Exception as e:   # no ranking is a slower search, not a failed one
+        log(f"  gap ranking unavailable ({type(e).__name__}: {e}): registry order")
+        return {}
 
 
 def _ranked(mechs, gaps: dict) -> list:
@@ -122,17 +139,21 @@ def _ranked(mechs, gaps: dict) -> list:
 
 
 def search_mechanisms(dep: Deployment, evaluator, memory, budget: int = 40, start: dict | None = None,
-                      from_memory: bool = True, min_gain: float = 0.01, log=print) -> SearchResult:
+                      from_memory: bool = True, min_gain: float = 0.01, compare_shipped: bool = False,
+                      log=print) -> SearchResult:
+    """compare_shipped: also measure the shipped (hand-tuned) configuration once after the search,
+    outside the budget and never as a candidate, to state how much of it the search recovered."""
     if budget < 1:
         raise ValueError(f"budget {budget} must be >= 1 evaluation")
     applicable = [m for m in registry() if dep.supports(m.scope)]
     mechs = [m for m in applicable if evaluator.models(m)]
     skipped = [m.name for m in applicable if not evaluator.models(m)]
     names = {m.name: m for m in mechs}
-    start = dict(plainest(mechs) if start is None else start)
+    start = plainest(mechs) if start is None else dict(start)
     bad = [k for k in start if k not in names]
     if bad:
         raise ValueError(f"start assignment names mechanisms this deployment / evaluator cannot search: {bad}")
+    start = {**{m.name: m.default for m in mechs}, **start}   # every searched mechanism named
     run_id = f"mech-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{dep.key}"
     memory.upsert_deployment(dep.key, dep.info())
     memory.start_run(run_id, dep.key, {"search": "mechanisms", "evaluator": evaluator.name, "budget": budget,
@@ -160,7 +181,7 @@ def search_mechanisms(dep: Deployment, evaluator, memory, budget: int = 40, star
                 s.evaluate(cand)
             continue
         before = s.best_a
-        for m in _ranked(mechs, evaluator.gaps(dep, s.best_a)):
+        for m in _ranked(mechs, _gaps(evaluator, dep, s.best_a, log)):
             for v in m.values:
                 cand = {**s.best_a, m.name: v}
                 if frozenset(cand.items()) in s.seen or s.left <= 0:
@@ -172,9 +193,11 @@ def search_mechanisms(dep: Deployment, evaluator, memory, budget: int = 40, star
                 break
         if s.best_a is before:
             break               # a whole pass found nothing better: a local optimum
+    shipped = s.evaluate({m.name: m.default for m in mechs}, compete=False) if compare_shipped else None
     verdict = "pass" if evaluator.forced else "estimate"
     memory.record_mech_winner(dep.key, evaluator.name, run_id, s.best_a, s.best_t, baseline, verdict, source)
     memory.finish_run(run_id)
-    log(f"  best {s.best_t:.1f} tok/s ({s.best_t / baseline:.2f}x the start) after {s.seq} evaluations")
-    return SearchResult(run_id, dep.key, evaluator.name, baseline, s.best_t, s.best_a, verdict, s.seq,
-                        s.trajectory, source, skipped)
+    log(f"  best {s.best_t:.1f} tok/s ({s.best_t / baseline:.2f}x the start) after {len(s.trajectory)} evaluations"
+        + (f"; {s.best_t / shipped:.1%} of the shipped configuration's {shipped:.1f} tok/s" if shipped else ""))
+    return SearchResult(run_id, dep.key, evaluator.name, baseline, s.best_t, s.best_a, verdict, len(s.trajectory),
+                        s.trajectory, source, skipped, shipped)

@@ -52,8 +52,8 @@ BATCH_TABLE = {
 }
 # Knobs of a run that are not config fields: generate_spec(block_size=...) and load_target(weights=...).
 RUN_TABLE = {
-    "block_size": ("spec.knob", "drafter", (4, 8, 12, 16), 16,
-                   "Tokens drafted and verified per speculative step (at most the drafter's block)."),
+    "block_size": ("spec.knob", "drafter", (None, 4, 8, 12, 16), None,
+                   "Tokens drafted and verified per speculative step (None: the drafter's own block; at most it)."),
     "weights": ("weights", "split12", ("bf16", "split12"), "split12",
                 "The target's weight format: split12 streams 1.5 bytes per weight, bf16 two."),
 }
@@ -153,10 +153,10 @@ def list_lines() -> list:
     return [m.line() for m in registry()]
 
 
-def configs_for(assignment: dict, block_size_default: int | None = None) -> tuple:
+def configs_for(assignment: dict, weights: str) -> tuple:
     """{mechanism name: value} -> (EngineConfig, BatchConfig, run knobs {"block_size", "weights"}).
-    Mechanisms not named keep the shipped default; an unknown name or a value outside the candidate
-    list is an error naming it."""
+    Mechanisms not named keep the shipped default (the weights: the deployment's `weights`); an
+    unknown name or a value outside the candidate list is an error naming it."""
     known = by_name()
     engine, batch, run = {}, {}, {}
     for name, value in assignment.items():
@@ -166,8 +166,8 @@ def configs_for(assignment: dict, block_size_default: int | None = None) -> tupl
         if value not in m.values:
             raise ValueError(f"mechanism {name}: value {value!r} is not one of {m.values}")
         {"EngineConfig": engine, "BatchConfig": batch, "run": run}[m.owner][m.field] = value
-    run.setdefault("block_size", block_size_default)
-    run.setdefault("weights", RUN_TABLE["weights"][3])
+    run.setdefault("block_size", None)
+    run.setdefault("weights", weights)
     return EngineConfig(**engine), BatchConfig(**batch), run
 
 

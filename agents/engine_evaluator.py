@@ -1,0 +1,145 @@
+"""The engine evaluator: a mechanism assignment run end to end on a real checkpoint pair and gated.
+
+Timing: every prompt generated with the assignment's EngineConfig (concurrency 1: Engine.generate_spec
+per prompt; concurrency C > 1: the batched engine with its BatchConfig over all prompts at once);
+tokens per second over the decode wall time, best of `repeats`.
+
+Gate, by precision:
+- fp32 (the CPU): the outputs must equal transformers' greedy generation of the target alone
+  (verify.target_greedy: lossless means exactly that), token for token.
+- bf16 (the GPU): the single-request engine with the assignment's EngineConfig goes through
+  verify.forcing.token_force (the verdict of `specpilot verify`: forced paths, the referee's rule),
+  and at C > 1 each batched output must also equal that engine's own output for the prompt (strict:
+  a bf16 near-tie fork between batch shapes rejects the candidate rather than risk passing a bug).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from specpilot.agents.mechanisms import configs_for
+
+SEEN_ON_CPU = {"engine.fused_steps", "engine.two_level", "batch.ragged_verify", "batch.batched_draft",
+               "batch.adaptive_verify", "batch.page_size", "batch.prefill_chunk", "run.block_size"}
+
+
+@dataclass
+class EngineRun:
+    tokens_per_s: float
+    outputs: list
+    label: str
+    verdict: str | None = None          # set when the evaluator judged itself (token_force, bf16)
+    reasons: list = field(default_factory=list)
+
+
+class EngineEvaluator:
+    forced = True
+
+    def __init__(self, target_dir, drafter_dir, prompts, max_new_tokens: int = 32, device: str = "cpu",
+                 dtype=torch.float32, repeats: int = 1):
+        from specpilot.models import load_drafter, load_target
+        from specpilot.verify.stock import load_stock
+
+        if not prompts or not all(prompts):
+            raise ValueError("EngineEvaluator needs at least one non-empty prompt (token-id lists)")
+        self.target_dir, self.drafter_dir, self.device, self.dtype = target_dir, drafter_dir, device, dtype
+        self.prompts = [list(map(int, p)) for p in prompts]
+        self.max_new_tokens, self.repeats = max_new_tokens, repeats
+        self.name = f"engine-{device}-{str(dtype).replace('torch.', '')}"
+        self._targets = {}
+        self.drafter_dir = drafter_dir
+        self._load_target, self._load_drafter = load_target, load_drafter
+        self.stock = load_stock(target_dir, drafter_dir, device=device, dtype=dtype)
+
+    def _pair(self, weights: str):
+        if weights not in self._targets:
+            kw = {} if weights == "bf16" else {"weights": weights}
+            target = self._load_target(self.target_dir, device=self.device, dtype=self.dtype, **kw)
+            self._targets[weights] = (target, self._load_drafter(self.drafter_dir, target))
+        return self._targets[weights]
+
+    def models(self, mechanism) -> bool:
+        if self.device == "cuda":
+            return mechanism.name != "engine.draft_vocab" or self._has_ranking()
+        return mechanism.name in SEEN_ON_CPU
+
+    def _has_ranking(self) -> bool:
+        from pathlib import Path
+
+        return (Path(self.drafter_dir) / "token_ranking.json").exists()
+
+    def gaps(self, dep, a: dict) -> dict:
+        """The cost model's gap table of this pair on this device, by family (cost/gaps.py rows). tau 1:
+        it scales every draft / verify row alike, and only the ranking of the families is used."""
+        from specpilot.cost import cost_report
+
+        _, _, run = configs_for(a, dep.weights)
+        report = cost_report(self.target_dir, self.drafter_dir, batch=dep.concurrency, block_size=run["block_size"],
+                             tau=1.0, device=self.device, weights=run["weights"] if self.device == "cuda" else "bf16",
+                             quick=self.device == "cpu")
+        lost = {}
+        for r in report.rows:
+            fam = ("spec.knob" if r["kind"] == "knob" else r["kind"] if r["kind"] in ("launches", "attention")
+                   else "draft.lm_head" if r["name"] == "draft.lm_head" else
+                   "verify.lm_head" if (r["step"], r["name"]) == ("verify", "lm_head") else
+                   "launches" if r["kind"] == "accept" else
+                   "decode.linear" if r["step"] == "decode" else "spec.linear")
+            if r["step"] != "decode":
+                lost[fam] = lost.get(fam, 0.0) + r["lost_per_token_s"]
+        return lost
+
+    def reference(self, dep) -> list | None:
+        if self.dtype != torch.float32:
+            return None      # bf16: token_force judges each candidate (see __call__)
+        from specpilot.verify.target_greedy import run_target_greedy
+
+        return [run_target_greedy(self.stock, p, self.max_new_tokens).tokens for p in self.prompts]
+
+    def _generate(self, dep, engine_cfg, batch_cfg, run) -> tuple:
+        from specpilot.engine import Engine
+        from specpilot.engine.batch.run import run_batch
+
+        target, drafter = self._pair(run["weights"])
+        best, outputs = None, None
+        for _ in range(self.repeats):
+            t0 = time.perf_counter()
+            if dep.concurrency == 1:
+                engine = Engine(target, drafter, config=engine_cfg)
+                results = [engine.generate_spec(p, self.max_new_tokens, block_size=run["block_size"]) for p in self.prompts]
+                seconds = sum(r.decode_s for r in results)
+            else:
+                results, _ = run_batch(target, drafter, self.prompts, self.max_new_tokens, dep.concurrency,
+                                       block_size=run["block_size"], config=batch_cfg, engine_config=engine_cfg)
+                seconds = time.perf_counter() - t0
+            tokens = sum(len(r.tokens) for r in results)
+            tps = tokens / max(seconds, 1e-9)
+            if best is None or tps > best:
+                best, outputs = tps, [list(r.tokens) for r in results]
+        return best, outputs
+
+    def __call__(self, dep, a: dict) -> EngineRun:
+        engine_cfg, batch_cfg, run = configs_for(a, dep.weights)
+        tps, outputs = self._generate(dep, engine_cfg, batch_cfg, run)
+        label = f"{self.name} end to end, C={dep.concurrency}, best of {self.repeats}"
+        if self.dtype == torch.float32:
+            return EngineRun(tps, outputs, label)
+        return EngineRun(tps, outputs, label, *self._token_force(engine_cfg, run, outputs if dep.concurrency > 1 else None))
+
+    def _token_force(self, engine_cfg, run, batched) -> tuple:
+        from specpilot.engine import Engine
+        from specpilot.verify.forcing import token_force
+        from specpilot.verify.referee import load_referee
+
+        target, drafter = self._pair(run["weights"])
+        engine = Engine(target, drafter, config=engine_cfg)
+        referee = load_referee(self.target_dir, self.dtype, self.device)
+        spec = [engine.generate_spec(p, self.max_new_tokens, block_size=run["block_size"]) for p in self.prompts]
+        report = token_force(engine, self.stock, self.prompts, self.max_new_tokens, block_size=run["block_size"],
+                             spec_results=spec, referee=referee)
+        reasons = list(report.reasons)
+        if batched is not None:
+            reasons += [f"prompt {i}: the batched output differs from the single-request engine's"
+                        for i, (b, s) in enumerate(zip(batched, spec)) if list(b) != list(s.tokens)]
+        return ("pass" if report.passed and not reasons else "reject"), reasons
