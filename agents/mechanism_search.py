@@ -132,10 +132,29 @@ def _gaps(evaluator, dep, a, log) -> dict:
         return {}
 
 
-def _ranked(mechs, gaps: dict) -> list:
-    """Mechanisms ordered by their family's time lost per token (largest first), registry order within."""
+def _ranked(mechs, gaps: dict, prior: dict) -> list:
+    """Mechanisms ordered by the prior from memory (see _prior; cold: none), then by their family's time
+    lost per token (largest first), then by the sensitivity memory measured, registry order last."""
     rank = {fam: -gaps.get(fam, 0.0) for fam in FAMILIES}
-    return sorted(mechs, key=lambda m: rank[m.family])
+    return sorted(mechs, key=lambda m: (prior.get(m.name, (0, 0.0))[0], rank[m.family], -prior.get(m.name, (0, 0.0))[1]))
+
+
+def _prior(memory, winner: dict, start: dict, names) -> dict:
+    """mechanism -> (group, sensitivity) from the source deployment's search: group 0 for mechanisms
+    the source could not search (new here: the batching mechanisms going from C = 1 to C > 1), 1 for
+    those the source left at their start value, 2 for the source's winners (trusted: their reversal
+    is tried last). Sensitivity: the largest |gain| of a single-mechanism change the source measured
+    (a mechanism that mattered there is tried earlier within its group)."""
+    sens = {}
+    for e in memory.mech_evals(run_id=winner["run_id"]):
+        if len(e["changed"]) == 1 and e["gain"] is not None:
+            (name,) = e["changed"]
+            sens[name] = max(sens.get(name, 0.0), abs(e["gain"]))
+    prior = {}
+    for name in names:
+        group = 0 if name not in winner["config"] else (2 if winner["config"][name] != start.get(name) else 1)
+        prior[name] = (group, sens.get(name, 0.0))
+    return prior
 
 
 def search_mechanisms(dep: Deployment, evaluator, memory, budget: int = 40, start: dict | None = None,
@@ -166,12 +185,13 @@ def search_mechanisms(dep: Deployment, evaluator, memory, budget: int = 40, star
         raise RuntimeError(f"the start assignment failed its gate on {dep.key}: "
                            f"{memory.mech_evals(run_id=run_id)[-1]['reasons']}")
     baseline = s.best_t
-    queue, source = [], None
+    queue, source, prior = [], None, {}
     winner = nearest_winner(memory, dep, evaluator) if from_memory else None
     if winner is not None:
         source = winner["deployment"]
         moved = {k: v for k, v in winner["config"].items() if k in names and v in names[k].values}
         log(f"  starting from memory: {source}'s winner ({len(moved)} mechanisms)")
+        prior = _prior(memory, winner, start, names)
         queue.append(moved)                                     # the winner whole, then each of its changes
         queue += [{k: v} for k, v in moved.items() if start.get(k) != v]
     while s.left > 0:
@@ -181,7 +201,7 @@ def search_mechanisms(dep: Deployment, evaluator, memory, budget: int = 40, star
                 s.evaluate(cand)
             continue
         before = s.best_a
-        for m in _ranked(mechs, _gaps(evaluator, dep, s.best_a, log)):
+        for m in _ranked(mechs, _gaps(evaluator, dep, s.best_a, log), prior):
             for v in m.values:
                 cand = {**s.best_a, m.name: v}
                 if frozenset(cand.items()) in s.seen or s.left <= 0:

@@ -182,3 +182,15 @@ def test_engine_gate_fails_against_another_pairs_reference(tiny_pair, tmp_path):
     dep = Deployment("tiny-llama", "dflash-b4", "cpu", 1, "bf16")
     with pytest.raises(RuntimeError, match="prompt 0: token"):
         search_mechanisms(dep, ev, Memory(str(tmp_path / "m.db")), budget=3, log=lambda m: None)
+
+
+def test_transfer_study_reports_both_trajectories(tmp_path):
+    from specpilot.agents.transfer_study import markdown, plot, reach, study
+
+    assert reach([1.0, 90.0, 96.0, 100.0], 100.0) == 3 and reach([1.0], 100.0) is None
+    src = Deployment("qwen3-8b", "dflash-b16", "H100", 1, "split12")
+    dst = Deployment("llama-3.1-8b", "dflash-b16", "H100", 1, "split12")
+    (row,) = study(CostModelEvaluator(), pairs=[("target shape", src, dst)], budget=40)
+    assert row["transferred_from"] == src.key and row["evaluator"] == "cost-model"
+    assert row["warm_reach"] < row["cold_reach"] and len(row["cold_trajectory"]) == row["cold_evaluations"]
+    assert "estimates" in markdown([row]) and plot([row], tmp_path / "t.png").endswith("t.png")
