@@ -2,7 +2,9 @@
 
 Timing: every prompt generated with the assignment's EngineConfig (concurrency 1: Engine.generate_spec
 per prompt; concurrency C > 1: the batched engine with its BatchConfig over all prompts at once);
-tokens per second over the decode wall time, best of `repeats`.
+tokens per second over the decode wall time, best of `repeats`. With `replay_tau` (the scale tier:
+random weights accept ~nothing) the timed runs replay that tau over the target's own AR transcript
+(engine/replay.py, a timing tool), and the gate judges a separate run without replay.
 
 Gate, by precision:
 - fp32 (the CPU): the outputs must equal transformers' greedy generation of the target alone
@@ -38,7 +40,7 @@ class EngineEvaluator:
     forced = True
 
     def __init__(self, target_dir, drafter_dir, prompts, max_new_tokens: int = 32, device: str = "cpu",
-                 dtype=torch.float32, repeats: int = 1):
+                 dtype=torch.float32, repeats: int = 1, replay_tau: float | None = None):
         from specpilot.models import load_drafter, load_target
         from specpilot.verify.stock import load_stock
 
@@ -46,7 +48,8 @@ class EngineEvaluator:
             raise ValueError("EngineEvaluator needs at least one non-empty prompt (token-id lists)")
         self.target_dir, self.drafter_dir, self.device, self.dtype = target_dir, drafter_dir, device, dtype
         self.prompts = [list(map(int, p)) for p in prompts]
-        self.max_new_tokens, self.repeats = max_new_tokens, repeats
+        self.max_new_tokens, self.repeats, self.replay_tau = max_new_tokens, repeats, replay_tau
+        self._transcripts = {}
         self.name = f"engine-{device}-{str(dtype).replace('torch.', '')}"
         self._targets = {}
         self.drafter_dir = drafter_dir
@@ -97,32 +100,57 @@ class EngineEvaluator:
 
         return [run_target_greedy(self.stock, p, self.max_new_tokens).tokens for p in self.prompts]
 
-    def _generate(self, dep, engine_cfg, batch_cfg, run) -> tuple:
+    def _transcript(self, weights: str) -> list:
+        """Our engine's greedy AR output per prompt: what a replayed run commits."""
         from specpilot.engine import Engine
-        from specpilot.engine.batch.run import run_batch
+
+        if weights not in self._transcripts:
+            target, drafter = self._pair(weights)
+            engine = Engine(target, drafter)
+            self._transcripts[weights] = [engine.generate_ar(p, self.max_new_tokens).tokens for p in self.prompts]
+        return self._transcripts[weights]
+
+    def _generate(self, dep, engine_cfg, batch_cfg, run, replay: bool, repeats: int) -> tuple:
+        from specpilot.engine import Engine
+        from specpilot.engine.batch import BatchEngine, Request
+        from specpilot.engine.batch.run import pool_pages
+        from specpilot.engine.replay import AcceptanceReplay
 
         target, drafter = self._pair(run["weights"])
+        plans = ([(lambda t=t: AcceptanceReplay(t, self.replay_tau)) for t in self._transcript(run["weights"])]
+                 if replay else [lambda: None] * len(self.prompts))
         best, outputs = None, None
-        for _ in range(self.repeats):
-            t0 = time.perf_counter()
+        for _ in range(repeats):
             if dep.concurrency == 1:
                 engine = Engine(target, drafter, config=engine_cfg)
-                results = [engine.generate_spec(p, self.max_new_tokens, block_size=run["block_size"]) for p in self.prompts]
+                results = [engine.generate_spec(p, self.max_new_tokens, block_size=run["block_size"], replay=plan())
+                           for p, plan in zip(self.prompts, plans)]
                 seconds = sum(r.decode_s for r in results)
             else:
-                results, _ = run_batch(target, drafter, self.prompts, self.max_new_tokens, dep.concurrency,
-                                       block_size=run["block_size"], config=batch_cfg, engine_config=engine_cfg)
+                engine = BatchEngine(target, drafter, batch_cfg, max_batch=dep.concurrency, block_size=run["block_size"],
+                                     kv_pages=pool_pages(self.prompts, self.max_new_tokens, dep.concurrency,
+                                                         batch_cfg.page_size), engine_config=engine_cfg)
+                t0 = time.perf_counter()
+                ids = [engine.submit(Request(tuple(p), self.max_new_tokens, replay=plan()))
+                       for p, plan in zip(self.prompts, plans)]
+                by_id = {r.request_id: r for r in engine.run_until_done()}
                 seconds = time.perf_counter() - t0
-            tokens = sum(len(r.tokens) for r in results)
-            tps = tokens / max(seconds, 1e-9)
+                results = [by_id[i] for i in ids]
+                failed = [r.error for r in results if r.error]
+                if failed:
+                    raise ValueError(f"batched requests failed: {failed[:3]}")
+            tps = sum(len(r.tokens) for r in results) / max(seconds, 1e-9)
             if best is None or tps > best:
                 best, outputs = tps, [list(r.tokens) for r in results]
         return best, outputs
 
     def __call__(self, dep, a: dict) -> EngineRun:
         engine_cfg, batch_cfg, run = configs_for(a, dep.weights)
-        tps, outputs = self._generate(dep, engine_cfg, batch_cfg, run)
+        tps, outputs = self._generate(dep, engine_cfg, batch_cfg, run, self.replay_tau is not None, self.repeats)
         label = f"{self.name} end to end, C={dep.concurrency}, best of {self.repeats}"
+        if self.replay_tau is not None:   # the gate judges what a user gets: a run without replay
+            label += f", tau {self.replay_tau} replayed"
+            outputs = self._generate(dep, engine_cfg, batch_cfg, run, False, 1)[1]
         if self.dtype == torch.float32:
             return EngineRun(tps, outputs, label)
         return EngineRun(tps, outputs, label, *self._token_force(engine_cfg, run, outputs if dep.concurrency > 1 else None))

@@ -30,6 +30,9 @@ def add_arguments(parser) -> None:
                                                           "token prompts where the target has no tokenizer")
     g.add_argument("--max-new-tokens", type=int, default=64)
     g.add_argument("--repeats", type=int, default=2, help="engine evaluator: timings per candidate (best kept)")
+    g.add_argument("--replay", type=float, default=None, metavar="TAU",
+                   help="engine evaluator: time with this tau replayed (random-weight scale tier); the gate "
+                        "judges a run without replay")
 
 
 def card_name(device: str) -> str:
@@ -79,7 +82,8 @@ def run(args, device: str) -> int:
             raise ValueError("--evaluator engine needs --target and --drafter checkpoint folders")
         dtype = torch.bfloat16 if device == "cuda" else torch.float32
         evaluator = EngineEvaluator(args.target, args.drafter, _prompts(args.target, args.prompts, args.seed),
-                                    args.max_new_tokens, device=device, dtype=dtype, repeats=args.repeats)
+                                    args.max_new_tokens, device=device, dtype=dtype, repeats=args.repeats,
+                                    replay_tau=args.replay)
         card = args.card or card_name(device)
         shape = args.target_shape or Path(args.target).resolve().name
     if not shape:

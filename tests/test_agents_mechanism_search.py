@@ -194,3 +194,15 @@ def test_transfer_study_reports_both_trajectories(tmp_path):
     assert row["transferred_from"] == src.key and row["evaluator"] == "cost-model"
     assert row["warm_reach"] < row["cold_reach"] and len(row["cold_trajectory"]) == row["cold_evaluations"]
     assert "estimates" in markdown([row]) and plot([row], tmp_path / "t.png").endswith("t.png")
+
+
+def test_engine_evaluator_replays_tau_for_timing_and_gates_an_unreplayed_run(tiny_pair, tmp_path):
+    from specpilot.agents.engine_evaluator import EngineEvaluator
+
+    (td, dd), _ = tiny_pair
+    ev = EngineEvaluator(td, dd, [[5, 6, 7, 8], [9, 10, 11]], max_new_tokens=12, replay_tau=3.0)
+    for c in (1, 2):
+        dep = Deployment("tiny-llama", "dflash-b4", "cpu", c, "bf16")
+        run = ev(dep, {})
+        assert "tau 3.0 replayed" in run.label and run.tokens_per_s > 0
+        assert gate(ev.reference(dep), run.outputs) == ("pass", [])
