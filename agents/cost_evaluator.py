@@ -71,6 +71,10 @@ class CostModelEvaluator:
     def models(self, mechanism) -> bool:
         return mechanism.name in MODELLED
 
+    def allows(self, name: str, value) -> bool:
+        """Block sizes below the drafter's (None, the drafter's own block, stands for it: one evaluation)."""
+        return name != "run.block_size" or value is None or int(value) < self.drafter_block
+
     def _ceil(self, dep) -> Ceilings:
         if dep.card not in CARDS:
             raise ValueError(f"cost-model evaluator: no stated ceilings for card {dep.card!r}; known {sorted(CARDS)}")

@@ -9,15 +9,17 @@ random weights accept ~nothing) the timed runs replay that tau over the target's
 Gate, by precision:
 - fp32 (the CPU): the outputs must equal transformers' greedy generation of the target alone
   (verify.target_greedy: lossless means exactly that), token for token.
-- bf16 (the GPU): the single-request engine with the assignment's EngineConfig goes through
-  verify.forcing.token_force (the verdict of `specpilot verify`: forced paths, the referee's rule),
-  and at C > 1 each batched output must also equal that engine's own output for the prompt (strict:
-  a bf16 near-tie fork between batch shapes rejects the candidate rather than risk passing a bug).
+- bf16 (the GPU): the full verdict (confirm) is verify.forcing.token_force on the single-request
+  engine with the assignment's EngineConfig (forced paths, the referee's rule), and at C > 1 each
+  batched output must also equal that engine's own output (strict: a bf16 near-tie fork between batch
+  shapes rejects the candidate rather than risk passing a bug). It is run on the start, whose outputs
+  then become the reference every candidate must equal token for token, and on every candidate about
+  to become the incumbent (what the issue asks: every integrated change token-forced).
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -32,8 +34,6 @@ class EngineRun:
     tokens_per_s: float
     outputs: list
     label: str
-    verdict: str | None = None          # set when the evaluator judged itself (token_force, bf16)
-    reasons: list = field(default_factory=list)
 
 
 class EngineEvaluator:
@@ -68,6 +68,14 @@ class EngineEvaluator:
             return mechanism.name != "engine.draft_vocab" or self._has_ranking()
         return mechanism.name in SEEN_ON_CPU
 
+    def allows(self, name: str, value) -> bool:
+        """Block sizes up to the drafter's own (the batched engine refuses longer ones)."""
+        if name == "run.block_size" and value is not None:
+            from specpilot.cost.gaps import _drafter_block_size
+
+            return int(value) <= _drafter_block_size(self.drafter_dir)
+        return True
+
     def _has_ranking(self) -> bool:
         from pathlib import Path
 
@@ -94,8 +102,10 @@ class EngineEvaluator:
         return lost
 
     def reference(self, dep) -> list | None:
+        """fp32: transformers' greedy output of the target. bf16: None, so the search takes the start's
+        outputs once confirm() passed them, and confirms every would-be incumbent."""
         if self.dtype != torch.float32:
-            return None      # bf16: token_force judges each candidate (see __call__)
+            return None
         from specpilot.verify.target_greedy import run_target_greedy
 
         return [run_target_greedy(self.stock, p, self.max_new_tokens).tokens for p in self.prompts]
@@ -151,9 +161,17 @@ class EngineEvaluator:
         if self.replay_tau is not None:   # the gate judges what a user gets: a run without replay
             label += f", tau {self.replay_tau} replayed"
             outputs = self._generate(dep, engine_cfg, batch_cfg, run, False, 1)[1]
+        return EngineRun(tps, outputs, label)
+
+    def confirm(self, dep, a: dict) -> tuple | None:
+        """bf16: (verdict, reasons) of token_force on the single-request engine with the assignment's
+        EngineConfig, and at C > 1 each batched output must equal that engine's output. fp32: None
+        (outputs equal to the target's greedy output are the verdict)."""
         if self.dtype == torch.float32:
-            return EngineRun(tps, outputs, label)
-        return EngineRun(tps, outputs, label, *self._token_force(engine_cfg, run, outputs if dep.concurrency > 1 else None))
+            return None
+        engine_cfg, batch_cfg, run = configs_for(a, dep.weights)
+        batched = self._generate(dep, engine_cfg, batch_cfg, run, False, 1)[1] if dep.concurrency > 1 else None
+        return self._token_force(engine_cfg, run, batched)
 
     def _token_force(self, engine_cfg, run, batched) -> tuple:
         from specpilot.engine import Engine

@@ -94,7 +94,7 @@ def run(args, device: str) -> int:
     memory = Memory(args.memory or settings.get().memory_url)
     start = {} if args.start == "default" else None     # {}: every mechanism at its shipped value
     result = search_mechanisms(dep, evaluator, memory, budget=args.budget, start=start, from_memory=not args.cold,
-                               min_gain=args.min_gain, compare_shipped=True, log=lambda m: print(m, flush=True))
+                               min_gain=args.min_gain, compare_shipped=True, time_budget_s=args.time_budget, log=lambda m: print(m, flush=True))
     memory.close()
     print(json.dumps(result.to_dict(), default=str))
     return 0

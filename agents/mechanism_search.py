@@ -13,7 +13,10 @@ are recorded as such, never as validated.
 Evaluator protocol: name, forced (bool), models(mechanism) -> bool, gaps(deployment, assignment) ->
 {family: seconds lost per token}, reference(deployment) -> [token lists] (forced only), and
 __call__(deployment, assignment) -> object with tokens_per_s, outputs ([token lists] or None), label, and
-optionally verdict / reasons when the evaluator ran a full verdict itself (engine_evaluator.py, bf16).
+optionally allows(mechanism name, value) -> bool (values the pair cannot run: a block longer than the
+drafter's) and confirm(deployment, assignment) -> (verdict, reasons) or None: a full verdict (token_force
+in bf16, engine_evaluator.py) that a would-be incumbent must also pass; with reference() None the
+start's outputs, once confirmed, are the reference the other candidates must equal.
 """
 from __future__ import annotations
 
@@ -73,31 +76,45 @@ def nearest_winner(memory, dep: Deployment, evaluator) -> dict | None:
 
 
 class _Search:
-    def __init__(self, dep, evaluator, memory, run_id, budget, min_gain, log):
+    def __init__(self, dep, evaluator, memory, run_id, budget, min_gain, log, time_budget_s=None):
         self.dep, self.ev, self.memory, self.run_id = dep, evaluator, memory, run_id
         self.budget, self.min_gain, self.log = budget, min_gain, log
+        self.deadline = None if time_budget_s is None else time.monotonic() + time_budget_s
         self.reference = evaluator.reference(dep) if evaluator.forced else None
+        # a forced evaluator with no independent reference (bf16): the start's outputs become the
+        # reference once its full verdict (confirm) passed
+        self.adopt = evaluator.forced and self.reference is None
         self.seen = {}            # frozen assignment -> tokens/s (None: failed)
         self.seq = 0
         self.best_a, self.best_t = None, None
         self.trajectory = []
 
+    def _confirm(self, a) -> tuple | None:
+        confirm = getattr(self.ev, "confirm", None)
+        return confirm(self.dep, a) if confirm is not None else None
+
     def evaluate(self, a: dict, compete: bool = True) -> float | None:
         """Measures, gates and records one assignment; returns its tokens/s when it passed the gate
-        (or is an estimate), None otherwise. compete=False: a reference measurement (the shipped
-        configuration) that never becomes the incumbent."""
+        (or is an estimate), None otherwise. A candidate about to become the incumbent also passes the
+        evaluator's full verdict (confirm: token_force in bf16) first. compete=False: a reference
+        measurement (the shipped configuration) that never becomes the incumbent."""
         key = frozenset(a.items())
         if key in self.seen and compete:
             return self.seen[key]
         try:
             out = self.ev(self.dep, a)
-            if getattr(out, "verdict", None):      # the evaluator judged itself (token_force in bf16)
-                verdict, reasons = out.verdict, list(out.reasons)
+            tps, label = float(out.tokens_per_s), out.label
+            if self.adopt and self.reference is None:
+                verdict, reasons = self._confirm(a) or ("reject", ["the evaluator has no reference and no verdict"])
+                if verdict == "pass":
+                    self.reference = out.outputs
             else:
                 verdict, reasons = gate(self.reference, out.outputs)
-            tps, label = float(out.tokens_per_s), out.label
             if not tps > 0:
                 verdict, reasons = "reject", reasons + [f"tokens/s {tps} is not positive"]
+            wins = verdict == "pass" and compete and self.best_t is not None and tps > self.best_t * (1.0 + self.min_gain)
+            if wins and (confirmed := self._confirm(a)) is not None and confirmed[0] != "pass":
+                verdict, reasons = "reject", [f"full verdict: {r}" for r in confirmed[1]] or ["full verdict failed"]
         except Exception as e:   # a candidate that crashes is a verdict, not the end of the search
             verdict, reasons, tps, label = "crash", [f"{type(e).__name__}: {e}"[:500]], None, ""
         changed = {k: v for k, v in a.items() if self.best_a is None or self.best_a.get(k) != v}
@@ -121,6 +138,8 @@ class _Search:
 
     @property
     def left(self) -> int:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            return 0
         return self.budget - len(self.trajectory)
 
 
@@ -159,7 +178,7 @@ def _prior(memory, winner: dict, start: dict, names) -> dict:
 
 def search_mechanisms(dep: Deployment, evaluator, memory, budget: int = 40, start: dict | None = None,
                       from_memory: bool = True, min_gain: float = 0.01, compare_shipped: bool = False,
-                      log=print) -> SearchResult:
+                      time_budget_s: float | None = None, log=print) -> SearchResult:
     """compare_shipped: also measure the shipped (hand-tuned) configuration once after the search,
     outside the budget and never as a candidate, to state how much of it the search recovered."""
     if budget < 1:
@@ -179,7 +198,8 @@ def search_mechanisms(dep: Deployment, evaluator, memory, budget: int = 40, star
                                        "start": start, "from_memory": from_memory, "skipped": skipped})
     log(f"mechanism search {run_id}: {len(mechs)} mechanisms, {evaluator.name}"
         + (f"; not seen by this evaluator: {', '.join(skipped)}" if skipped else ""))
-    s = _Search(dep, evaluator, memory, run_id, budget, min_gain, log)
+    s = _Search(dep, evaluator, memory, run_id, budget, min_gain, log, time_budget_s)
+    allows = getattr(evaluator, "allows", lambda name, value: True)
     if s.evaluate(start) is None:
         memory.finish_run(run_id, "failed")
         raise RuntimeError(f"the start assignment failed its gate on {dep.key}: "
@@ -189,7 +209,7 @@ def search_mechanisms(dep: Deployment, evaluator, memory, budget: int = 40, star
     winner = nearest_winner(memory, dep, evaluator) if from_memory else None
     if winner is not None:
         source = winner["deployment"]
-        moved = {k: v for k, v in winner["config"].items() if k in names and v in names[k].values}
+        moved = {k: v for k, v in winner["config"].items() if k in names and v in names[k].values and allows(k, v)}
         log(f"  starting from memory: {source}'s winner ({len(moved)} mechanisms)")
         prior = _prior(memory, winner, start, names)
         queue.append(moved)                                     # the winner whole, then each of its changes
@@ -202,7 +222,7 @@ def search_mechanisms(dep: Deployment, evaluator, memory, budget: int = 40, star
             continue
         before = s.best_a
         for m in _ranked(mechs, _gaps(evaluator, dep, s.best_a, log), prior):
-            for v in m.values:
+            for v in [v for v in m.values if allows(m.name, v)]:
                 cand = {**s.best_a, m.name: v}
                 if frozenset(cand.items()) in s.seen or s.left <= 0:
                     continue
