@@ -50,6 +50,7 @@ class EngineEvaluator:
         self.prompts = [list(map(int, p)) for p in prompts]
         self.max_new_tokens, self.repeats, self.replay_tau = max_new_tokens, repeats, replay_tau
         self._transcripts = {}
+        self._referee = None
         self.name = f"engine-{device}-{str(dtype).replace('torch.', '')}"
         self._targets = {}
         self.drafter_dir = drafter_dir
@@ -68,13 +69,20 @@ class EngineEvaluator:
             return mechanism.name != "engine.draft_vocab" or self._has_ranking()
         return mechanism.name in SEEN_ON_CPU
 
+    noisy = True   # measured: a would-be winner is re-timed beside the incumbent (mechanism_search)
+
     def allows(self, name: str, value) -> bool:
-        """Block sizes up to the drafter's own (the batched engine refuses longer ones)."""
+        """Block sizes below the drafter's own (None runs its own; the batched engine refuses longer)."""
         if name == "run.block_size" and value is not None:
             from specpilot.cost.gaps import _drafter_block_size
 
-            return int(value) <= _drafter_block_size(self.drafter_dir)
+            return int(value) < _drafter_block_size(self.drafter_dir)
         return True
+
+    def time(self, dep, a: dict) -> float:
+        """Tokens per second of one timed run (replayed where replay_tau is set), no gate."""
+        engine_cfg, batch_cfg, run = configs_for(a, dep.weights)
+        return self._generate(dep, engine_cfg, batch_cfg, run, self.replay_tau is not None, 1)[0]
 
     def _has_ranking(self) -> bool:
         from pathlib import Path
@@ -180,7 +188,9 @@ class EngineEvaluator:
 
         target, drafter = self._pair(run["weights"])
         engine = Engine(target, drafter, config=engine_cfg)
-        referee = load_referee(self.target_dir, self.dtype, self.device)
+        if self._referee is None:        # loaded once: the target at a higher precision is large
+            self._referee = load_referee(self.target_dir, self.dtype, self.device)
+        referee = self._referee
         spec = [engine.generate_spec(p, self.max_new_tokens, block_size=run["block_size"]) for p in self.prompts]
         report = token_force(engine, self.stock, self.prompts, self.max_new_tokens, block_size=run["block_size"],
                              spec_results=spec, referee=referee)

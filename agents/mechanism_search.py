@@ -14,7 +14,8 @@ Evaluator protocol: name, forced (bool), models(mechanism) -> bool, gaps(deploym
 {family: seconds lost per token}, reference(deployment) -> [token lists] (forced only), and
 __call__(deployment, assignment) -> object with tokens_per_s, outputs ([token lists] or None), label, and
 optionally allows(mechanism name, value) -> bool (values the pair cannot run: a block longer than the
-drafter's) and confirm(deployment, assignment) -> (verdict, reasons) or None: a full verdict (token_force
+drafter's), noisy (bool) with time(deployment, assignment) -> tokens/s (a measured evaluator: a would-be
+winner is re-timed beside the incumbent, see _Search._paired), and confirm(deployment, assignment) -> (verdict, reasons) or None: a full verdict (token_force
 in bf16, engine_evaluator.py) that a would-be incumbent must also pass; with reference() None the
 start's outputs, once confirmed, are the reference the other candidates must equal.
 """
@@ -80,6 +81,7 @@ class _Search:
         self.dep, self.ev, self.memory, self.run_id = dep, evaluator, memory, run_id
         self.budget, self.min_gain, self.log = budget, min_gain, log
         self.deadline = None if time_budget_s is None else time.monotonic() + time_budget_s
+        self.repeats, self.sigmas = 5, 3.0     # paired re-timing of a noisy evaluator's would-be winner
         self.reference = evaluator.reference(dep) if evaluator.forced else None
         # a forced evaluator with no independent reference (bf16): the start's outputs become the
         # reference once its full verdict (confirm) passed
@@ -101,6 +103,7 @@ class _Search:
         key = frozenset(a.items())
         if key in self.seen and compete:
             return self.seen[key]
+        wins = False
         try:
             out = self.ev(self.dep, a)
             tps, label = float(out.tokens_per_s), out.label
@@ -112,7 +115,10 @@ class _Search:
                 verdict, reasons = gate(self.reference, out.outputs)
             if not tps > 0:
                 verdict, reasons = "reject", reasons + [f"tokens/s {tps} is not positive"]
-            wins = verdict == "pass" and compete and self.best_t is not None and tps > self.best_t * (1.0 + self.min_gain)
+            wins = verdict in ("pass", "estimate") and compete and self.best_t is not None and tps > self.best_t * (1.0 + self.min_gain)
+            if wins and getattr(self.ev, "noisy", False):
+                wins, paired = self._paired(a)
+                label += f"; paired re-timing: {paired}"
             if wins and (confirmed := self._confirm(a)) is not None and confirmed[0] != "pass":
                 verdict, reasons = "reject", [f"full verdict: {r}" for r in confirmed[1]] or ["full verdict failed"]
         except Exception as e:   # a candidate that crashes is a verdict, not the end of the search
@@ -127,7 +133,7 @@ class _Search:
             self.log(f"  [ref] the shipped configuration: {verdict} {tps or 0:.1f} tok/s")
             return ok
         self.seen[key] = ok
-        if ok is not None and (self.best_t is None or ok > self.best_t * (1.0 + self.min_gain)):
+        if ok is not None and (self.best_t is None or (wins and ok > self.best_t * (1.0 + self.min_gain))):
             self.best_a, self.best_t = dict(a), ok
         self.trajectory.append(self.best_t)
         text = ", ".join(f"{k}={v}" for k, v in changed.items()) or "start"
@@ -135,6 +141,25 @@ class _Search:
         self.log(f"  [{self.seq:>3}] {text:<60} {verdict:<8} {tps or 0:10.1f} tok/s {gain_text}"
                  + (f"  ({reasons[0]})" if verdict not in ("pass", "estimate") else ""))
         return ok
+
+    def _paired(self, a: dict) -> tuple:
+        """A noisy evaluator's would-be winner, re-timed beside the incumbent, interleaved (the order
+        alternating) `repeats` times: it wins only when the mean paired gain exceeds min_gain of the
+        incumbent and `sigmas` standard errors of the paired differences. -> (wins, text)."""
+        import math
+        import statistics
+
+        inc, cand = [], []
+        for r in range(self.repeats):
+            for which in ((0, 1) if r % 2 == 0 else (1, 0)):
+                (inc if which == 0 else cand).append(self.ev.time(self.dep, self.best_a if which == 0 else a))
+        diffs = [c - i for c, i in zip(cand, inc)]
+        mean = statistics.fmean(diffs)
+        sem = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("inf")
+        floor = self.min_gain * statistics.fmean(inc)
+        wins = mean > max(floor, self.sigmas * sem)
+        return wins, (f"mean gain {mean:.1f} tok/s vs {self.sigmas:g} x {sem:.1f} standard error and a {floor:.1f} "
+                      f"floor over {len(diffs)} interleaved pairs: {'wins' if wins else 'noise'}")
 
     @property
     def left(self) -> int:

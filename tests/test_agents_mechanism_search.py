@@ -246,3 +246,37 @@ def test_full_verdict_confirms_the_start_and_every_new_incumbent(tmp_path):
     assert all(frozenset(e["config"].items()) in incumbents for e in passed_better)
     assert len(ev.confirmed) < len(evals)              # only the start and would-be incumbents
     assert search_mechanisms(H100_16, ev, mem, budget=30, time_budget_s=0.0, log=lambda m: None).evaluations == 1
+
+
+class NoisyEvaluator(FakeEvaluator):
+    """A measured evaluator: its first timing of engine.fused_kernels=True is a lucky 40% fast outlier
+    (true gain 0), while engine.cuda_graphs=True really is 2x; re-timings see the truth."""
+    name, noisy = "noisy", True
+
+    def __init__(self):
+        super().__init__()
+        self.retimed = 0
+
+    def __call__(self, dep, a):
+        run = super().__call__(dep, a)
+        true = self.true_speed(a)
+        return Run(true * (1.4 if a.get("engine.fused_kernels") else 1.0), run.outputs)
+
+    def true_speed(self, a):
+        return 100.0 * (2.0 if a.get("engine.cuda_graphs") else 1.0)
+
+    def time(self, dep, a):
+        self.retimed += 1
+        return self.true_speed(a) * (1.0 + 0.001 * (self.retimed % 3))   # small honest noise
+
+
+def test_a_noisy_evaluators_outlier_does_not_win_the_paired_re_timing(tmp_path):
+    mem = Memory(str(tmp_path / "m.db"))
+    ev = NoisyEvaluator()
+    r = search_mechanisms(H100_16, ev, mem, budget=30, log=lambda m: None)
+    assert r.best_config["engine.cuda_graphs"] is True
+    assert r.best_config["engine.fused_kernels"] is False
+    outlier = [e for e in mem.mech_evals(deployment=H100_16.key) if e["changed"].get("engine.fused_kernels") is True]
+    assert outlier[0]["verdict"] == "pass" and "noise" in outlier[0]["label"]
+    graphs = [e for e in mem.mech_evals(deployment=H100_16.key) if e["changed"] == {"engine.cuda_graphs": True}]
+    assert "wins" in graphs[0]["label"] and ev.retimed > 0
