@@ -25,6 +25,9 @@ import torch
 
 from specpilot.agents.mechanisms import configs_for
 
+# Not searched by this evaluator: torch.compile of every layer takes minutes per candidate, more
+# than a 10-minute search can spend on one (opt-in: it stays off unless set by hand).
+SLOW = {"engine.compile_layers"}
 SEEN_ON_CPU = {"engine.fused_steps", "engine.two_level", "batch.ragged_verify", "batch.batched_draft",
                "batch.adaptive_verify", "batch.page_size", "batch.prefill_chunk", "run.block_size"}
 
@@ -65,6 +68,8 @@ class EngineEvaluator:
         return self._targets[weights]
 
     def models(self, mechanism) -> bool:
+        if mechanism.name in SLOW:
+            return False
         if self.device == "cuda":
             return mechanism.name != "engine.draft_vocab" or self._has_ranking()
         return mechanism.name in SEEN_ON_CPU
