@@ -131,4 +131,5 @@ if __name__ == "__main__":  # setuptools runs this file as __main__; tests impor
         ext_modules=extensions(),
         cmdclass={"build_ext": build_ext_class()},
         entry_points={"console_scripts": ["specpilot=specpilot.cli:main"]},
+        extras_require={"ray": ["ray>=2.9"]},  # the agent loop's --backend ray (optional)
     )

@@ -3,7 +3,9 @@
 Every record has a natural key (run, round, candidate id, check), so replaying a step after a kill
 rewrites the same rows instead of adding new ones; each step commits in one transaction, so a kill
 leaves either all of a step or none of it. Tables: deployments, runs, gaps, rounds, candidates,
-round_candidates, verdicts, measurements, mechanisms (validated, with evidence), transfers.
+round_candidates, verdicts, measurements, mechanisms (validated, with evidence), transfers; and for the
+mechanism search (agents/mechanism_search.py): mech_evals (every configuration evaluated, its gain,
+verdict and rejection reasons) and mech_winners (the best configuration per deployment and evaluator).
 """
 import json
 import sqlite3
@@ -33,6 +35,12 @@ CREATE TABLE IF NOT EXISTS mechanisms (deployment TEXT, op TEXT, shape TEXT, can
   PRIMARY KEY (deployment, op, shape));
 CREATE TABLE IF NOT EXISTS transfers (run_id TEXT, op TEXT, shape TEXT, from_deployment TEXT,
   cand_id TEXT, PRIMARY KEY (run_id, op, shape));
+CREATE TABLE IF NOT EXISTS mech_evals (run_id TEXT, seq INTEGER, deployment TEXT, config TEXT, changed TEXT,
+  evaluator TEXT, tokens_per_s REAL, gain REAL, verdict TEXT, reasons TEXT, label TEXT, created REAL,
+  PRIMARY KEY (run_id, seq));
+CREATE TABLE IF NOT EXISTS mech_winners (deployment TEXT, evaluator TEXT, run_id TEXT, config TEXT,
+  tokens_per_s REAL, baseline_tokens_per_s REAL, verdict TEXT, transferred_from TEXT, updated REAL,
+  PRIMARY KEY (deployment, evaluator));
 """
 
 
@@ -224,3 +232,53 @@ class Memory:
         row = self.db.execute("SELECT check_name, reason FROM verdicts WHERE run_id=? AND round=? AND cand_id=? "
                               "AND passed=0 LIMIT 1", (run_id, rnd, cand_id)).fetchone()
         return f"{row['check_name']}: {row['reason']}" if row else ""
+
+    # ---- the mechanism search ------------------------------------------------------------------
+    def record_mech_eval(self, run_id: str, seq: int, deployment: str, config: dict, changed: dict, evaluator: str,
+                         tokens_per_s, gain, verdict: str, reasons: list, label: str = "") -> None:
+        with self.tx() as db:
+            db.execute("INSERT OR REPLACE INTO mech_evals VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                       (run_id, seq, deployment, json.dumps(config, sort_keys=True), json.dumps(changed, sort_keys=True),
+                        evaluator, tokens_per_s, gain, verdict, json.dumps(reasons), label, time.time()))
+
+    def mech_evals(self, deployment: str | None = None, run_id: str | None = None) -> list:
+        q, args, where = "SELECT * FROM mech_evals", [], []
+        if deployment:
+            where.append("deployment=?"), args.append(deployment)
+        if run_id:
+            where.append("run_id=?"), args.append(run_id)
+        q += (" WHERE " + " AND ".join(where)) if where else ""
+        rows = []
+        for r in self.db.execute(q + " ORDER BY created, run_id, seq", args):
+            d = dict(r)
+            d["config"], d["changed"], d["reasons"] = json.loads(d["config"]), json.loads(d["changed"]), json.loads(d["reasons"])
+            rows.append(d)
+        return rows
+
+    def record_mech_winner(self, deployment: str, evaluator: str, run_id: str, config: dict, tokens_per_s: float,
+                           baseline_tokens_per_s: float, verdict: str, transferred_from: str | None) -> None:
+        """The best configuration per (deployment, evaluator); a slower one never replaces it."""
+        with self.tx() as db:
+            db.execute("INSERT INTO mech_winners VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(deployment, evaluator) DO UPDATE "
+                       "SET run_id=excluded.run_id, config=excluded.config, tokens_per_s=excluded.tokens_per_s, "
+                       "baseline_tokens_per_s=excluded.baseline_tokens_per_s, verdict=excluded.verdict, "
+                       "transferred_from=excluded.transferred_from, updated=excluded.updated "
+                       "WHERE excluded.tokens_per_s > mech_winners.tokens_per_s",
+                       (deployment, evaluator, run_id, json.dumps(config, sort_keys=True), tokens_per_s,
+                        baseline_tokens_per_s, verdict, transferred_from, time.time()))
+
+    def mech_winners(self, evaluator: str | None = None) -> list:
+        q, args = "SELECT * FROM mech_winners", ()
+        if evaluator:
+            q, args = q + " WHERE evaluator=?", (evaluator,)
+        rows = []
+        for r in self.db.execute(q + " ORDER BY deployment", args):
+            d = dict(r)
+            d["config"] = json.loads(d["config"])
+            rows.append(d)
+        return rows
+
+    def export(self) -> dict:
+        """Every table as lists of rows (JSON-able): `specpilot memory export FILE`."""
+        tables = [r["name"] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")]
+        return {t: [dict(r) for r in self.db.execute(f"SELECT * FROM {t}")] for t in tables}

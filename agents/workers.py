@@ -1,7 +1,8 @@
 """Where candidates run: never in the controller. One worker process per GPU (or a few on CPU);
 each candidate is a request with a deadline, and a worker that misses it is killed (a hung kernel
 dies with its process) and replaced. A worker is also replaced after a candidate that left state
-behind (threads, patched clocks, a faulted CUDA context). Ray is an optional backend.
+behind (threads, patched clocks, a faulted CUDA context). Ray (RayPool) is the backend for
+many GPUs or hosts; it is an optional extra, and asking for it without it installed is an error.
 """
 import multiprocessing as mp
 import os
@@ -209,48 +210,67 @@ class WorkerPool:
 
 
 class RayPool:
-    """The same interface on Ray (optional): one task per candidate, num_gpus=1 pins a GPU,
-    max_retries=0 (a benchmark is not idempotent), ray.cancel(force=True) kills a hung one."""
+    """The same interface on Ray, for workers across GPUs and hosts: one task per candidate (num_gpus=1
+    pins a GPU through CUDA_VISIBLE_DEVICES; on the CPU num_cpus=1), at most n_workers in flight,
+    max_retries=0 (a benchmark is not idempotent), a fresh worker process per task (max_calls=1: a
+    faulted CUDA context or a patched clock dies with it), ray.cancel(force=True) kills a hung one.
+    Joins a running cluster when ray.init finds one (RAY_ADDRESS), else starts a local instance and
+    shuts it down on close. Ray is an optional extra (`pip install specpilot[ray]`)."""
 
     def __init__(self, n_workers: int, device: str, timeout_s: float = 120.0):
-        import ray  # optional dependency: ImportError tells the caller to use WorkerPool
-
-        if not ray.is_initialized():
-            ray.init(ignore_reinit_error=True, log_to_driver=False)
-        self.ray, self.device, self.timeout_s = ray, device, timeout_s
-        self.remote = ray.remote(num_gpus=1 if device == "cuda" else 0, max_retries=0)(evaluate_task)
+        if n_workers < 1:
+            raise ValueError(f"need at least one worker, got {n_workers}")
+        try:
+            import ray
+        except ImportError as e:
+            raise RuntimeError("--backend ray needs the ray package (pip install 'ray>=2.9', or the "
+                               "specpilot[ray] extra); use --backend process on one host") from e
+        self.owns = not ray.is_initialized()
+        if self.owns:
+            kw = {} if os.environ.get("RAY_ADDRESS") else {"num_cpus": max(n_workers, 1)}
+            ray.init(ignore_reinit_error=True, log_to_driver=False, include_dashboard=False, **kw)
+        self.ray, self.n, self.device, self.timeout_s = ray, n_workers, device, timeout_s
+        resources = {"num_gpus": 1} if device == "cuda" else {"num_cpus": 1}
+        self.remote = ray.remote(max_retries=0, max_calls=1, **resources)(evaluate_task)
 
     def run(self, tasks: list, on_result=None) -> list:
         ray = self.ray
-        refs = {self.remote.remote(t): i for i, t in enumerate(tasks)}
-        started = {ref: time.monotonic() for ref in refs}
         results = [None] * len(tasks)
-        while refs:
+        pending, refs, started = list(range(len(tasks))), {}, {}
+
+        def finish(i, result):
+            results[i] = result
+            if on_result:
+                on_result(i, result)
+
+        while pending or refs:
+            while pending and len(refs) < self.n:
+                i = pending.pop(0)
+                ref = self.remote.remote(tasks[i])
+                refs[ref], started[ref] = i, time.monotonic()
             done, _ = ray.wait(list(refs), num_returns=1, timeout=1.0)
             for ref in done:
                 i = refs.pop(ref)
                 try:
-                    results[i] = ray.get(ref)
-                except Exception as e:
-                    results[i] = _fail("crash", f"{type(e).__name__}: {e}")
-                if on_result:
-                    on_result(i, results[i])
+                    result = ray.get(ref)
+                except Exception as e:   # the task's process died or raised: a verdict, not a crash
+                    result = _fail("crash", f"{type(e).__name__}: {str(e)[:2000]}")
+                finish(i, result)
             for ref in [r for r in refs if time.monotonic() - started[r] > self.timeout_s]:
                 ray.cancel(ref, force=True)
-                i = refs.pop(ref)
-                results[i] = _fail("timeout", f"no result within {self.timeout_s:.0f} s: task cancelled")
-                if on_result:
-                    on_result(i, results[i])
+                finish(refs.pop(ref), _fail("timeout", f"no result within {self.timeout_s:.0f} s: task cancelled"))
         return results
 
     def close(self):
-        pass
+        if self.owns and self.ray.is_initialized():
+            self.ray.shutdown()
 
 
 def make_pool(n_workers: int, device: str, timeout_s: float, backend: str = "process"):
+    """backend "process": worker processes on this host; "ray": Ray tasks (an error if Ray is missing,
+    never a silent switch to the process pool)."""
     if backend == "ray":
-        try:
-            return RayPool(n_workers, device, timeout_s)
-        except ImportError:
-            pass  # Ray not installed: the process pool does the same job on one host
+        return RayPool(n_workers, device, timeout_s)
+    if backend != "process":
+        raise ValueError(f"unknown worker backend {backend!r}: process or ray")
     return WorkerPool(n_workers, device, timeout_s)

@@ -7,7 +7,8 @@ from specpilot import settings
 
 
 def configure(parser):
-    parser.add_argument("--target", required=True, help="target checkpoint folder (config.json)")
+    parser.add_argument("--target", default=None, help="target checkpoint folder (config.json); required but "
+                        "for --list-mechanisms and --search mechanisms --evaluator cost-model")
     parser.add_argument("--drafter", default=None)
     parser.add_argument("--op", action="append", choices=("split12_gemv", "engine.block_size"),
                         help="ops the agents may act on (repeatable; default both)")
@@ -36,6 +37,9 @@ def configure(parser):
     parser.add_argument("--forcing", choices=("auto", "off"), default="auto",
                         help="off: winners stay kernel-validated only (never integrated)")
     parser.add_argument("--out", default=None, help="folder for the markdown report")
+    from specpilot.agents.mechanism_cli import add_arguments
+
+    add_arguments(parser)
 
 
 def config_from_args(args):
@@ -62,7 +66,19 @@ def config_from_args(args):
 
 
 def run(args) -> int:
+    from specpilot.agents import mechanism_cli
     from specpilot.agents.loop import run_optimize
+
+    if args.list_mechanisms:
+        from specpilot.agents.mechanisms import list_lines
+
+        print("\n".join(list_lines()))
+        return 0
+    if args.search == "mechanisms":
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        return mechanism_cli.run(args, device)
+    if not args.target:
+        raise ValueError("specpilot optimize needs --target (a checkpoint folder)")
 
     if args.rounds < 1 or args.agents < 1 or args.per_agent < 1:
         raise ValueError(f"need rounds, agents and per-agent >= 1, got {args.rounds}, {args.agents}, {args.per_agent}")
