@@ -223,8 +223,14 @@ def zoo_setup():
     target = load_target(tdir, dtype=torch.float32)
     engine = Engine(target, load_drafter(ddir, target), max_seq_len=512)
     rows = read_prompts(tdir.parent / "prompts" / "pystdlib.jsonl", limit=40)
-    pick = torch.randint(0, len(rows), (1,), generator=torch.Generator().manual_seed(fresh_seed())).item()
-    prompt = encode_prompt(load_tokenizer(tdir), rows[pick])[-96:]
+    tok = load_tokenizer(tdir)
+    order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(fresh_seed())).tolist()
+    # A random prompt on which the drafter is accepted (tau > 1.5 over 48 tokens), so that every planted
+    # fault has accepted drafts to break; some prompts accept almost nothing.
+    for pick in order[:8]:
+        prompt = encode_prompt(tok, rows[pick])[-96:]
+        if engine.generate_spec(prompt, 48).tau > 1.5:
+            break
     return engine, load_stock(tdir, ddir, "cpu", torch.float32), load_referee(tdir, torch.float32), prompt
 
 
