@@ -53,7 +53,7 @@ def run(args) -> int:
                       "concurrency": args.concurrency,
                       "tau": sum(taus) / len(taus) if taus else None,
                       "tokens_per_s": sum(r["tokens_per_s"] for r in rows) / len(rows),
-                      "draft_vocab": args.draft_vocab, "two_level": args.two_level,
+                      "draft_vocab": args.draft_vocab, "two_level": args.two_level, "tree_budget": args.tree_budget,
                       "certified_head": certified.stats.summary() if certified else None}))
     return 0
 
@@ -66,8 +66,9 @@ def generated(args, target, drafter, prompts, stop) -> tuple:
     if args.concurrency != 1:
         from specpilot.engine.batch.run import run_batch
 
-        if config.two_level != "off" or config.draft_vocab:
-            raise ValueError("--two-level and --draft-vocab run on the single-request engine only (--concurrency 1)")
+        if config.two_level != "off" or config.draft_vocab or config.tree_budget:
+            raise ValueError("--two-level, --draft-vocab and --tree-budget run on the single-request engine only "
+                             "(--concurrency 1)")
         return run_batch(target, drafter, [ids for _, ids in prompts], args.max_new_tokens, args.concurrency,
                          stop, args.temperature, args.seed, args.block_size, engine_config=config)
     engine = engine_for(target, drafter, prompts, args.max_new_tokens, config)

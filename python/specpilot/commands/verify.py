@@ -48,6 +48,8 @@ def run(args) -> int:
     from specpilot.verify.batched import batched_runs, judge_batched
 
     batched = full = mechanisms = None
+    if args.concurrency != 1 and args.tree_budget:
+        raise ValueError("--tree-budget runs on the single-request engine only (--concurrency 1)")
     if args.concurrency != 1:       # the batched engine's output is "our speculative output" below
         full, mechanisms = batched_runs(engine, token_ids, args.max_new_tokens, args.concurrency, stop, args.block_size)
     report = token_force(engine, stock, token_ids, args.max_new_tokens, stop_ids=stop, block_size=args.block_size,
