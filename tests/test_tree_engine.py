@@ -1,7 +1,7 @@
 """Tree verification in the engine, fp32 on the CPU, on tiny random dense (Qwen3, LLaMA) and hybrid
 (Qwen3.5) pairs: the tree loop's tokens equal AR decoding's and the chain loop's at every budget and
 block size, with stop tokens and tail blocks; oracle drafts make trees accept paths through siblings
-(tau above the chain's); planted commit / recurrence bugs change the output; refusals are clear."""
+(tau above the chain's); planted commit / recurrence bugs fail the state check; refusals are clear."""
 import dataclasses
 
 import pytest
@@ -150,8 +150,8 @@ def test_planted_chain_conv_windows_are_caught(pair, monkeypatch):
 def test_refusals(pair):
     prompt = pair.random_prompt(5, 0)
     with tree_budget(pair.engine, 8):
-        with pytest.raises(ValueError, match="greedy only"):
-            pair.engine.generate_spec(prompt, 4, temperature=0.7)
+        with pytest.raises(ValueError, match="replay forces chain acceptance"):
+            pair.engine.generate_spec(prompt, 4, replay=object())
         with pytest.raises(ValueError, match="exceeds the engine's max_seq_len"):
             pair.engine.generate_spec(prompt, 510)
     with pytest.raises(ValueError, match="tree_budget must be an int >= 0"):

@@ -74,8 +74,8 @@ class EngineConfig:
     needs the batched engine, refused)."""
     tree_budget: int = 0
     """Tree verification (docs/trees.md): each step verifies a tree of this many nodes (the anchor
-    included) built best-first from the drafter's block distributions, in one target pass; greedy
-    only, on the eager stepwise loop. 0: chain verification (the drafter's block as it is)."""
+    included) built from the drafter's block distributions, in one target pass, on the eager stepwise
+    loop (greedy, or recursive rejection sampling at temperature > 0). 0: chain verification."""
 
     def __post_init__(self):
         for f in fields(self):

@@ -27,8 +27,8 @@ def add_mechanism_args(parser):
                         help="token ranking for --draft-vocab (default: DRAFTER/token_ranking.json; "
                              "`specpilot draft-vocab` writes it)")
     parser.add_argument("--tree-budget", type=int, default=0, metavar="N",
-                        help="tree verification: verify a draft tree of N nodes per step (greedy, single-request "
-                             "engine; docs/trees.md); 0: chain verification (default)")
+                        help="tree verification: verify a draft tree of N nodes per step (single-request engine; "
+                             "docs/trees.md); 0: chain verification (default)")
 
 
 def mechanism_options(args) -> dict:

@@ -138,7 +138,8 @@ class Engine:
         if self.config.tree_budget:
             check_tree_request(self, temperature, replay)
             ids = self.check_request(prompt_ids, max_new_tokens, temperature, room=self.config.tree_budget)
-            return run_tree_spec(self, ids, max_new_tokens, tuple(stop_ids), block_size, self.config.tree_budget)
+            return run_tree_spec(self, ids, max_new_tokens, tuple(stop_ids), block_size, self.config.tree_budget,
+                                 temperature, self.generator(seed))
         ids = self.check_request(prompt_ids, max_new_tokens, temperature)
         return run_spec(self, ids, max_new_tokens, tuple(stop_ids), temperature, block_size,
                         GREEDY if replay is None else replay, self.generator(seed))

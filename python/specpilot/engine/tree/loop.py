@@ -1,17 +1,21 @@
-"""The speculative loop with tree verification (EngineConfig.tree_budget > 0), greedy.
+"""The speculative loop with tree verification (EngineConfig.tree_budget > 0).
 
 Per step, anchor at position `start` (as engine/spec.py's chain loop):
   draft  the block [anchor, mask x (vs - 1)] -> draft logits at depths 1..vs-1
   tree   best-first under the node budget (build.py)
   verify one target forward over the tree's nodes (ancestor mask; hybrid: per-node conv / state)
-  accept the longest path of target-argmax tokens + bonus (accept.py); commit / stop rule as chain
+  accept greedy: the longest path of target-argmax tokens + bonus (accept.py); temperature > 0:
+         recursive rejection sampling over each node's children (sampling.py); commit / stop as chain
   commit the path's K/V into its positional slots, the hybrid state at its last node (commit.py);
          the path's target features become the next draft's context
-Output: identical tokens to the chain loop and to AR decoding (fp32); only the steps differ.
+Output (greedy): identical tokens to the chain loop and to AR decoding (fp32); only the steps differ.
+Sampled: the target's distribution exactly (a different random stream from the chain loop's).
 """
 from __future__ import annotations
 
 import torch
+
+from specpilot.verify.sampling import sample, sampling_probs
 
 from ..accept import commit
 from ..result import GenerationResult
@@ -19,6 +23,7 @@ from .accept import accepted_path
 from .build import build_tree
 from .commit import commit_path
 from .layout import TreeLayout
+from .sampling import sampled_path
 
 TREE_EAGER = ("tree verification: eager step loop (the fused / graphed greedy step is chain-only; the tree's "
               "shape changes every step and its commit moves K/V on the host's path)")
@@ -26,16 +31,14 @@ TREE_EAGER = ("tree verification: eager step loop (the fused / graphed greedy st
 
 def check_tree_request(engine, temperature, replay) -> None:
     """The tree loop's refusals, each naming what to change."""
-    if temperature > 0:
-        raise ValueError("tree verification (tree_budget > 0) is greedy only: use temperature=0, or "
-                         "tree_budget=0 for sampling (multi-candidate rejection sampling is not built)")
     if replay is not None:
         raise ValueError("replay forces chain acceptance counts: use tree_budget=0 with replay")
     if engine.certified_head is not None:
         raise ValueError("two_level='certified-head' runs on the chain loop only: use tree_budget=0 with it")
 
 
-def run_tree_spec(engine, ids, max_new_tokens, stop_ids, block_size, budget) -> GenerationResult:
+def run_tree_spec(engine, ids, max_new_tokens, stop_ids, block_size, budget, temperature=0.0,
+                  generator=None) -> GenerationResult:
     # ids [1, n]
     runner, device, target = engine.runner, engine.device, engine.target
     n = ids.shape[1]
@@ -43,7 +46,7 @@ def run_tree_spec(engine, ids, max_new_tokens, stop_ids, block_size, budget) -> 
 
     t0 = engine.clock()
     logits, features = runner.prefill(ids, with_features=block_size > 1)   # [1, 1, V], [1, n, F]
-    tokens = [int(torch.argmax(logits[0, -1]).item())]
+    tokens = [int(sample(logits, temperature, generator).item())]
     ctx, ctx_start = features, 0                   # context features not yet in the draft cache
     t1 = engine.clock()
 
@@ -63,7 +66,10 @@ def run_tree_spec(engine, ids, max_new_tokens, stop_ids, block_size, budget) -> 
         with runner.kernel_ctx(len(tree)):                                  # verify
             logits, feats = target(nodes, layout.slots, runner.cache, start + len(tree),
                                    runner.feature_layers if vs > 1 else (), tree=layout)
-        path, bonus = accepted_path(tree, torch.argmax(logits[0], dim=-1).tolist())     # accept
+        if temperature > 0:                                                 # accept
+            path, bonus = sampled_path(tree, sampling_probs(logits[0], temperature), generator)
+        else:
+            path, bonus = accepted_path(tree, torch.argmax(logits[0], dim=-1).tolist())
         new = [tree.tokens[i] for i in path[1:]] + [bonus]
         produced, stopped = commit(new, max_length - start - 1, stop, tokens)
         commit_path(runner.cache, layout, path[:produced])                  # commit
