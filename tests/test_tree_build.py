@@ -30,14 +30,6 @@ def test_hesitant_depth_gets_a_sibling():
     assert tree == DraftTree([1, 5, 6, 7, 9, 6], [-1, 0, 1, 2, 0, 4], [0, 1, 2, 3, 1, 2])
 
 
-def test_the_spine_comes_first_when_the_budget_holds_the_block():
-    # depth 2 split three ways: best-first alone would take all three depth-2 candidates before the
-    # likelier depth-3 token below the first (p ~0.73); with budget > depth the top-1 chain is laid first
-    ranked = [[(5, 10.0)], [(6, 1.2), (8, 1.1), (9, 1.0)], [(7, 10.0), (4, 9.0)]]
-    assert build_tree(logits_with(ranked), anchor=1, budget=5).tokens == [1, 5, 6, 7, 8]
-    assert build_tree(logits_with(ranked[:2] + ranked[2:] * 3), anchor=1, budget=5).tokens == [1, 5, 6, 8, 9]
-
-
 @pytest.mark.parametrize("budget", [1, 2, 7, 32, 64])
 def test_tree_shape_invariants(budget):
     g = torch.Generator().manual_seed(budget)

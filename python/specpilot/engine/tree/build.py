@@ -4,13 +4,11 @@ The DFlash drafter gives one distribution per block depth d = 1..D (each conditi
 only, not on the tokens drafted before it). A node at depth d holds one token of depth d's
 distribution; its score is the product of its path's draft probabilities (a log sum here), the
 probability that the whole path is accepted if the drafter is calibrated and the depths independent.
-Spine first: when the budget holds the whole block (budget > D), the top-1 chain from the root (the
-chain loop's drafts) is laid down first, so a step never accepts less than the chain step would from
-the same state (SGLang's dflash_tree does the same). Then best-first: the tree grows by the
-highest-scoring candidate, where a node's candidates are its next unused child rank (the ranks of
-depth d + 1's distribution, best first) and its next sibling rank. Below that budget the tree is
-best-first from the root: the top-1 chain grows wherever the drafter is confident, siblings where it
-hesitates (measured in docs/trees.md).
+Best-first: the tree grows by the highest-scoring candidate, where a node's candidates are its next
+unused child rank (the ranks of depth d + 1's distribution, best first) and its parent's next
+sibling rank. A node's top-1 child always outranks its other children, so the top-1 chain from the
+root (the chain's drafts) is grown wherever the drafter is confident, siblings where it hesitates.
+(Laying the whole top-1 spine down first, as SGLang's dflash_tree does, lost: docs/trees.md.)
 
 Nodes come out in topological order (a parent before its children; node 0 the root, the anchor).
 """
@@ -70,16 +68,7 @@ def build_tree(draft_logits: torch.Tensor, anchor: int, budget: int) -> DraftTre
             heapq.heappush(heap, (-(score[parent] + logp[d - 1][rank]), order, parent, rank))
             order += 1
 
-    if budget > max_depth:                                  # the spine: top-1 at every depth
-        for d in range(1, max_depth + 1):
-            tokens.append(ids[d - 1][0])
-            parents.append(d - 1)
-            depth.append(d)
-            score.append(score[-1] + logp[d - 1][0])
-        for node in range(max_depth):                       # each spine node's second child
-            push(node, 1)
-    else:
-        push(0, 0)
+    push(0, 0)
     while heap and len(tokens) < budget:
         neg, _, parent, rank = heapq.heappop(heap)
         d = depth[parent] + 1
