@@ -102,8 +102,8 @@ def print_report(report) -> None:
             print(f"  ... {len(items) - SHOWN_RECORDS} more {label.lower()} records in the JSON line")
     if report.acceptance_mismatches:
         judged = "judged: fp32 must match stock step for step" if report.acceptance_judged else \
-            "not judged: the drafter's own near-ties may differ below fp32, and a reduced draft vocabulary " \
-            "changes the drafts by design"
+            "not judged: the drafter's own near-ties may differ below fp32, a reduced draft vocabulary " \
+            "changes the drafts and tree verification the steps by design"
         print(f"acceptance lengths differ from stock's on {report.acceptance_mismatches} prompts with stock's output "
               f"({judged})")
     print(f"excused positions {report.excused} (cap {report.excuse_cap})")
