@@ -44,7 +44,7 @@ def test_tree_equals_ar_and_chain_with_oracle_drafts(pair, budget, block_size):
             tree = spec(pair, prompt, max_new, budget, block_size)
             assert tree.tokens == ar[:max_new], f"seed {pair.seed}, max_new {max_new}"
     assert chain.tokens == ar
-    if budget > block_size:         # spine + siblings holding the oracle's second-ranked tokens
+    if budget > block_size:         # room beyond a chain: siblings hold the oracle's second-ranked tokens
         assert tree.tau > chain.tau * 1.2, (tree.acceptance_lengths, chain.acceptance_lengths)
     if budget == 1:
         assert set(tree.acceptance_lengths) == {1}                  # the anchor alone: AR in steps
