@@ -42,6 +42,7 @@ ENGINE_TABLE = {
     "attention_pdl": ("attention", "cuda", None),
     "draft_vocab": ("draft.lm_head", "drafter", (0, 4096, 16384, 32768)),
     "two_level": ("verify.lm_head", "drafter", None),
+    "tree_budget": ("spec.knob", "drafter", (0, 8, 16, 32)),
 }
 BATCH_TABLE = {
     "ragged_verify": ("spec.linear", "batched", None),

@@ -72,6 +72,10 @@ class EngineConfig:
     argmax certified from a shortlist and row bounds, exact LM head only where not certified;
     engine/certified_head.py, a torch reference on the stepwise loop); "prefix-first" (not built:
     needs the batched engine, refused)."""
+    tree_budget: int = 0
+    """Tree verification (docs/trees.md): each step verifies a tree of this many nodes (the anchor
+    included) built from the drafter's block distributions, in one target pass, on the eager stepwise
+    loop (greedy, or recursive rejection sampling at temperature > 0). 0: chain verification."""
 
     def __post_init__(self):
         for f in fields(self):
@@ -87,6 +91,9 @@ class EngineConfig:
                              "(docs/two_level.md)")
         if not isinstance(self.draft_vocab, int) or isinstance(self.draft_vocab, bool) or self.draft_vocab < 0:
             raise ValueError(f"EngineConfig.draft_vocab must be an int >= 0 (0: the full head), got {self.draft_vocab!r}")
+        if not isinstance(self.tree_budget, int) or isinstance(self.tree_budget, bool) or self.tree_budget < 0:
+            raise ValueError(f"EngineConfig.tree_budget must be an int >= 0 (0: chain verification), "
+                             f"got {self.tree_budget!r}")
         if self.draft_vocab_ranking is not None and not isinstance(self.draft_vocab_ranking, str):
             raise ValueError(f"EngineConfig.draft_vocab_ranking must be a path string or None, "
                              f"got {self.draft_vocab_ranking!r}")

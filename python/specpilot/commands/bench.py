@@ -176,6 +176,8 @@ def run(args) -> int:
 
     _check_args(args)
     if args.concurrency:
+        if args.tree_budget:
+            raise ValueError("--tree-budget runs on the single-request engine only (no --concurrency)")
         from specpilot.bench.concurrency import cli_run
 
         return cli_run(args, _load_tokenizer)
@@ -196,7 +198,8 @@ def run(args) -> int:
         dtype=as_dtype(args.dtype), max_new_tokens=args.max_new_tokens, block_size=block_size,
         methods=methods, replay=traces.parse_replay(args.replay, block_size) if args.replay else None,
         weights=formats,
-        max_seq_len=args.max_seq_len or _seq_len_bound(tokenizer, samples, args.max_new_tokens, block_size),
+        max_seq_len=args.max_seq_len or _seq_len_bound(tokenizer, samples, args.max_new_tokens, block_size)
+        + args.tree_budget,                                 # a tree's scratch slots past the last position
         cuda_graphs=not args.no_cuda_graphs, engine_options=mechanism_options(args))
     print(f"specpilot bench: loading {args.target} ({', '.join(methods)}) on {cfg.device} {args.dtype}",
           file=sys.stderr, flush=True)

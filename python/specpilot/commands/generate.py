@@ -73,8 +73,9 @@ def run(args) -> int:
 def _batched(args, target, drafter, prompts, stop, config) -> list:
     from specpilot.engine.batch.run import run_batch
 
-    if config.two_level != "off" or config.draft_vocab:
-        raise ValueError("--two-level and --draft-vocab run on the single-request engine only (--concurrency 1)")
+    if config.two_level != "off" or config.draft_vocab or config.tree_budget:
+        raise ValueError("--two-level, --draft-vocab and --tree-budget run on the single-request engine only "
+                         "(--concurrency 1)")
     results, _ = run_batch(target, drafter, [ids for _, ids in prompts], args.max_new_tokens, args.concurrency,
                            stop, args.temperature, args.seed, args.block_size, engine_config=config)
     return results
@@ -135,7 +136,8 @@ def _summary(rows, args, weights, interrupted=False, certified=None) -> None:
     summary = {"prompts": len(rows), "tokens": sum(r["tokens"] for r in rows), "mode": "ar" if args.ar else "spec",
                "weights": weights, "concurrency": args.concurrency, "tau": sum(taus) / len(taus) if taus else None,
                "tokens_per_s": sum(r["tokens_per_s"] for r in rows) / len(rows) if rows else 0.0,
-               "draft_vocab": args.draft_vocab, "two_level": args.two_level, "certified_head": certified}
+               "draft_vocab": args.draft_vocab, "two_level": args.two_level, "tree_budget": args.tree_budget,
+               "certified_head": certified}
     if interrupted:
         summary["interrupted"] = True
     print(json.dumps(summary), flush=True)

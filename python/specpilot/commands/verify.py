@@ -51,6 +51,8 @@ def run(args) -> int:
     from specpilot.verify.batched import batched_runs, judge_batched
 
     batched = full = mechanisms = None
+    if args.concurrency != 1 and args.tree_budget:
+        raise ValueError("--tree-budget runs on the single-request engine only (--concurrency 1)")
     if args.concurrency != 1:       # the batched engine's output is "our speculative output" below
         full, mechanisms = batched_runs(engine, token_ids, args.max_new_tokens, args.concurrency, stop, args.block_size)
     report = token_force(engine, stock, token_ids, args.max_new_tokens, stop_ids=stop, block_size=args.block_size,
@@ -103,8 +105,8 @@ def print_report(report) -> None:
             print(f"  ... {len(items) - SHOWN_RECORDS} more {label.lower()} records in the JSON line")
     if report.acceptance_mismatches:
         judged = "judged: fp32 must match stock step for step" if report.acceptance_judged else \
-            "not judged: the drafter's own near-ties may differ below fp32, and a reduced draft vocabulary " \
-            "changes the drafts by design"
+            "not judged: the drafter's own near-ties may differ below fp32, a reduced draft vocabulary " \
+            "changes the drafts and tree verification the steps by design"
         print(f"acceptance lengths differ from stock's on {report.acceptance_mismatches} prompts with stock's output "
               f"({judged})")
     print(f"excused positions {report.excused} (cap {report.excuse_cap})")

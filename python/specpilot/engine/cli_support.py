@@ -29,12 +29,15 @@ def add_mechanism_args(parser):
     parser.add_argument("--draft-vocab-ranking", default=None, metavar="FILE",
                         help="token ranking for --draft-vocab (default: DRAFTER/token_ranking.json; "
                              "`specpilot draft-vocab` writes it)")
+    parser.add_argument("--tree-budget", type=int, default=0, metavar="N",
+                        help="tree verification: verify a draft tree of N nodes per step (single-request engine; "
+                             "docs/trees.md); 0: chain verification (default)")
 
 
 def mechanism_options(args) -> dict:
     """EngineConfig keyword arguments from add_mechanism_args' options."""
     return {"two_level": args.two_level, "draft_vocab": args.draft_vocab,
-            "draft_vocab_ranking": args.draft_vocab_ranking}
+            "draft_vocab_ranking": args.draft_vocab_ranking, "tree_budget": args.tree_budget}
 
 
 def add_run_args(parser):
@@ -113,7 +116,7 @@ def engine_for(target, drafter, prompts, max_new_tokens, config=None):
     from specpilot.config import EngineConfig
     from specpilot.engine import Engine
 
-    need = max(len(ids) for _, ids in prompts) + max_new_tokens + 1
+    need = max(len(ids) for _, ids in prompts) + max_new_tokens + 1 + (config.tree_budget if config else 0)
     engine = Engine(target, drafter, max_seq_len=max(256, -(-need // 256) * 256), config=config or EngineConfig())
     if engine.eager_reason:
         import sys

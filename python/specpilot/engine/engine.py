@@ -20,6 +20,7 @@ from .result import GenerationResult
 from .spec import run_spec
 from .spec_session import run_spec_session
 from .steps import StepRunner
+from .tree.loop import TREE_EAGER, check_tree_request, run_tree_spec
 
 
 HYBRID_EAGER = ("hybrid recurrent target: eager step loop (no CUDA graphs / fused greedy steps), since each "
@@ -40,6 +41,8 @@ class Engine:
         if getattr(target, "is_hybrid", False):         # see HYBRID_EAGER
             self.eager_reason = HYBRID_EAGER
             config = dataclasses.replace(config, cuda_graphs=False, fused_steps=False, compile_layers=False)
+        elif config.tree_budget:                        # see TREE_EAGER
+            self.eager_reason = TREE_EAGER
         self.target, self.drafter = target, drafter
         self.max_seq_len = max_seq_len
         self.device = target.device
@@ -140,6 +143,11 @@ class Engine:
             raise ValueError("two_level='certified-head' certifies the greedy argmax only: use temperature=0")
         if replay is not None and temperature > 0:
             raise ValueError("replay works with greedy decoding only (temperature=0)")
+        if self.config.tree_budget:
+            check_tree_request(self, temperature, replay)
+            ids = self.check_request(prompt_ids, max_new_tokens, temperature, room=self.config.tree_budget)
+            return run_tree_spec(self, ids, max_new_tokens, tuple(stop_ids), block_size, self.config.tree_budget,
+                                 temperature, self.generator(seed))
         ids = self.check_request(prompt_ids, max_new_tokens, temperature)
         policy = GREEDY if replay is None else replay
         if drafter_kind(self.drafter) == "dflash":

@@ -39,6 +39,7 @@ class HybridCache:
         self.state = [torch.zeros(batch, hv, dk, dv, device=device, dtype=torch.float32) for _ in cfg.gdn_layers]
         self.committed_len = 0          # tokens folded into conv / state
         self.pending = None             # (start, T, every_position) of the last forward
+        self.pending_tree = None        # the TreeLayout of the last forward when it was a tree's
         self.windows = [None] * len(cfg.gdn_layers)     # per layer: [B, C, K-1+T] of the last forward
         self.snapshots = [None] * len(cfg.gdn_layers)   # per layer: [B, T or 1, H, Dk, Dv] fp32
 
@@ -53,8 +54,11 @@ class HybridCache:
     def commit(self, length: int) -> None:
         """Makes the state after the first `length` tokens of the sequence the committed state."""
         if length == self.committed_len:
-            self.pending = None
+            self.pending = self.pending_tree = None
             return
+        if self.pending_tree is not None:
+            raise ValueError(f"recurrent state: cannot commit to length {length} after a tree forward: "
+                             f"commit_path(nodes) names the accepted path")
         if self.pending is None:
             raise ValueError(f"recurrent state: cannot commit to length {length}: the committed state is at "
                              f"{self.committed_len} and no forward is pending")
@@ -91,11 +95,43 @@ class HybridCache:
         self.pending = (start, t, every)
         return every
 
+    def begin_tree(self, layout) -> bool:
+        """Before a forward over a draft tree (a TreeLayout at anchor position layout.start): commits
+        length start. Its nodes' states are all kept (for commit_path)."""
+        start, n = layout.start, layout.size
+        if start < 1:
+            raise ValueError("a tree forward continues a committed sequence: its anchor position must be >= 1")
+        if n > MAX_SNAPSHOT_T:
+            raise ValueError(f"a tree of {n} nodes exceeds the {MAX_SNAPSHOT_T} per-node states kept")
+        if start + n > self.max_seq_len:
+            raise ValueError(f"tree slots {start}..{start + n - 1} exceed the cache's max_seq_len={self.max_seq_len}")
+        self.commit(start)
+        self.pending, self.pending_tree = (start, n, True), layout
+        return True
+
+    def commit_path(self, nodes: list) -> None:
+        """After a tree forward: makes the state after the root-to-node path `nodes` (node indices,
+        root first, each the previous one's child) the committed state, at length start + len(nodes)."""
+        layout = self.pending_tree
+        if layout is None:
+            raise ValueError("recurrent state: commit_path needs a pending tree forward")
+        tree = layout.tree
+        if not nodes or nodes[0] != 0 or any(tree.parents[c] != p for p, c in zip(nodes, nodes[1:])):
+            raise ValueError(f"recurrent state: {nodes} is not a path from the tree's root")
+        last = nodes[-1]
+        for j in range(len(self.conv)):
+            self.conv[j].copy_(self.windows[j][:, :, last, 1:])
+            self.state[j].copy_(self.snapshots[j][:, last])
+        self.committed_len = layout.start + len(nodes)
+        self.pending = self.pending_tree = None
+        self.windows = [None] * len(self.conv)
+        self.snapshots = [None] * len(self.conv)
+
     def reset(self) -> None:
         for c, s in zip(self.conv, self.state):
             c.zero_()
             s.zero_()
-        self.committed_len, self.pending = 0, None
+        self.committed_len, self.pending, self.pending_tree = 0, None, None
 
     def layer_state(self, layer: int):
         """(conv [B, C, K-1], recurrent state [B, H, Dk, Dv]) committed for GDN layer `layer`."""

@@ -24,7 +24,7 @@ from specpilot.kernels import gdn_chain
 from specpilot.ops import linear
 from specpilot.ops.attention import attend, attention_mask
 
-from . import gdn
+from . import gdn, gdn_tree
 from .hybrid_config import HybridConfig
 from .layers import SwiGLU, rope_table
 from .moe import SparseMoE
@@ -103,16 +103,22 @@ class GatedDeltaNet(nn.Module):
         self.eps = cfg.rms_norm_eps
         self.out_proj = nn.Linear(self.value_dim, cfg.hidden_size, bias=False)
 
-    def forward(self, x, cache, every_position: bool):
+    def forward(self, x, cache, every_position: bool, tree=None):
+        """tree: a TreeLayout (engine/tree/layout.py): x holds its nodes, each continuing its parent
+        (models/gdn_tree.py); the per-node conv windows and states are stashed for the path commit."""
         b, t, _ = x.shape
         qkv, z, beta_in, a = linear.linear(self.in_proj, x).split(
             (self.conv_dim, self.value_dim, self.nv, self.nv), dim=-1)
         conv_state, state = cache.layer_state(self.layer)
-        window = torch.cat([conv_state, qkv.transpose(1, 2)], dim=-1)          # [B, C, K-1+T]
-        mixed = gdn.causal_conv(window, self.conv_weight).transpose(1, 2)       # [B, T, C]
+        if tree is not None:
+            mixed, window = gdn_tree.tree_conv(qkv, conv_state, self.conv_weight,
+                                               tree.conv_window_index(self.conv_weight.shape[1]))
+        else:
+            window = torch.cat([conv_state, qkv.transpose(1, 2)], dim=-1)      # [B, C, K-1+T]
+            mixed = gdn.causal_conv(window, self.conv_weight).transpose(1, 2)   # [B, T, C]
         beta = beta_in.sigmoid()
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)   # log decay <= 0, fp32
-        if every_position and gdn_chain.takes(mixed, self.dk, self.dv):       # one CUDA kernel per layer
+        if tree is None and every_position and gdn_chain.takes(mixed, self.dk, self.dv):       # one CUDA kernel per layer
             out, snapshots = gdn_chain.gdn_chain(mixed[0].contiguous(), self.nk, self.dk, g[0], beta[0].float(),
                                                  state[0])
             cache.stash(self.layer, window, snapshots[None])
@@ -122,7 +128,9 @@ class GatedDeltaNet(nn.Module):
         v = v.reshape(b, t, self.nv, self.dv)
         if self.nv > self.nk:
             q, k = (y.repeat_interleave(self.nv // self.nk, dim=2) for y in (q, k))
-        if every_position:
+        if tree is not None:
+            out, snapshots = gdn_tree.tree_gated_delta_rule(q, k, v, g, beta, state, tree)
+        elif every_position:
             out, _, snapshots = gdn.recurrent_gated_delta_rule(q, k, v, g, beta, state, keep_states=True)
         else:
             out, final = gdn.chunked_gated_delta_rule(q, k, v, g, beta, state)
@@ -173,22 +181,27 @@ class HybridLM(nn.Module):
     def dtype(self):
         return self.embed.weight.dtype
 
-    def forward(self, ids, positions, cache, kv_len: int, feature_layers=(), logits_rows=None, head=None):
+    def forward(self, ids, positions, cache, kv_len: int, feature_layers=(), logits_rows=None, head=None,
+                tree=None):
         """ids [B, T] at consecutive positions [T]; cache: HybridCache. Returns (logits [B, T', V],
         features [B, T, F] or None) as TargetLM.forward: feature layer i is layer i's output (the last
-        layer's after the final norm, as HF's hidden_states). head: as TargetLM.forward's."""
+        layer's after the final norm, as HF's hidden_states). head: as TargetLM.forward's. tree: as
+        TargetLM.forward's (positions = the tree's slots); the cache then awaits commit_path."""
         t = ids.shape[1]
         start = int(positions[0])
-        every = cache.begin(start, t)
+        every = cache.begin(start, t) if tree is None else cache.begin_tree(tree)
         x = self.embed(ids)
-        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        rope = positions if tree is None else tree.rope_positions
+        cos, sin = self.rope_cos[rope], self.rope_sin[rope]
         c = self.config
-        mask = attention_mask(positions, kv_len, c.num_heads // c.num_kv_heads, x.dtype, writes_at_last=True)
+        groups = c.num_heads // c.num_kv_heads
+        mask = attention_mask(positions, kv_len, groups, x.dtype, writes_at_last=True) if tree is None \
+            else tree.attention_mask(kv_len, groups, x.dtype)
         feats = {}
         for i, layer in enumerate(self.layers):
             h = layer.attn_norm(x)
             if layer.recurrent:
-                h = layer.mixer(h, cache, every)
+                h = layer.mixer(h, cache, every, tree)
             else:
                 j = cache.kv_index[i]
                 h = layer.mixer(h, cos, sin, positions, cache.k[j], cache.v[j], kv_len, mask)

@@ -106,20 +106,27 @@ class TargetLM(RopeTables, nn.Module):
     def dtype(self):
         return self.embed.weight.dtype
 
-    def forward(self, ids, positions, cache, kv_len: int, feature_layers=(), logits_rows=None, head=None):
+    def forward(self, ids, positions, cache, kv_len: int, feature_layers=(), logits_rows=None, head=None,
+                tree=None):
         """ids [B, T], positions [T] (int64, absolute; also the cache slots written), cache: KVCache.
 
         Attends to cache slots [0, kv_len) with key slot <= query position. Returns (logits
         [B, T', V] with T' = T or only the last `logits_rows` rows, features [B, T, F] or None) where
         features concatenates the outputs of `feature_layers` (HF `hidden_states[i + 1]`: the output of
         layer i; for the last layer HF reports the final-normed state, and so do we). head: a callable
-        replacing the LM head on the final-normed rows (engine/certified_head.py), or None.
+        replacing the LM head on the final-normed rows (engine/certified_head.py), or None. tree: a
+        TreeLayout (engine/tree/layout.py): ids are its nodes, `positions` their scratch slots; rotated
+        at their depth's position, each attending to the committed slots and its ancestors.
         """
         x, delta = self.embed(ids), None                       # [B, T, H]; a layer's output is x + delta
-        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        rope = positions if tree is None else tree.rope_positions
+        cos, sin = self.rope_cos[rope], self.rope_sin[rope]
         c = self.config
-        mask = attention_mask(positions, kv_len, c.num_heads // c.num_kv_heads, x.dtype,
-                              writes_at_last=True)  # causal: row t sees slots <= positions[t]
+        if tree is None:
+            mask = attention_mask(positions, kv_len, c.num_heads // c.num_kv_heads, x.dtype,
+                                  writes_at_last=True)  # causal: row t sees slots <= positions[t]
+        else:
+            mask = tree.attention_mask(kv_len, c.num_heads // c.num_kv_heads, x.dtype)
         if self.use_compiled and self.compiled_layers:
             mask = mask.built()
         feats = {}

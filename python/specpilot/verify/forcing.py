@@ -186,7 +186,7 @@ def token_force(engine, stock: StockPair, prompts, max_new_tokens: int, stop_ids
         report.tokens += t
     report.prompts = len(rows)
     _decide(report, target.dtype, tally, agreement, forced_items, spec_items, rows,
-            drafts_are_stocks=engine.config.draft_vocab == 0)
+            drafts_are_stocks=engine.config.draft_vocab == 0 and engine.config.tree_budget == 0)
     return report
 
 
@@ -219,7 +219,8 @@ def _decide(report: ForcingReport, run_dtype, tally, agreement, forced_items, sp
     report.acceptance_mismatches = sum(r["spec_identical"] and not r["acceptance_identical"] for r in rows) \
         if report.reference == STOCK else 0
     # The target's greedy AR (hybrid targets) has no acceptance; a reduced draft vocabulary
-    # (EngineConfig.draft_vocab) changes the drafts by design: neither is judged.
+    # (EngineConfig.draft_vocab) changes the drafts, tree verification (tree_budget) the steps, by
+    # design: none of these is judged.
     report.acceptance_judged = run_dtype == torch.float32 and report.reference == STOCK and drafts_are_stocks
     reasons = []
     if report.acceptance_judged and report.acceptance_mismatches:

@@ -1,0 +1,99 @@
+"""Scale tier: a tree verify step of N nodes against a chain verify step of N tokens (issue 34's
+target: the tree step at most 1.1x the chain step), random weights at a target's shape:
+
+    python -m specpilot.bench.tree_steps --preset qwen3-8b --nodes 16,32 [--context 512] [--out F.json]
+    python -m specpilot.bench.tree_steps --preset qwen3.5-9b --nodes 16,32
+
+The tree is built best-first (engine/tree/build.py) from random draft logits over 15 depths, so its
+shape is a bushy one. Reported per N: chain_ms (eager, as the hybrid loop and the tree loop run) and,
+for dense targets on CUDA, chain_graphed_ms (the graphed verify the chain loop uses), tree_ms (the
+tree forward, eager: SDPA with the ancestor mask, and the torch per-depth GDN reference on hybrids),
+commit_ms (K/V compaction + hybrid state gather of a mid-depth path), tree_over_chain. CUDA events on
+the GPU; on the CPU (tiny presets, a smoke run) wall-clock.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+
+def timed_ms(fn, iters: int) -> float:
+    if torch.cuda.is_available():
+        from specpilot.bench.step_times import _event_ms
+        return _event_ms(fn, iters)
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t0) / iters * 1e3
+
+
+@torch.inference_mode()
+def tree_step_times(engine, context: int, nodes: int, iters: int, seed: int = 0) -> dict:
+    from specpilot.engine.tree.build import build_tree
+    from specpilot.engine.tree.commit import commit_path
+    from specpilot.engine.tree.layout import TreeLayout
+
+    target, runner, cache = engine.target, engine.runner, engine.cache
+    device, vocab = target.device, target.config.vocab_size
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, vocab - 2, (1, context), generator=g).to(device)
+    runner.prefill(prompt, with_features=False)
+    block = prompt[:, -nodes:].clone()
+    tree = build_tree(torch.randn(15, vocab, generator=g) * 4, int(prompt[0, -1]), nodes)
+    layout = TreeLayout(tree, context, device)
+    ids = torch.tensor([tree.tokens], device=device)
+
+    def tree_forward():
+        with runner.kernel_ctx(len(tree)):
+            target(ids, layout.slots, cache, context + len(tree), (), tree=layout)
+
+    out = {"nodes": nodes, "tree_depth": max(tree.depth),
+           "chain_ms": timed_ms(lambda: runner.target_step(block, context, with_features=False, graphed=False), iters),
+           "tree_ms": timed_ms(tree_forward, iters)}
+    if engine.use_graphs:
+        out["chain_graphed_ms"] = timed_ms(lambda: runner.target_step(block, context, with_features=False), iters)
+    path = tree.path_to(max(range(len(tree)), key=lambda i: (tree.depth[i] == max(tree.depth) // 2, -i)))
+
+    def tree_then_commit():
+        tree_forward()
+        commit_path(cache, layout, path)
+        if hasattr(cache, "committed_len"):
+            cache.committed_len = context                       # rewind (same state sizes)
+    out["commit_ms"] = timed_ms(tree_then_commit, iters) - out["tree_ms"]
+    out["tree_over_chain"] = out["tree_ms"] / out["chain_ms"]
+    return out
+
+
+def main(argv=None) -> int:
+    from specpilot.engine import Engine
+    from specpilot.models.random_ckpt import TARGET_PRESETS, random_target
+
+    p = argparse.ArgumentParser(prog="python -m specpilot.bench.tree_steps", description=__doc__.split("\n")[0])
+    p.add_argument("--preset", default="qwen3-8b", choices=sorted(TARGET_PRESETS))
+    p.add_argument("--nodes", default="16,32")
+    p.add_argument("--context", type=int, default=512)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--out", default=None, help="write the JSON here too")
+    args = p.parse_args(argv)
+    sizes = [int(n) for n in args.nodes.split(",")]
+    if any(not 1 <= n <= 64 for n in sizes):
+        raise SystemExit(f"--nodes {args.nodes}: each must be in 1..64")
+    cuda = torch.cuda.is_available()
+    target = random_target(TARGET_PRESETS[args.preset], "cuda" if cuda else "cpu",
+                           torch.bfloat16 if cuda else torch.float32, seed=0)
+    engine = Engine(target, None, max_seq_len=args.context + 2 * max(sizes) + 64)
+    out = {"device": torch.cuda.get_device_name() if cuda else "cpu", "preset": args.preset, "context": args.context,
+           "steps": [tree_step_times(engine, args.context, n, args.iters) for n in sizes]}
+    print(json.dumps(out, indent=1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,116 @@
+"""Draft trees: best-first construction under a budget, the ancestor mask / conv windows a forward
+uses, the greedy accepted path, and the per-node GDN recurrence against the chain recurrence."""
+import pytest
+import torch
+
+from specpilot.engine.tree.accept import accepted_path
+from specpilot.engine.tree.build import DraftTree, build_tree
+from specpilot.engine.tree.layout import TreeLayout
+from specpilot.models import gdn, gdn_tree
+
+
+def logits_with(ranked: list, vocab: int = 50) -> torch.Tensor:
+    """[D, V] logits whose depth d puts ranked[d-1]'s (token, logit) pairs above a -10 floor."""
+    out = torch.full((len(ranked), vocab), -10.0)
+    for d, pairs in enumerate(ranked):
+        for tok, value in pairs:
+            out[d, tok] = value
+    return out
+
+
+def test_confident_drafter_gets_the_chain():
+    tree = build_tree(logits_with([[(5, 10.0)], [(6, 10.0)], [(7, 10.0)]]), anchor=1, budget=4)
+    assert tree == DraftTree([1, 5, 6, 7], [-1, 0, 1, 2], [0, 1, 2, 3])
+
+
+def test_hesitant_depth_gets_a_sibling():
+    # depth 1 split between 5 and 9 (~0.52 / 0.48), later depths sure: the path through 5 first (its
+    # deeper nodes cost almost nothing), then 9 and the sure path below it
+    tree = build_tree(logits_with([[(5, 5.1), (9, 5.0)], [(6, 10.0)], [(7, 10.0)]]), anchor=1, budget=6)
+    assert tree == DraftTree([1, 5, 6, 7, 9, 6], [-1, 0, 1, 2, 0, 4], [0, 1, 2, 3, 1, 2])
+
+
+@pytest.mark.parametrize("budget", [1, 2, 7, 32, 64])
+def test_tree_shape_invariants(budget):
+    g = torch.Generator().manual_seed(budget)
+    tree = build_tree(torch.randn(15, 40, generator=g) * 3, anchor=3, budget=budget)
+    assert len(tree) == budget                                  # 15 x 40 candidates: the budget fills
+    assert tree.parents[0] == -1 and tree.depth[0] == 0 and tree.tokens[0] == 3
+    for i in range(1, len(tree)):
+        p = tree.parents[i]
+        assert 0 <= p < i and tree.depth[i] == tree.depth[p] + 1 and tree.depth[i] <= 15
+    children = tree.children()
+    for kids in children:
+        assert len({tree.tokens[c] for c in kids}) == len(kids)     # siblings differ
+
+
+def test_budget_and_input_errors():
+    with pytest.raises(ValueError, match="budget 0"):
+        build_tree(torch.zeros(3, 10), 0, 0)
+    with pytest.raises(ValueError, match="depths, vocab"):
+        build_tree(torch.zeros(10), 0, 4)
+    assert len(build_tree(torch.zeros(0, 10), 2, 16)) == 1     # nothing to draft: the anchor alone
+
+
+TREE = DraftTree(tokens=[1, 5, 9, 6, 7, 8], parents=[-1, 0, 0, 1, 3, 2], depth=[0, 1, 1, 2, 3, 2])
+
+
+def test_ancestor_mask_and_positions():
+    layout = TreeLayout(TREE, start=10, device="cpu")
+    assert layout.slots.tolist() == list(range(10, 16))
+    assert layout.rope_positions.tolist() == [10, 11, 11, 12, 13, 12]
+    mask = layout.attention_mask(16, groups=2, dtype=torch.float32).additive[0, 0]       # [2*6, 16]
+    assert mask.shape == (12, 16) and torch.equal(mask[:6], mask[6:])
+    visible = (mask[:6] == 0)
+    assert visible[:, :10].all()
+    want = {0: [0], 1: [0, 1], 2: [0, 2], 3: [0, 1, 3], 4: [0, 1, 3, 4], 5: [0, 2, 5]}
+    for i, anc in want.items():
+        assert [j for j in range(6) if visible[i, 10 + j]] == anc
+    with pytest.raises(ValueError, match="kv_len"):
+        layout.attention_mask(20, 1, torch.float32)
+
+
+def test_conv_windows_follow_ancestors():
+    layout = TreeLayout(TREE, start=10, device="cpu")
+    idx = layout.conv_window_index(4).tolist()       # [3 committed inputs 0..2 | nodes at 3 + i]
+    assert idx[0] == [0, 1, 2, 3]
+    assert idx[4] == [3, 4, 6, 7]                     # node 4: root, 1, 3, itself
+    assert idx[5] == [2, 3, 5, 8]                     # node 5: committed input 2, root, 2, itself
+
+
+def test_accepted_path_follows_the_argmax():
+    # argmax at root 5 -> node 1; at node 1 6 -> node 3; at node 3 4 (no such child) -> bonus 4
+    assert accepted_path(TREE, [5, 6, 0, 4, 0, 0]) == ([0, 1, 3], 4)
+    assert accepted_path(TREE, [9, 0, 8, 0, 0, 3]) == ([0, 2, 5], 3)
+    assert accepted_path(TREE, [2, 0, 0, 0, 0, 0]) == ([0], 2)
+    with pytest.raises(ValueError, match="rows"):
+        accepted_path(TREE, [1, 2])
+
+
+def test_tree_recurrence_equals_the_chain_along_every_path():
+    g = torch.Generator().manual_seed(0)
+    n, h, dk, dv = len(TREE), 2, 8, 4
+    q, k = torch.randn(1, n, h, dk, generator=g), torch.randn(1, n, h, dk, generator=g)
+    v = torch.randn(1, n, h, dv, generator=g)
+    decay, beta = -torch.rand(1, n, h, generator=g), torch.rand(1, n, h, generator=g)
+    state = torch.randn(1, h, dk, dv, generator=g)
+    out, states = gdn_tree.tree_gated_delta_rule(q, k, v, decay, beta, state, TreeLayout(TREE, 5, "cpu"))
+    for leaf in (4, 5):
+        path = TREE.path_to(leaf)
+        chain_out, _, chain_states = gdn.recurrent_gated_delta_rule(
+            q[:, path], k[:, path], v[:, path], decay[:, path], beta[:, path], state, keep_states=True)
+        assert torch.equal(out[:, path], chain_out) and torch.equal(states[:, path], chain_states)
+
+
+def test_tree_conv_equals_the_chain_conv_along_a_path():
+    g = torch.Generator().manual_seed(1)
+    n, c, width = len(TREE), 6, 4
+    qkv, past = torch.randn(1, n, c, generator=g), torch.randn(1, c, width - 1, generator=g)
+    weight = torch.randn(c, width, generator=g)
+    layout = TreeLayout(TREE, 5, "cpu")
+    out, windows = gdn_tree.tree_conv(qkv, past, weight, layout.conv_window_index(width))
+    path = TREE.path_to(4)
+    chain_window = torch.cat([past, qkv[:, path].transpose(1, 2)], dim=-1)
+    torch.testing.assert_close(out[:, path], gdn.causal_conv(chain_window, weight).transpose(1, 2),
+                               rtol=0, atol=1e-6)
+    assert torch.equal(windows[:, :, 4, 1:], chain_window[:, :, -(width - 1):])    # the state a commit takes
