@@ -2,7 +2,8 @@
 # The GPU check: from a clean tree on a bare machine (no network), build the extension with CUDA
 # (sm_90a), run the GPU tests, run the kernel / engine / agent benchmarks, print a short table last.
 # Logs and JSON go to $OUT (the device tool's folder) or out/gpu_check.
-# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|trees|split12|gemv|skinny|engine|ab|defaults_ab|cost_8b|agents|bench_zoo|bench_8b|scale_8b|five_8b|batch|serve|results ...]
+# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|trees|split12|gemv|skinny|engine|ab|defaults_ab|cost_8b|agents|bench_zoo|bench_8b|scale_8b|five_8b|batch|batch_profile|hybrid|serve|results ...]
+# (GPU_TESTS: the test files the tests step runs, default all)
 # (default: all but prebuilt, in order). `prebuilt` replaces `build` when device time is short: it stages
 # the package in /tmp/sp with the extension that scripts/prebuild_cuda_ext.sh made on a CPU machine
 # (carried in .prebuilt/), so the device compiles nothing: `bash bench/gpu_check.sh prebuilt tests ...`;
@@ -59,7 +60,7 @@ for step in $steps; do
     build)   run_step build build_here || exit 1 ;;
     prebuilt) if run_step prebuilt stage_prebuilt; then export PYTHONPATH=/tmp/sp${PYTHONPATH:+:$PYTHONPATH}
               else run_step build build_here || exit 1; fi ;;
-    tests)   run_step tests python3 -m pytest -q -m gpu tests
+    tests)   run_step tests timeout ${TESTS_S:-580} python3 -m pytest -q -m gpu --durations=10 ${GPU_TESTS:-tests}
              tail -1 "$OUT/tests.log" | tee -a "$summary" ;;
     split12) run_step split12 python3 -m specpilot.bench.split12_kernels --out "$OUT/split12.jsonl" ;;
     gemv)    run_step gemv python3 -m specpilot.bench.gemv_kernels --out "$OUT/gemv.jsonl" ;;
@@ -158,6 +159,13 @@ for packed in glob.glob('_C.*.so.xz'): open('/tmp/sp_tree/specpilot/' + packed[:
                --concurrency 32 --datasets "$SPECPILOT_DATASETS" --limit ${SERVE_LIMIT:-8} --max-new-tokens 256 \
                --device cuda --dtype bf16 --out "$OUT/serve_load"
              tail -1 "$OUT/serve.log" | tee -a "$summary" ;;
+    # Where a batched step's time goes (AR and spec at C = 8 and 32, Qwen3-8B shape): wall vs device
+    # time, phases, the floor, the top ops and the host-device syncs (bench/batch_profile.py).
+    batch_profile) run_step batch_profile timeout ${PROFILE_S:-240} python3 -m specpilot.bench.batch_profile \
+                     --preset qwen3-8b --concurrency ${BATCH_LEVELS:-8,32} --out "$OUT/batch_profile" ;;
+    # The hybrid target's AR / verify / commit step times against their floor (Qwen3.5-9B shape).
+    hybrid)  run_step hybrid timeout 240 python3 -m specpilot.bench.hybrid_steps --preset qwen3.5-9b \
+               --out "$OUT/hybrid_steps.json" ;;
     # docs/results.md's form of whatever of the engine and bench steps ran in this $OUT.
     results) runs=(); for r in engine.jsonl bench_zoo bench_8b hf_8b five_8b; do [ -e "$OUT/$r" ] && runs+=("$OUT/$r"); done
              if [ ${#runs[@]} -gt 0 ]; then

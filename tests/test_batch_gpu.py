@@ -4,18 +4,18 @@ fp32 on CUDA: batched == single-request tokens exactly (both eager torch arithme
 also runs its graphs). bf16 on the zoo pair: `specpilot verify --concurrency 8` must PASS (the batched
 output judged against stock and the referee, near-ties by the rule). The pool sized by memory_fraction."""
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
 from batch_helpers import CONFIGS, random_prompts, tiny_pair
 from conftest import requires_gpu
+from specpilot import settings
 from specpilot.engine import Engine
 from specpilot.engine.batch import BatchConfig, BatchEngine, Request
 from specpilot.engine.batch.paged import page_bytes
 
-ZOO = Path("/work/shared/zoo")
+ZOO = settings.get().zoo            # $SPECPILOT_ZOO or ../shared/zoo
 
 
 def _to_cuda(target, drafter):

@@ -2,16 +2,16 @@
 multi-token acceptance; every request's tokens equal the single-request engine's. Skipped when the
 zoo is absent."""
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
 from batch_helpers import CONFIGS, EAGER_ADAPTIVE, run_staggered, single
 from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU thread)
+from specpilot import settings
 from specpilot.engine.batch import BatchEngine, Request
 
-ZOO = Path("/work/shared/zoo")
+ZOO = settings.get().zoo            # $SPECPILOT_ZOO or ../shared/zoo
 TARGET, DRAFTER = ZOO / "code-tiny", ZOO / "code-tiny-dflash-b16"
 
 

@@ -4,14 +4,14 @@ pass-through chat template), streamed and not, equal to offline `specpilot gener
 the zoo."""
 import json
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 from serve_helpers import client, offline_texts, streamed_text
+from specpilot import settings
 from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU thread)
 
-ZOO = Path("/work/shared/zoo")
+ZOO = settings.get().zoo            # $SPECPILOT_ZOO or ../shared/zoo
 TARGET, DRAFTER = ZOO / "code-tiny", ZOO / "code-tiny-dflash-b16"
 NEW = 48
 

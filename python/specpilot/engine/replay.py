@@ -68,9 +68,12 @@ class AcceptanceReplay:
     def step_drafts(self, step: int, start_offset: int, drafted: torch.Tensor, vocab_size: int) -> torch.Tensor:
         """drafted [1, vs-1] (the drafter's, computed for its cost) -> the planned drafts of step `step`,
         whose anchor is new token `start_offset`."""
-        vs = drafted.shape[1] + 1
-        planned = self.drafts(start_offset, self.produced_at(step, vs) - 1, vs - 1, vocab_size)
+        planned = self.planned_drafts(step, start_offset, drafted.shape[1], vocab_size)
         return torch.tensor([planned], dtype=torch.long, device=drafted.device)
+
+    def planned_drafts(self, step: int, start_offset: int, count: int, vocab_size: int) -> list:
+        """The `count` planned drafts of step `step` (block count + 1) as a host list."""
+        return self.drafts(start_offset, self.produced_at(step, count + 1) - 1, count, vocab_size)
 
     def accepted(self, step: int, verify_size: int, matched: int) -> int:
         """The planned accepted count; a step where the target accepted fewer is a shortfall."""

@@ -29,6 +29,8 @@ from specpilot.verify.sampling import sample
 
 from .adaptive import AcceptanceEstimator, StepCostTable, verify_lengths
 from .config import BatchConfig
+from .forward import Staging
+from .graphed import DecodeGraphs
 from .paged import PagedKV, PagePool, pages_for
 from .request import BatchResult, Request, RequestState, request_problem
 
@@ -37,10 +39,12 @@ class BatchEngine:
     def __init__(self, target, drafter=None, config: BatchConfig = BatchConfig(), max_batch: int = 8,
                  kv_pages: int | None = None, memory_fraction: float | None = None,
                  engine_config: EngineConfig = EngineConfig(), step_costs: StepCostTable | None = None,
-                 block_size: int | None = None):
+                 block_size: int | None = None, graph_step_factory=None):
         """block_size: the speculative block (default and at most the drafter's trained block); kv_pages: the page pool (config.page_size slots a page) for the target and drafter caches, or
         memory_fraction of the free GPU memory (CUDA); engine_config: the kernel choices the models'
-        ops read; step_costs: the adaptive budget's cost table (None: config.cost_ridge_tokens roofline)."""
+        ops read; step_costs: the adaptive budget's cost table (None: config.cost_ridge_tokens roofline);
+        graph_step_factory: what captures the decode forwards (graphed.py): None = CUDA graphs on a GPU
+        when engine_config.cuda_graphs, else eager; graphs.StaticShapeStep runs that path on the CPU (tests)."""
         if not isinstance(config, BatchConfig):
             raise TypeError(f"BatchEngine config must be a BatchConfig, got {type(config).__name__}")
         if not isinstance(engine_config, EngineConfig):
@@ -63,12 +67,18 @@ class BatchEngine:
         self.pool = PagePool(pages_for(target, drafter, config.page_size, kv_pages, memory_fraction))
         pages = self.pool.num_pages
         c = target.config
-        self.cache = PagedKV(c.num_layers, c.num_kv_heads, c.head_dim, pages, self.page_size, self.device, target.dtype)
+        # One page past the pool: the trash page that padded rows of a graphed forward write to.
+        self.trash_slot = pages * self.page_size
+        self.cache = PagedKV(c.num_layers, c.num_kv_heads, c.head_dim, pages + 1, self.page_size, self.device, target.dtype)
         self.draft_cache = None
         if drafter is not None:
             d = drafter.config
-            self.draft_cache = PagedKV(d.num_layers, d.num_kv_heads, d.head_dim, pages, self.page_size,
+            self.draft_cache = PagedKV(d.num_layers, d.num_kv_heads, d.head_dim, pages + 1, self.page_size,
                                        self.device, target.dtype)
+        self.staging = Staging(self.device)           # the per-step index uploads
+        self.graphs = None
+        if graph_step_factory is not None or (self.device.type == "cuda" and engine_config.cuda_graphs):
+            self.graphs = DecodeGraphs(self, graph_step_factory)
         self.feature_layers = tuple(drafter.target_layer_ids) if drafter is not None else ()
         self.block_size = block_size if drafter is not None else 1
         self.costs = step_costs or StepCostTable.roofline(config.cost_ridge_tokens)   # profile.measure_step_costs
@@ -158,7 +168,6 @@ class BatchEngine:
                 return                                  # first come, first served: it waits for pages
             self.queue.pop(0)
             state.pages = pages
-            state.table = torch.tensor(pages, dtype=torch.long, device=self.device)
             for model in (self.target, self.drafter):
                 if model is not None:
                     model.ensure_rope(state.max_length)
@@ -167,7 +176,7 @@ class BatchEngine:
     def _finish(self, state: RequestState, error: str | None = None) -> None:
         if state.pages:
             self.pool.release(state.pages)
-            state.pages, state.table = [], None
+            state.pages = []
         result = state.result(self.clock(), error)
         if self.drafter is None:                        # AR: no verify steps, as Engine.generate_ar
             result.acceptance_lengths, result.steps = [], max(len(result.tokens) - 1, 0)

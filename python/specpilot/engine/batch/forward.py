@@ -16,60 +16,74 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from specpilot.ops import linear
 from specpilot.ops.norm_rope import add_rms_norm, qk_norm_rope_cache
 
 from .paged import slots_of
 
+KEY_PAD = 64        # the padded key count of the attention batch is a multiple of this: few shapes, aligned masks
+# cuDNN's SDPA builds a graph per new shape on the host (~1 ms a call, every step a new key count), so CUDA
+# runs the memory-efficient kernel, which takes the additive mask as it is.
+CUDA_SDPA = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
 
 @dataclass
 class Segment:
-    table: torch.Tensor          # int64 [pages] on the device: the request's page table
+    pages: list                  # the request's page table (host ints)
     start: int                   # logical position of the first row
     rows: int
 
-    def positions(self, device) -> torch.Tensor:
-        return torch.arange(self.start, self.start + self.rows, device=device)
+
+class Staging:
+    """Host-to-device uploads of a step's index arrays: everything a forward's layout needs goes in one
+    int64 copy (pinned and asynchronous on CUDA), so no step waits on a per-request transfer. A ring of
+    pinned buffers: a buffer is rewritten only after the copy that last read it has run."""
+
+    RING = 4
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self._buffers = [None] * self.RING
+        self._events = [None] * self.RING
+        self._next = 0
+
+    def upload(self, arrays: list) -> list:
+        """int64 numpy arrays -> int64 device tensors (views of one upload), in order."""
+        sizes = [int(a.size) for a in arrays]
+        flat = np.concatenate([np.asarray(a, dtype=np.int64).ravel() for a in arrays])
+        if self.device.type != "cuda":
+            out = torch.from_numpy(flat).to(self.device)
+        else:
+            i, self._next = self._next, (self._next + 1) % self.RING
+            if self._events[i] is not None:
+                self._events[i].synchronize()              # normally long done: a step reads tokens back
+            if self._buffers[i] is None or self._buffers[i].numel() < flat.size:
+                self._buffers[i] = torch.empty(max(flat.size, 4096) * 2, dtype=torch.int64, pin_memory=True)
+            host = self._buffers[i][:flat.size]
+            host.numpy()[:] = flat
+            out = host.to(self.device, non_blocking=True)
+            self._events[i] = torch.cuda.Event()
+            self._events[i].record()
+        return list(torch.split(out, sizes))
 
 
-class Layout:
-    """Positions, slots and the padded attention batch of one varlen forward.
+class _PaddedAttention:
+    """The attention of a varlen forward as one SDPA call over a padded batch [R requests, max rows,
+    max keys]: each request's queries gathered from the N rows (q_index [R, Lm]), its keys and values
+    gathered from the pool through its page table in logical order (kv_index [R, S]); keys past a row's
+    `last` (padded_last [R, Lm]) are masked, padding query rows are dropped on the way back (out_index)."""
 
-    Attention runs as one SDPA call over a padded batch [R requests, max rows, max keys]: each
-    request's queries gathered from the N rows, its keys and values gathered from the pool through its
-    page table in logical order; padding keys are masked, padding query rows (which see their
-    request's last row's keys, so no row is all -inf) are dropped when the output is gathered back."""
-
-    def __init__(self, segments: list, page_size: int, device):
-        if not segments or any(s.rows < 1 for s in segments):
-            raise ValueError("a varlen forward needs at least one segment, each of >= 1 row")
-        self.segments = segments
-        pos = [s.positions(device) for s in segments]
-        self.positions = torch.cat(pos)
-        self.slots = torch.cat([slots_of(s.table, p, page_size) for s, p in zip(segments, pos)])
-        bounds = [0]
-        for s in segments:
-            bounds.append(bounds[-1] + s.rows)
-        self.bounds = bounds
-        self.max_rows = max(s.rows for s in segments)
-        self.max_keys = max(s.start + s.rows for s in segments)
-        rows = torch.arange(self.max_rows, device=device)
-        keys = torch.arange(self.max_keys, device=device)
-        self.q_index = torch.stack([b + rows.clamp(max=s.rows - 1) for b, s in zip(bounds, segments)])   # [R, Lm]
-        self.kv_index = torch.stack([slots_of(s.table, keys.clamp(max=s.start + s.rows - 1), page_size)
-                                     for s in segments])                                                   # [R, S]
-        self.out_index = torch.cat([i * self.max_rows + torch.arange(s.rows, device=device)
-                                    for i, s in enumerate(segments)])                                      # [N]
-
-    def mask(self, last: torch.Tensor, groups: int, dtype) -> torch.Tensor:
-        """last [N] (key position j visible to row n iff j <= last[n]) -> the additive mask
-        [R, 1, g*Lm, S] over the padded batch's folded GQA rows (rows j*Lm + t)."""
-        padded_last = last[self.q_index]                                                     # [R, Lm]
-        visible = torch.arange(self.max_keys, device=last.device)[None, None, :] <= padded_last[..., None]
-        additive = torch.zeros(visible.shape, dtype=dtype, device=last.device).masked_fill_(~visible, float("-inf"))
+    def mask(self, groups: int, dtype) -> torch.Tensor:
+        """The additive mask [R, 1, g*Lm, S] over the padded batch's folded GQA rows (rows j*Lm + t):
+        key position j is visible to a row iff j <= its `last`."""
+        keys = torch.arange(self.max_keys, device=self.padded_last.device)
+        visible = keys[None, None, :] <= self.padded_last[..., None]
+        additive = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, float("-inf"))
         return additive.repeat(1, groups, 1)[:, None]
 
     def attend(self, q, k_pool, v_pool, mask, scale):
@@ -80,9 +94,78 @@ class Layout:
         qp = q[0][:, self.q_index].transpose(0, 1).reshape(r, hkv, (hq // hkv) * lm, d)     # [R, Hkv, g*Lm, D]
         k = k_pool[0][:, self.kv_index].transpose(0, 1)                                      # [R, Hkv, S, D]
         v = v_pool[0][:, self.kv_index].transpose(0, 1)
-        out = F.scaled_dot_product_attention(qp, k, v, attn_mask=mask, scale=scale)          # [R, Hkv, g*Lm, D]
+        if q.is_cuda:
+            with sdpa_kernel(CUDA_SDPA):
+                out = F.scaled_dot_product_attention(qp, k, v, attn_mask=mask, scale=scale)
+        else:
+            out = F.scaled_dot_product_attention(qp, k, v, attn_mask=mask, scale=scale)      # [R, Hkv, g*Lm, D]
         out = out.reshape(r, hq, lm, d).transpose(1, 2).reshape(r * lm, hq * d)
         return out[self.out_index][None]
+
+
+class Layout(_PaddedAttention):
+    """Positions, slots and the padded attention batch of one varlen forward (rows concatenated with no
+    padding), built on the host and uploaded in one copy with `extra` (more int64 arrays the forward
+    needs, e.g. its token ids: `.extra`). Padding query rows of the attention batch see their
+    request's last row's keys, so no row is all -inf. `last` [N] (host): the last key position each
+    row sees (None: causal, its own position)."""
+
+    def __init__(self, segments: list, page_size: int, staging: Staging, last=None, extra=()):
+        if not segments or any(s.rows < 1 for s in segments):
+            raise ValueError("a varlen forward needs at least one segment, each of >= 1 row")
+        self.segments = segments
+        pos = [np.arange(s.start, s.start + s.rows, dtype=np.int64) for s in segments]
+        positions = np.concatenate(pos)
+        slots = np.concatenate([slots_of(s.pages, p, page_size) for s, p in zip(segments, pos)])
+        bounds = np.cumsum([0] + [s.rows for s in segments])
+        self.max_rows = max(s.rows for s in segments)
+        self.max_keys = -(-max(s.start + s.rows for s in segments) // KEY_PAD) * KEY_PAD
+        rows, keys = np.arange(self.max_rows), np.arange(self.max_keys)
+        q_index = np.stack([b + np.minimum(rows, s.rows - 1) for b, s in zip(bounds, segments)])       # [R, Lm]
+        kv_index = np.stack([slots_of(s.pages, np.minimum(keys, s.start + s.rows - 1), page_size)
+                             for s in segments])                                                         # [R, S]
+        out_index = np.concatenate([i * self.max_rows + np.arange(s.rows) for i, s in enumerate(segments)])
+        last = positions if last is None else np.asarray(last, dtype=np.int64)
+        uploaded = staging.upload([positions, slots, q_index, kv_index, out_index, last[q_index], *extra])
+        self.positions, self.slots, q_index, kv_index, self.out_index, padded_last = uploaded[:6]
+        self.q_index = q_index.view(len(segments), self.max_rows)
+        self.kv_index = kv_index.view(len(segments), self.max_keys)
+        self.padded_last = padded_last.view(len(segments), self.max_rows)
+        self.extra = uploaded[6:]
+
+
+class PaddedLayout(_PaddedAttention):
+    """A forward of R requests x T rows each, request r's rows at [r*T, (r+1)*T) (the static shape a
+    CUDA graph replays): the host arrays of `padded`, as device tensors (a graph's static inputs)."""
+
+    def __init__(self, positions, slots, kv_index, padded_last):
+        self.positions, self.slots, self.kv_index, self.padded_last = positions, slots, kv_index, padded_last
+        r, t = padded_last.shape
+        self.max_rows, self.max_keys = t, kv_index.shape[1]
+        self.q_index = torch.arange(r * t, device=positions.device).view(r, t)
+        self.out_index = torch.arange(r * t, device=positions.device)
+
+
+def padded(segments: list, requests: int, rows: int, keys: int, page_size: int, trash_slot: int, last=None) -> list:
+    """Host arrays (positions, slots [requests*rows], kv_index [requests, keys], padded_last [requests,
+    rows]) of `segments` padded to `requests` x `rows` over `keys` key columns. A segment's padding rows
+    sit at its last row's position, write their K/V to `trash_slot` (never read: no kv_index names it
+    for a real request) and see what its last row sees; padding requests write and read only the
+    trash slot. `last` [sum of rows]: as Layout's (None: causal)."""
+    positions = np.zeros((requests, rows), dtype=np.int64)
+    slots = np.full((requests, rows), trash_slot, dtype=np.int64)
+    kv_index = np.full((requests, keys), trash_slot, dtype=np.int64)
+    padded_last = np.zeros((requests, rows), dtype=np.int64)
+    at, key_range = 0, np.arange(keys)
+    for r, s in enumerate(segments):
+        pos = np.arange(s.start, s.start + s.rows, dtype=np.int64)
+        own_last = pos if last is None else np.asarray(last[at:at + s.rows], dtype=np.int64)
+        at += s.rows
+        positions[r, :s.rows], positions[r, s.rows:] = pos, pos[-1]
+        slots[r, :s.rows] = slots_of(s.pages, pos, page_size)
+        padded_last[r, :s.rows], padded_last[r, s.rows:] = own_last, own_last[-1]
+        kv_index[r] = slots_of(s.pages, np.minimum(key_range, s.start + s.rows - 1), page_size)
+    return [positions.ravel(), slots.ravel(), kv_index, padded_last]
 
 
 def target_forward(target, cache, layout: Layout, ids: torch.Tensor, feature_layers=(), logit_rows=None):
@@ -92,7 +175,7 @@ def target_forward(target, cache, layout: Layout, ids: torch.Tensor, feature_lay
     x, delta = target.embed(ids[None]), None                     # [1, N, H]
     cos, sin = target.rope_cos[layout.positions], target.rope_sin[layout.positions]
     groups = c.num_heads // c.num_kv_heads
-    mask = layout.mask(layout.positions, groups, x.dtype)     # causal: row t sees positions <= its own
+    mask = layout.mask(groups, x.dtype)
     feats, last = {}, len(target.layers) - 1
     for i, layer in enumerate(target.layers):
         block_input, normed = add_rms_norm(x, delta, layer.attn_norm.weight, layer.attn_norm.eps)
@@ -126,9 +209,9 @@ def draft_context(drafter, cache, layout: Layout, features: torch.Tensor) -> Non
         layer.attn.project_to_cache(h, cos, sin, layout.slots, cache.k[i], cache.v[i])
 
 
-def draft_block(drafter, cache, layout: Layout, block_ids: torch.Tensor) -> torch.Tensor:
-    """Each segment a block [anchor, mask ...] -> draft logits [N - segments, V] (rows after each anchor,
-    segment by segment). Non-causal: every row of a block sees its request's context and the whole
+def draft_block(drafter, cache, layout: Layout, block_ids: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Each segment a block [anchor, mask ...] -> draft logits [N - segments, V] at the rows `keep`
+    (block_keep: the rows after each anchor, segment by segment; the layout built with block_last). Non-causal: every row of a block sees its request's context and the whole
     block (DFlashDrafter.forward_block over segments)."""
     c = drafter.config
     x, delta = drafter.target.embed(block_ids[None]), None
@@ -136,9 +219,7 @@ def draft_block(drafter, cache, layout: Layout, block_ids: torch.Tensor) -> torc
         x = x * c.input_embedding_scale
     cos, sin = drafter.rope_cos[layout.positions], drafter.rope_sin[layout.positions]
     groups = c.num_heads // c.num_kv_heads
-    last = torch.cat([torch.full((s.rows,), s.start + s.rows - 1, dtype=torch.long, device=block_ids.device)
-                      for s in layout.segments])
-    mask = layout.mask(last, groups, x.dtype)                 # non-causal: every row sees its whole block
+    mask = layout.mask(groups, x.dtype)                       # non-causal (block_last): each row sees its whole block
     for i, layer in enumerate(drafter.layers):
         block_input, normed = add_rms_norm(x, delta, layer.attn_norm.weight, layer.attn_norm.eps)
         attn = layer.attn
@@ -148,6 +229,15 @@ def draft_block(drafter, cache, layout: Layout, block_ids: torch.Tensor) -> torc
         h, normed = add_rms_norm(block_input, attn_out, layer.mlp_norm.weight, layer.mlp_norm.eps)
         x, delta = h, layer.mlp(normed)
     _, x = add_rms_norm(x, delta, drafter.norm.weight, drafter.norm.eps)
-    keep = torch.cat([torch.arange(a + 1, b, device=block_ids.device)
-                      for a, b in zip(layout.bounds[:-1], layout.bounds[1:])])
     return drafter.compute_logits(x[:, keep])[0]
+
+
+def block_last(segments: list) -> np.ndarray:
+    """`last` for a draft block forward: every row of a segment sees up to the segment's last row."""
+    return np.concatenate([np.full(s.rows, s.start + s.rows - 1, dtype=np.int64) for s in segments])
+
+
+def block_keep(segments: list) -> np.ndarray:
+    """The rows after each segment's anchor (the draft rows), as indices into the concatenated rows."""
+    bounds = np.cumsum([0] + [s.rows for s in segments])
+    return np.concatenate([np.arange(a + 1, b) for a, b in zip(bounds[:-1], bounds[1:])])

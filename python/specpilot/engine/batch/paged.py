@@ -10,6 +10,7 @@ return to the pool when it finishes, fails or is cancelled.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -82,6 +83,6 @@ def pages_for(target, drafter, page_size: int, kv_pages, memory_fraction) -> int
     return pages
 
 
-def slots_of(table: torch.Tensor, positions: torch.Tensor, page_size: int) -> torch.Tensor:
-    """Physical slots (int64) of logical `positions` under a request's page table (int64 [pages])."""
-    return table[positions // page_size] * page_size + positions % page_size
+def slots_of(pages: list, positions: np.ndarray, page_size: int) -> np.ndarray:
+    """Physical slots (int64) of logical `positions` under a request's page table (host ints)."""
+    return np.asarray(pages, dtype=np.int64)[positions // page_size] * page_size + positions % page_size

@@ -29,10 +29,9 @@ def measure_step_costs(engine, buckets=BUCKETS, rows_per_request: int = 16, cont
         if pages is None:
             continue
         try:
-            tables = [torch.tensor(pages[i * per_request:(i + 1) * per_request], dtype=torch.long, device=engine.device)
-                      for i in range(requests)]
+            tables = [pages[i * per_request:(i + 1) * per_request] for i in range(requests)]
             rows = min(rows_per_request, n)
-            layout = forward.Layout([forward.Segment(t, context, rows) for t in tables], engine.page_size, engine.device)
+            layout = forward.Layout([forward.Segment(t, context, rows) for t in tables], engine.page_size, engine.staging)
             ids = torch.zeros(rows * requests, dtype=torch.long, device=engine.device)
             times = []
             for _ in range(repeats + 1):                       # the first call warms up

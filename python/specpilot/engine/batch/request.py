@@ -60,8 +60,7 @@ class RequestState:
     req: Request
     submitted_s: float
     generator: torch.Generator | None
-    pages: list = field(default_factory=list)
-    table: torch.Tensor | None = None          # int64 [pages] on the device
+    pages: list = field(default_factory=list)  # the page table (host ints)
     prefilled: int = 0                         # prompt rows in the target cache
     tokens: list = field(default_factory=list)
     acceptance: list = field(default_factory=list)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from specpilot.engine.accept import accepted_prefix, commit, new_tokens
@@ -15,10 +16,15 @@ from .adaptive import top2_margin
 
 @dataclass
 class Draft:
-    block: torch.Tensor               # int64 [rows]: the anchor, then the drafts
+    blocks: torch.Tensor              # int64: its group's blocks, concatenated; this request's at [offset, offset + rows)
+    offset: int
     rows: int
     probs: torch.Tensor | None        # [rows - 1, V] draft sampling probabilities (temperature > 0)
     margins: torch.Tensor | None      # [rows - 1] top-2 logit gaps (adaptive verify)
+
+    @property
+    def block(self) -> torch.Tensor:  # the anchor, then the drafts
+        return self.blocks[self.offset:self.offset + self.rows]
 
 
 def _groups(states: list, together: bool) -> list:
@@ -41,96 +47,163 @@ def _take_context(state) -> tuple:
 
 def draft_all(engine, decoding: list) -> dict:
     """Request id -> Draft for every decoding request: its pending context appended to the draft cache,
-    then its block [anchor, mask x (rows - 1)], rows = min(block, max_length - start), drafted."""
-    drafter, mask = engine.drafter, engine.drafter.mask_token_id
+    then its block [anchor, mask x (rows - 1)], rows = min(block, max_length - start), drafted (the
+    block forward graphed when engine.graphs is on, over blocks padded to the block size).
+    A group's anchors and replayed drafts go up with its layout in one copy, and its blocks are
+    assembled on the device in one gather (_block_sources)."""
+    drafter = engine.drafter
     drafts = {}
     for group in _groups(decoding, engine.config.batched_draft):
         pending = [(s, *_take_context(s)) for s in group if s.ctx]
         if pending:
-            layout = forward.Layout([forward.Segment(s.table, first, f.shape[0]) for s, f, first in pending],
-                                    engine.page_size, engine.device)
+            layout = forward.Layout([forward.Segment(s.pages, first, f.shape[0]) for s, f, first in pending],
+                                    engine.page_size, engine.staging)
             with engine.kernels(layout.positions.shape[0]):
                 forward.draft_context(drafter, engine.draft_cache, layout, torch.cat([f for _, f, _ in pending]))
-        blocks, segments = [], []
-        for s in group:
-            rows = min(engine.block_size, s.max_length - s.start)
-            block = torch.full((rows,), mask, dtype=torch.long, device=engine.device)
-            block[0] = s.tokens[-1]
-            blocks.append(block)
-            segments.append(forward.Segment(s.table, s.start, rows))
-        layout = forward.Layout(segments, engine.page_size, engine.device)
-        with engine.kernels(layout.positions.shape[0]):
-            logits = forward.draft_block(drafter, engine.draft_cache, layout, torch.cat(blocks))
-        greedy = torch.argmax(logits, dim=-1)                        # every row at once, on the device
+        segments = [forward.Segment(s.pages, s.start, min(engine.block_size, s.max_length - s.start)) for s in group]
+        last = forward.block_last(segments)
+        if engine.graphs is not None and engine.config.batched_draft:
+            t = engine.block_size
+            requests, _, arrays = engine.graphs.padded(segments, t, last)
+            offsets, draft_rows = [r * t for r in range(len(group))], [r * (t - 1) for r in range(len(group))]
+            sources = _block_sources(engine, group, segments, offsets, draft_rows, requests * t)
+            positions, slots, kv_index, padded_last, block_ids, host_tokens, source = engine.staging.upload(arrays + sources)
+            logits = engine.graphs.draft(block_ids, positions, slots, kv_index.view(requests, -1),
+                                         padded_last.view(requests, t))
+        else:
+            offsets = np.cumsum([0] + [seg.rows for seg in segments])[:-1].tolist()
+            draft_rows = np.cumsum([0] + [seg.rows - 1 for seg in segments])[:-1].tolist()
+            sources = _block_sources(engine, group, segments, offsets, draft_rows, sum(seg.rows for seg in segments))
+            layout = forward.Layout(segments, engine.page_size, engine.staging, last=last,
+                                    extra=sources + [forward.block_keep(segments)])
+            block_ids, host_tokens, source, keep = layout.extra
+            with engine.kernels(block_ids.shape[0]):
+                logits = forward.draft_block(drafter, engine.draft_cache, layout, block_ids, keep)
+        blocks = torch.cat([host_tokens, torch.argmax(logits, dim=-1)])[source]
         margins = top2_margin(logits) if engine.config.adaptive_verify else None   # one host transfer
-        row = 0
-        for s, block in zip(group, blocks):
-            k = block.shape[0] - 1
-            own, rows_, row = logits[row:row + k], slice(row, row + k), row + k
-            r = s.req
+        for s, seg, offset, row in zip(group, segments, offsets, draft_rows):
+            k = seg.rows - 1
             probs = None
-            if r.temperature > 0:
-                probs = sampling_probs(own[None], r.temperature, r.top_p)[0]
-                block[1:] = sample_probs(probs[None], s.generator)[0]
-            else:
-                block[1:] = greedy[rows_]
-                if r.replay is not None:              # the planned drafts (the drafter still ran)
-                    block[1:] = r.replay.step_drafts(len(s.acceptance), s.start - s.prompt_len, block[None, 1:],
-                                                     own.shape[-1])[0]
-            drafts[s.id] = Draft(block=block, rows=k + 1, probs=probs,
-                                 margins=margins[rows_] if margins is not None else None)
+            if s.req.temperature > 0:
+                probs = sampling_probs(logits[None, row:row + k], s.req.temperature, s.req.top_p)[0]
+                blocks[offset + 1:offset + seg.rows] = sample_probs(probs[None], s.generator)[0]
+            drafts[s.id] = Draft(blocks=blocks, offset=offset, rows=seg.rows, probs=probs,
+                                 margins=margins[row:row + k] if margins is not None else None)
     return drafts
+
+
+def _block_sources(engine, group, segments, offsets, draft_rows, total: int) -> list:
+    """Host arrays of a group's block forward: its input ids [total] (each block's anchor, then mask
+    ids), the host tokens (anchors and replayed drafts) and `source` [total], which picks each block
+    row from [host tokens, the drafter's argmax rows]: the anchor, a planned draft (replay: the drafter
+    still runs, its tokens are overwritten) or the drafter's row (request r's at draft_rows[r] + j).
+    Padding rows pick host token 0 (never read)."""
+    drafter = engine.drafter
+    block_in = np.full(total, drafter.mask_token_id, dtype=np.int64)
+    source = np.zeros(total, dtype=np.int64)
+    host_tokens = []
+    for s, seg, off, row in zip(group, segments, offsets, draft_rows):
+        k = seg.rows - 1
+        block_in[off] = s.tokens[-1]
+        source[off] = len(host_tokens)
+        host_tokens.append(s.tokens[-1])
+        if s.req.replay is not None:
+            plan = s.req.replay.planned_drafts(len(s.acceptance), s.start - s.prompt_len, k, drafter.config.vocab_size)
+            source[off + 1:off + 1 + k] = np.arange(len(host_tokens), len(host_tokens) + k)
+            host_tokens.extend(plan)
+        else:
+            source[off + 1:off + 1 + k] = -1 - np.arange(row, row + k)       # the drafter's rows, shifted below
+    drafted = source < 0
+    source[drafted] = len(host_tokens) - 1 - source[drafted]
+    return [block_in, np.asarray(host_tokens, dtype=np.int64), source]
 
 
 def verify_and_accept(engine, decoding: list, drafts: dict, lengths: dict, chunks: list) -> None:
     """The target over every decoding request's verify rows and every (state, rows) prefill chunk, then
-    per request the accept / commit rule, or the prefill's bookkeeping (and first token)."""
-    entries = []                                       # (state, segment, ids, verify?)
-    for s in decoding:
-        rows = lengths[s.id]
-        ids = drafts[s.id].block[:rows] if s.id in drafts else torch.tensor([s.tokens[-1]], device=engine.device)
-        entries.append((s, forward.Segment(s.table, s.start, rows), ids, True))
-    for s, rows in chunks:
-        ids = torch.tensor(list(s.req.prompt_ids[s.prefilled:s.prefilled + rows]), dtype=torch.long,
-                           device=engine.device)
-        entries.append((s, forward.Segment(s.table, s.prefilled, rows), ids, False))
+    per request the accept / commit rule, or the prefill's bookkeeping (and first token). Graphed
+    (engine.graphs) when the step is decode only and verifies whole blocks; else one varlen forward
+    per group whose layout, host token ids (AR anchors, prompt chunks) and the index that picks each
+    row's id from [drafted blocks, host ids] go up in one copy. Either way the target's argmax and
+    the verified ids come back in one read."""
+    full = all(lengths[s.id] == (drafts[s.id].rows if s.id in drafts else 1) for s in decoding)
+    if (engine.graphs is not None and engine.config.ragged_verify and decoding and not chunks and full
+            and (not drafts or engine.config.batched_draft)):
+        return _verify_graphed(engine, decoding, drafts, lengths)
+    entries = [(s, forward.Segment(s.pages, s.start, lengths[s.id]), True) for s in decoding]
+    entries += [(s, forward.Segment(s.pages, s.prefilled, rows), False) for s, rows in chunks]
     for group in _groups(entries, engine.config.ragged_verify):
-        layout = forward.Layout([seg for _, seg, _, _ in group], engine.page_size, engine.device)
-        logit_rows, at = [], 0
-        for s, seg, _, verify in group:
+        pieces = []                                   # the drafted blocks tensors this group verifies
+        for s, _, verify in group:
+            d = drafts.get(s.id) if verify else None
+            if d is not None and all(p is not d.blocks for p in pieces):
+                pieces.append(d.blocks)
+        piece_base = np.cumsum([0] + [p.shape[0] for p in pieces])
+        host_ids, flat, logit_rows, at = [], [], [], 0
+        for s, seg, verify in group:
+            d = drafts.get(s.id) if verify else None
+            if d is not None:
+                first = piece_base[next(i for i, p in enumerate(pieces) if p is d.blocks)] + d.offset
+            else:
+                first = piece_base[-1] + len(host_ids)
+                host_ids.extend([s.tokens[-1]] if verify else map(int, s.req.prompt_ids[s.prefilled:s.prefilled + seg.rows]))
+            flat.append(np.arange(first, first + seg.rows))
             if verify:
                 logit_rows.extend(range(at, at + seg.rows))
             elif s.prefilled + seg.rows == s.prompt_len:
                 logit_rows.append(at + seg.rows - 1)      # the prompt's last row: the first token
             at += seg.rows
+        layout = forward.Layout([seg for _, seg, _ in group], engine.page_size, engine.staging,
+                                extra=[np.asarray(host_ids, dtype=np.int64), np.concatenate(flat), np.asarray(logit_rows)])
+        host_dev, flat_dev, logit_rows_dev = layout.extra
+        ids = torch.cat(pieces + [host_dev])[flat_dev]
         with engine.kernels(at):
-            logits, features = forward.target_forward(
-                engine.target, engine.cache, layout, torch.cat([ids for _, _, ids, _ in group]),
-                engine.feature_layers, torch.tensor(logit_rows, dtype=torch.long, device=engine.device))
-        # Greedy requests' argmax and verify ids, for every request of the group in one host transfer.
-        verify_ids = [ids for _, _, ids, verify in group if verify]
-        host = torch.cat([torch.argmax(logits, dim=-1)] + verify_ids).tolist() if verify_ids else []
-        posterior, blocks = host[:logits.shape[0]], host[logits.shape[0]:]
-        at = lrow = brow = 0
-        for s, seg, _, verify in group:
+            logits, features = forward.target_forward(engine.target, engine.cache, layout, ids,
+                                                      engine.feature_layers, logit_rows_dev)
+        host = torch.cat([torch.argmax(logits, dim=-1), ids]).tolist()      # the one read-back
+        posterior, ids_host = host[:logits.shape[0]], host[logits.shape[0]:]
+        at = lrow = 0
+        for s, seg, verify in group:
             feats = features[at:at + seg.rows] if features is not None else None
-            at += seg.rows
             if verify:
                 _accept(engine, s, drafts.get(s.id), seg.rows, logits[lrow:lrow + seg.rows], feats,
-                        blocks[brow:brow + seg.rows], posterior[lrow:lrow + seg.rows])
+                        ids_host[at:at + seg.rows], posterior[lrow:lrow + seg.rows])
                 lrow += seg.rows
-                brow += seg.rows
             else:
                 if feats is not None:
                     s.ctx.append((feats, s.prefilled))
                 s.prefilled += seg.rows
                 if s.decoding:
-                    _first_token(engine, s, logits[lrow:lrow + 1])
+                    _first_token(engine, s, logits[lrow:lrow + 1], posterior[lrow])
                     lrow += 1
+            at += seg.rows
 
 
-def _first_token(engine, s, logits) -> None:
-    s.tokens = [engine.sample_first(s, logits[None])]
+def _verify_graphed(engine, decoding: list, drafts: dict, lengths: dict) -> None:
+    """The decode-only step's target forward, graphed over R requests x T rows (T: the block, 1 for AR):
+    request r verifies the padded blocks' rows [r*T, r*T + its rows) (the graphed draft's layout)."""
+    t = engine.block_size
+    segments = [forward.Segment(s.pages, s.start, lengths[s.id]) for s in decoding]
+    requests, _, arrays = engine.graphs.padded(segments, t)
+    if drafts:
+        positions, slots, kv_index, padded_last = engine.staging.upload(arrays)
+        ids = drafts[decoding[0].id].blocks                 # [R*T]: the graphed draft's padded blocks
+    else:
+        anchors = np.zeros(requests * t, dtype=np.int64)
+        anchors[[r * t for r in range(len(decoding))]] = [s.tokens[-1] for s in decoding]
+        positions, slots, kv_index, padded_last, ids = engine.staging.upload(arrays + [anchors])
+    logits, features = engine.graphs.target(ids, positions, slots, kv_index.view(requests, -1),
+                                            padded_last.view(requests, t))
+    host = torch.cat([torch.argmax(logits, dim=-1), ids]).tolist()          # the one read-back
+    posterior, ids_host = host[:logits.shape[0]], host[logits.shape[0]:]
+    for r, (s, seg) in enumerate(zip(decoding, segments)):
+        a, b = r * t, r * t + seg.rows
+        _accept(engine, s, drafts.get(s.id), seg.rows, logits[a:b], features[a:b] if features is not None else None,
+                ids_host[a:b], posterior[a:b])
+
+
+def _first_token(engine, s, logits, greedy: int) -> None:
+    """The prompt's first token: the target's argmax (`greedy`, read back already) or a draw."""
+    s.tokens = [greedy if s.req.temperature == 0 else engine.sample_first(s, logits[None])]
     s.first_token_s = engine.clock()
     s.start = s.prompt_len
     s.stopped = s.tokens[0] in s.req.stop_ids
@@ -140,8 +213,8 @@ def _accept(engine, s, draft, rows: int, logits, features, block_list: list, pos
     """One request's verify rows (logits [rows, V]; on the host: its verify ids and the target's argmax
     per row) -> its committed tokens (engine/spec.py's rule)."""
     r = s.req
-    block = draft.block[:rows] if draft is not None else torch.tensor([s.tokens[-1]], device=logits.device)
     if r.temperature > 0:
+        block = draft.block[:rows] if draft is not None else None
         target_probs = sampling_probs(logits[None], r.temperature, r.top_p)     # [1, rows, V]
         if rows == 1:
             accepted, new = 0, [int(sample_probs(target_probs[:, -1], s.generator)[0])]

@@ -1,0 +1,83 @@
+"""CUDA graphs of the batched engine's decode forwards: the drafter's block forward and the target's
+verify (or AR) forward, captured per (kind, request bucket, rows per request, key bucket).
+
+A graphed forward runs over a padded layout (forward.padded): R requests x T rows, request r's rows at
+[r*T, (r+1)*T), R the next request bucket >= the running count, T the block (1 for AR), the attention's
+key columns the next power of two >= the longest context (graphs.kv_bucket). Padding rows and padding
+requests write their K/V to the engine's trash slot and nobody reads it, so a real row's result is the
+eager forward's (same kernels, same shapes per request: tests/test_batch_graphs.py checks tokens
+against the eager engine). What stays eager: the draft context append (its rows vary per request),
+every step with a prefill chunk, adaptive verify, and the mechanisms' ablations.
+"""
+from __future__ import annotations
+
+import torch
+
+from specpilot.engine.graphs import GraphedStep, kv_bucket
+
+from . import forward
+
+REQUEST_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
+def request_bucket(n: int) -> int:
+    for b in REQUEST_BUCKETS:
+        if b >= n:
+            return b
+    return -(-n // 64) * 64
+
+
+class DecodeGraphs:
+    def __init__(self, engine, step_factory=None):
+        """step_factory: GraphedStep (CUDA) or graphs.StaticShapeStep (the CPU tests of this path)."""
+        self.engine = engine
+        self.factory = step_factory or GraphedStep
+        self.pool = torch.cuda.graph_pool_handle() if self.factory is GraphedStep else None
+        self.steps = {}
+        self.slots = engine.pool.num_pages * engine.page_size       # the trash slot's index = the last real + 1
+
+    def shape(self, segments: list) -> tuple:
+        """(request bucket, key bucket) of a forward over `segments`."""
+        keys = max(s.start + s.rows for s in segments)
+        return request_bucket(len(segments)), kv_bucket(keys, max(self.slots, keys))
+
+    def padded(self, segments: list, rows: int, last=None) -> tuple:
+        """(R, S, host arrays) of forward.padded for `segments` padded to the buckets."""
+        requests, keys = self.shape(segments)
+        return requests, keys, forward.padded(segments, requests, rows, keys, self.engine.page_size,
+                                              self.engine.trash_slot, last)
+
+    def draft(self, ids, positions, slots, kv_index, padded_last) -> torch.Tensor:
+        """The drafter's block forward: ids [R*T] -> logits [R*(T-1), V] (the rows after each anchor)."""
+        r, t = padded_last.shape
+        key = ("draft", r, t, kv_index.shape[1])
+        if key not in self.steps:
+            keep = torch.arange(r * t, device=ids.device).view(r, t)[:, 1:].reshape(-1)
+            drafter, cache = self.engine.drafter, self.engine.draft_cache
+
+            def fn(ids, positions, slots, kv_index, padded_last):
+                layout = forward.PaddedLayout(positions, slots, kv_index, padded_last)
+                return forward.draft_block(drafter, cache, layout, ids, keep)
+            self.steps[key] = self._capture(fn, (ids, positions, slots, kv_index, padded_last), r * t)
+        with self.engine.kernels(r * t):
+            return self.steps[key](ids, positions, slots, kv_index, padded_last)
+
+    def target(self, ids, positions, slots, kv_index, padded_last) -> tuple:
+        """The target's forward: ids [R*T] -> (logits [R*T, V], features [R*T, F] or None)."""
+        r, t = padded_last.shape
+        key = ("target", r, t, kv_index.shape[1])
+        if key not in self.steps:
+            target, cache, taps = self.engine.target, self.engine.cache, self.engine.feature_layers
+
+            def fn(ids, positions, slots, kv_index, padded_last):
+                layout = forward.PaddedLayout(positions, slots, kv_index, padded_last)
+                logits, features = forward.target_forward(target, cache, layout, ids, taps)
+                return (logits, features) if features is not None else (logits,)
+            self.steps[key] = self._capture(fn, (ids, positions, slots, kv_index, padded_last), r * t)
+        with self.engine.kernels(r * t):
+            out = self.steps[key](ids, positions, slots, kv_index, padded_last)
+        return (out[0], out[1]) if len(out) == 2 else (out[0], None)
+
+    def _capture(self, fn, inputs: tuple, rows: int):
+        with self.engine.kernels(rows):
+            return self.factory(fn, inputs, pool=self.pool)

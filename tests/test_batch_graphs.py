@@ -1,0 +1,55 @@
+"""The batched engine's graphed decode path (engine/batch/graphed.py) run on the CPU through
+graphs.StaticShapeStep (static input buffers, outputs reused by every call, as a CUDA graph): padded
+request buckets, tail blocks shorter than the block, the trash slot, key buckets. Every request's tokens
+equal the single-request engine's (fp32), greedy and sampled, speculative and AR."""
+import pytest
+
+from batch_helpers import accepting_pair, random_prompts, run_staggered, single
+from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU thread)
+from test_engine_helpers import fresh_seed
+from specpilot.engine.batch import BatchConfig, BatchEngine, Request
+from specpilot.engine.batch.graphed import request_bucket
+from specpilot.engine.graphs import StaticShapeStep
+
+VOCAB = 10
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return accepting_pair(VOCAB, 4, fresh_seed(), lambda s: requests_for(s))
+
+
+def requests_for(seed, temperature=0.0):
+    """Five requests (three decode beside each other: a padded bucket of 4), tails shorter than the block."""
+    prompts = random_prompts(VOCAB, (3, 21, 9, 14, 6), seed)
+    return [Request(tuple(p), m, temperature=temperature, seed=seed + i if temperature else None)
+            for i, (p, m) in enumerate(zip(prompts, (17, 5, 30, 2, 11)))]
+
+
+def graphed_engine(target, drafter, max_batch):
+    engine = BatchEngine(target, drafter, BatchConfig(), max_batch=max_batch, kv_pages=64,
+                         graph_step_factory=StaticShapeStep)
+    assert engine.graphs is not None
+    return engine
+
+
+@pytest.mark.parametrize("drafted", [True, False])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_graphed_decode_equals_single_request(pair, drafted, temperature):
+    target, drafter, seed = pair
+    drafter = drafter if drafted else None
+    requests = requests_for(seed, temperature)
+    engine = graphed_engine(target, drafter, max_batch=3)
+    results = run_staggered(engine, requests)
+    for i, req in enumerate(requests):
+        ref = single(target, drafter, req)
+        assert results[i].error is None and results[i].tokens == ref.tokens, f"seed {seed}, request {i}"
+        assert results[i].acceptance_lengths == ref.acceptance_lengths
+    kinds = {key[0] for key in engine.graphs.steps}
+    assert kinds == ({"draft", "target"} if drafted else {"target"}), "the graphed path never ran"
+    assert {key[1] for key in engine.graphs.steps} >= {request_bucket(3)}, "no padded request bucket was used"
+    assert engine.pool.free_pages == 64
+
+
+def test_request_bucket():
+    assert [request_bucket(n) for n in (1, 2, 3, 5, 17, 33, 256, 257)] == [1, 2, 4, 8, 24, 48, 256, 320]
