@@ -147,7 +147,7 @@ for packed in glob.glob('_C.*.so.xz'): open('/tmp/sp_tree/specpilot/' + packed[:
              run_step batch_scale timeout ${BATCH_SCALE_S:-300} python3 -m specpilot bench --target random:qwen3-8b \
                --concurrency ${BATCH_LEVELS:-8,16,32} --replay 6.49 --datasets "$SPECPILOT_DATASETS" \
                --limit ${BATCH_LIMIT:-13} --max-new-tokens ${BATCH_TOKENS:-96} --dtype bf16 --out "$OUT/batch_scale"
-             run_step batch_zoo timeout ${BATCH_ZOO_S:-150} python3 -m specpilot bench --target "$SPECPILOT_ZOO/code-tiny" \
+             [ "${BATCH_ZOO_S:-150}" = 0 ] || run_step batch_zoo timeout ${BATCH_ZOO_S:-150} python3 -m specpilot bench --target "$SPECPILOT_ZOO/code-tiny" \
                --drafter "$SPECPILOT_ZOO/code-tiny-dflash-b16" --concurrency 1,16 --limit 32 --max-new-tokens 128 \
                --datasets "$SPECPILOT_ZOO/prompts" --benchmarks humaneval,pystdlib --dtype bf16 --out "$OUT/batch_zoo" ;;
     # The server (specpilot serve) against the in-process batched engine at C=32, same card, one call.
