@@ -8,6 +8,7 @@ import torch
 
 from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU thread)
 from test_engine_helpers import Pair, fresh_seed
+from device_watch import tensors_stay_on
 from specpilot.cli import main
 from specpilot.config import EngineConfig
 from specpilot.engine import Engine
@@ -55,6 +56,27 @@ def test_bad_rank_and_sampling_are_refused(tmp_path):
         engine.generate_spec([1, 2, 3], 4, temperature=0.7)
 
 
+
+def test_the_device_watch_catches_a_tensor_built_without_a_device():
+    w = torch.randn(4, 3)
+    with pytest.raises(AssertionError, match="eye -> meta"):
+        with tensors_stay_on("cpu"):
+            w @ torch.eye(3)
+
+
+@pytest.mark.parametrize("rank", [0, 8])
+def test_bounds_and_certify_build_every_tensor_on_the_weights_device(rank):
+    """The GPU bug class seen on the device (a CPU-built identity against a CUDA basis), caught on the
+    CPU: nothing in the construction or the per-step certificate relies on the default device."""
+    g = torch.Generator().manual_seed(fresh_seed())
+    w = torch.randn(200, 16, generator=g).to(torch.bfloat16)
+    x = (w[:4].float() * 30).to(torch.bfloat16)
+    shortlist = torch.arange(12).view(4, 3)
+    with tensors_stay_on("cpu"):
+        bounds = HeadBounds.build(w, rank)
+        winner, certified = certify(x, shortlist, bounds, torch.bfloat16)
+    assert winner.shape == certified.shape == (4,)
+
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     return Pair(tmp_path_factory.mktemp("certified"), "tiny-llama", [1, 2], block_size=8, seed=fresh_seed())
@@ -87,6 +109,19 @@ def test_engine_outputs_equal_single_level_with_rows_certified(pair, monkeypatch
     stats = engine.certified_head.stats
     assert 0 < stats.certified_rows < stats.rows, stats.summary()     # both levels ran
 
+
+
+def test_the_engines_certified_head_keeps_every_tensor_on_the_models_device(pair):
+    """Construction and one bound verify step (both levels) under the device watch."""
+    g = torch.Generator().manual_seed(fresh_seed())
+    hidden_size, vocab = pair.target.config.hidden_size, pair.target.config.vocab_size
+    block = torch.randint(0, vocab, (1, 4), generator=g)
+    draft_logits = torch.randn(1, 3, vocab, generator=g)
+    hidden = torch.randn(1, 4, hidden_size, generator=g).to(pair.target.dtype)
+    with tensors_stay_on("cpu"), torch.inference_mode():
+        head = CertifiedHead(pair.target, rank=8)
+        logits = head.bind(block, draft_logits)(hidden)
+    assert logits.shape == (1, 4, vocab) and head.stats.rows == 4
 
 REAL_BUILD = HeadBounds.build
 

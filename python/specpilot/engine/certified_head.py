@@ -63,7 +63,7 @@ class HeadBounds:
             basis = vectors[:, -rank:].T.contiguous()
         coords = w @ basis.T
         residuals = (w - coords @ basis).norm(dim=1)
-        defect = float((basis @ basis.T - torch.eye(rank, dtype=torch.float64)).abs().sum())
+        defect = float((basis @ basis.T - torch.eye(rank, dtype=torch.float64, device=w.device)).abs().sum())
         return HeadBounds(weight, row_norms, basis, coords, residuals, defect)
 
     def upper_bounds(self, h: torch.Tensor) -> torch.Tensor:
