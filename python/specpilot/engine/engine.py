@@ -18,7 +18,7 @@ from .graphs import kv_spans
 from .replay import GREEDY
 from .result import GenerationResult
 from .spec import run_spec
-from .spec_session import run_spec_session
+from .spec_session import new_session, run_spec_session
 from .steps import StepRunner
 from .tree.loop import TREE_EAGER, check_tree_request, run_tree_spec
 
@@ -95,17 +95,19 @@ class Engine:
         """Captures every CUDA graph a generation can need (AR, verify and draft steps for each kv span
         bucket), so no capture lands inside a timed decode. Writes scratch K/V that later writes
         overwrite before they are visible. Returns the number of graphs; no-op (0) without graphs."""
-        if not self.use_graphs:
+        if not self.runner.use_graphs:          # the runner's: CPU tests run the path with StaticShapeStep
             return 0
         b = block_size or (self.drafter.block_size if self.drafter is not None else 1)
         capacity = self.runner.capacity
         spans = kv_spans(capacity)
         ids = torch.zeros(1, b, dtype=torch.long, device=self.device)
+        # the verify reads target features only for a drafter that uses them (not plain PARD)
+        verify_features = self.drafter is not None and new_session(self, b).uses_features
         for span in spans:
             for t in sorted({1, b}):
                 start = max(0, span - t)
                 if start + t <= capacity:
-                    self.runner.target_step(ids[:, :t], start, with_features=t > 1 and self.drafter is not None)
+                    self.runner.target_step(ids[:, :t], start, with_features=t > 1 and verify_features)
             if drafter_kind(self.drafter) == "dflash" and b > 1 and span - b >= 1:
                 ctx = torch.zeros(1, 1, len(self.runner.feature_layers) * self.target.config.hidden_size,
                                   device=self.device, dtype=self.target.dtype)
@@ -114,7 +116,8 @@ class Engine:
             warm_block_drafts(self, b)                 # their greedy draft graphs (engine/block_draft.py)
         if self.config.fused_steps:
             self.runner.fused.capture_all(b if drafter_kind(self.drafter) == "dflash" else None)
-        torch.cuda.synchronize()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
         return len(self.runner.graphs) + len(self.runner.fused.graphs)
 
     # -- the API -------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ def run_spec_session(engine, ids, max_new_tokens, stop_ids, temperature, block_s
     runner, vocab = engine.runner, engine.target.config.vocab_size
     n = ids.shape[1]
     max_length, stop = n + max_new_tokens, set(stop_ids)
-    session = (getattr(engine.drafter, "session", None) or DFlashSession)(engine, block_size)
+    session = new_session(engine, block_size)
     features_on = block_size > 1 and session.uses_features
 
     t0 = engine.clock()
@@ -68,6 +68,11 @@ def run_spec_session(engine, ids, max_new_tokens, stop_ids, temperature, block_s
 
     return GenerationResult(prompt_len=n, tokens=tokens, acceptance_lengths=acceptance, prefill_s=t1 - t0,
                             decode_s=engine.clock() - t1, steps=len(acceptance), replay_shortfalls=policy.shortfalls)
+
+
+def new_session(engine, block_size: int):
+    """The drafter's per-generation session (DFlash's through DFlashSession)."""
+    return (getattr(engine.drafter, "session", None) or DFlashSession)(engine, block_size)
 
 
 class DFlashSession:
