@@ -1,4 +1,4 @@
-"""The graphed-step path of hybrid recurrent targets (engine/hybrid_steps.py) on the CPU, fp32: the
+"""The graphed-step path of hybrid recurrent targets (engine/hybrid_graphs.py) on the CPU, fp32: the
 host bookkeeping outside the step, the reserved step buffers the step writes, the record adopted
 after it. A stand-in for the graph (ReplayLike) runs the step eagerly and then, as a replay would
 leave it, drops every Python-side record of the forward: only what was written into the reserved

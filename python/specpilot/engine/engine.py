@@ -25,7 +25,7 @@ from .tree.loop import TREE_EAGER, check_tree_request, run_tree_spec
 
 HYBRID_STEPWISE = ("hybrid recurrent target: a CUDA graph per AR / verify step, but no fused greedy steps or "
                    "compiled layers, since each step first commits the recurrent state of the accepted prefix on "
-                   "the host (engine/hybrid_steps.py)")
+                   "the host (engine/hybrid_graphs.py)")
 HYBRID_EAGER = "hybrid recurrent target: eager step loop (no CUDA graphs), since "
 
 

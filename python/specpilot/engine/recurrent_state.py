@@ -17,7 +17,7 @@ state: committing inside one raises.
 
 Reserved step buffers (`reserve(t)`): fixed per-layer tensors that t-token forwards write their conv
 windows and per-position states into, instead of fresh ones, so that a CUDA graph of the step
-(engine/hybrid_steps.py) writes them at addresses fixed at capture. Every kv span's graph of one t
+(engine/hybrid_graphs.py) writes them at addresses fixed at capture. Every kv span's graph of one t
 shares them: a forward's record is committed (by the next forward's `begin`) before the next
 forward of that t overwrites it.
 """

@@ -59,8 +59,8 @@ class StepRunner:
         self.graphs = {}
         self.step_factory = step_factory or GraphedStep
         self.pool = torch.cuda.graph_pool_handle() if use_graphs and self.step_factory is GraphedStep else None
-        from .hybrid_steps import HybridGraphSteps
-        # a hybrid target's graphed steps first commit its recurrent state on the host (hybrid_steps.py)
+        from .hybrid_graphs import HybridGraphSteps
+        # a hybrid target's graphed steps first commit its recurrent state on the host (hybrid_graphs.py)
         self.hybrid = HybridGraphSteps(self) if use_graphs and getattr(target, "is_hybrid", False) else None
         from .fused_steps import FusedSteps
         self._switchable = None                               # split12 linears whose kernel we pick
@@ -115,7 +115,7 @@ class StepRunner:
 
     def warm_target_step(self, ids, start: int, with_features: bool) -> None:
         """Captures the graph of target_step(ids, start, with_features) (Engine.warmup); a hybrid
-        target's capture skips its host bookkeeping and resets its cache (hybrid_steps.py)."""
+        target's capture skips its host bookkeeping and resets its cache (hybrid_graphs.py)."""
         if self.hybrid is not None:
             self.hybrid.warm(ids, start, with_features)
         else:

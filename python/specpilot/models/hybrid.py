@@ -198,7 +198,7 @@ class HybridLM(nn.Module):
                       head=None, tree=None):
         """forward's device work, after the cache's host bookkeeping (cache.begin / begin_tree, which
         returned `every`): no host sync and no branch on tensor values, so a CUDA graph can capture it
-        (engine/hybrid_steps.py) when the model has no sparse MoE (graph_blocker)."""
+        (engine/hybrid_graphs.py) when the model has no sparse MoE (graph_blocker)."""
         x = self.embed(ids)
         rope = positions if tree is None else tree.rope_positions
         cos, sin = self.rope_cos[rope], self.rope_sin[rope]
