@@ -72,6 +72,9 @@ def test_graph_path_equals_eager(pair):
         assert {(k[0], k[1], k[2]) for k in eng.runner.graphs if k[0] == "target"} == {("target", 1, False),
                                                                                ("target", BLOCK, True)}
         assert set(eng.cache.step_buffers) == {1, BLOCK}
+        # reserved inside generate's inference mode, yet plain tensors: steps outside it write them too
+        assert not any(w.is_inference() or s.is_inference() for per in eng.cache.step_buffers.values()
+                       for w, s in per)
     finally:
         eng.runner = saved
         eng.cache.step_buffers.clear()

@@ -39,14 +39,15 @@ class Engine:
             raise ValueError(f"max_seq_len={max_seq_len} must be >= 2")
         if drafter is not None and drafter.target is not target:
             raise ValueError("the drafter was loaded against a different target (load_drafter(dir, target))")
-        self.eager_reason = None
+        reasons = []
         if getattr(target, "is_hybrid", False):         # see HYBRID_STEPWISE, HYBRID_EAGER
             blocker = target.graph_blocker()
-            self.eager_reason = HYBRID_STEPWISE if blocker is None else HYBRID_EAGER + blocker
+            reasons.append(HYBRID_STEPWISE if blocker is None else HYBRID_EAGER + blocker)
             config = dataclasses.replace(config, cuda_graphs=config.cuda_graphs and blocker is None,
                                          fused_steps=False, compile_layers=False)
-        elif config.tree_budget:                        # see TREE_EAGER
-            self.eager_reason = TREE_EAGER
+        if config.tree_budget:                          # see TREE_EAGER
+            reasons.append(TREE_EAGER)
+        self.eager_reason = "; ".join(reasons) or None
         self.target, self.drafter = target, drafter
         self.max_seq_len = max_seq_len
         self.device = target.device

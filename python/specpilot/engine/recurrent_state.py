@@ -152,10 +152,11 @@ class HybridCache:
         cfg = self.config
         batch, device = self.conv[0].shape[0], self.conv[0].device
         hv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        self.step_buffers[t] = [
-            (torch.empty(batch, cfg.conv_dim, cfg.conv_kernel - 1 + t, device=device, dtype=conv.dtype),
-             torch.empty(batch, t, hv, dk, dv, device=device, dtype=torch.float32))
-            for conv in self.conv]
+        with torch.inference_mode(False):       # plain tensors, as the cache's own: written in and out of it
+            self.step_buffers[t] = [
+                (torch.empty(batch, cfg.conv_dim, cfg.conv_kernel - 1 + t, device=device, dtype=conv.dtype),
+                 torch.empty(batch, t, hv, dk, dv, device=device, dtype=torch.float32))
+                for conv in self.conv]
 
     def buffers(self, layer: int, t: int):
         """(window [B, C, K-1+t], states [B, t, H, Dk, Dv]) reserved for GDN layer `layer`'s t-token
