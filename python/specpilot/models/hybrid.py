@@ -79,8 +79,8 @@ class GatedAttention(nn.Module):
         gate = gate.reshape(b, t, self.nq * self.d)
         q = partial_rope(self.q_norm(q).transpose(1, 2), cos, sin)              # [B, Hq, T, D]
         k = partial_rope(self.k_norm(k.view(b, t, self.nkv, self.d)).transpose(1, 2), cos, sin)
-        k_cache[:, :, positions] = k
-        v_cache[:, :, positions] = v.view(b, t, self.nkv, self.d).transpose(1, 2)
+        k_cache.index_copy_(2, positions, k)                                    # no host sync: graphs capture it
+        v_cache.index_copy_(2, positions, v.view(b, t, self.nkv, self.d).transpose(1, 2))
         out = attend(q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], mask, self.scale)  # [B, T, Hq*D]
         return linear.linear(self.o, out * torch.sigmoid(gate))
 
