@@ -45,7 +45,8 @@ def test_graphed_steps_equal_eager_bitwise(kind):
     from specpilot.engine.graphs import kv_bucket
 
     target = zoo_target() if kind == "zoo" else random_hybrid(kind, torch.bfloat16)
-    graphed, eager = (Engine(target, None, max_seq_len=600, config=EngineConfig(cuda_graphs=on)) for on in (True, False))
+    graphed, eager = (Engine(target, None, max_seq_len=600, config=EngineConfig(cuda_graphs=on))
+                      for on in (True, False))
     assert graphed.use_graphs and graphed.runner.hybrid is not None and not eager.use_graphs
     seed = fresh_seed()
     gen, host = torch.Generator(device="cuda").manual_seed(seed), torch.Generator().manual_seed(seed)
