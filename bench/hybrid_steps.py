@@ -1,14 +1,23 @@
-"""Step times of a hybrid recurrent target at a scale shape (GPU), against the memory floor:
+"""Step times of a hybrid recurrent target at a scale shape (GPU), CUDA-graphed and eager, against
+the memory floor:
 
-    python -m specpilot.bench.hybrid_steps --preset qwen3.5-9b [--context 512] [--block 16] [--out F.json]
+    python -m specpilot.bench.hybrid_steps --preset qwen3.5-9b [--context 512] [--block 16]
+        [--e2e TOKENS] [--profile FILE.txt] [--out FILE.json]
 
-Random bf16 weights (models/random_hybrid.py), our engine's eager step loop. Reports ms per AR step
-(T = 1) and per verify step (T = block, keeping the per-position recurrent states), the commit
-(copying the accepted snapshot and conv window into the committed state), and the floor of a step:
-the bytes it must move (every weight once, the fp32 recurrent states read and written, plus for a
-verify block its T snapshots; conv states; the KV of the attention layers over the context) over
-the card's measured device-to-device copy bandwidth. Issue 33's targets: AR within 12% of the floor,
-verify16 at most 1.15x AR, state handling at most 5% of a verify step.
+Random bf16 weights (models/random_hybrid.py). Reports ms per AR step (T = 1) and per verify step
+(T = block, keeping the per-position recurrent states), the commit (copying the accepted snapshot
+and conv window into the committed state), for the graphed steps (engine/hybrid_graphs.py: the
+top-level keys) and the eager step loop (under "eager"), and the floor of a step: the bytes it
+must move (every weight once, the fp32 recurrent states read and written, plus for a verify block
+its T snapshots; conv states; the KV of the attention layers over the context) over the card's
+measured device-to-device copy bandwidth. Issue 33's targets: AR within 12% of the floor, verify16
+at most 1.15x AR, state handling at most 5% of a verify step.
+
+--e2e TOKENS: also whole greedy generations of TOKENS tokens (decode time, host included) with a
+random 5-layer DFlash drafter: AR, then spec replaying tau (--tau, DFlash's Qwen3-8B 6.49) over the
+engine's own AR transcript (bench/step_times.replayed_generation), graphed and eager.
+--profile FILE: torch.profiler's top ops (device and host time) of the graphed and eager AR and
+verify steps (bench/profile_steps.py).
 """
 from __future__ import annotations
 
@@ -39,12 +48,58 @@ def floor_bytes(target, cache, context: int, t: int) -> dict:
             "layers_gdn": len(cfg.gdn_layers), "layers_attention": len(cfg.attention_layers)}
 
 
+def step_fns(engine, context: int, block: int) -> dict:
+    """Prefills `context` random tokens; -> {ar, verify, verify_commit}: functions of no arguments
+    running one step at position `context` (verify_commit: a verify, then a mid-block acceptance
+    committed, then the position rewound, so every call sees the same sizes)."""
+    import torch
+
+    runner, cache = engine.runner, engine.cache
+    gen = torch.Generator(device=engine.device).manual_seed(0)
+    prompt = torch.randint(0, engine.target.config.vocab_size - 2, (1, context), device=engine.device, generator=gen)
+    runner.prefill(prompt, with_features=False)
+    one, blk = prompt[:, -1:], prompt[:, -block:].clone()
+
+    def verify_commit():
+        runner.target_step(blk, context, with_features=False)
+        cache.commit(context + block // 2)
+        cache.committed_len = context
+
+    return {"ar": lambda: runner.target_step(one, context, with_features=False),
+            "verify": lambda: runner.target_step(blk, context, with_features=False),
+            "verify_commit": verify_commit}
+
+
+def time_steps(engine, context: int, block: int, iters: int) -> dict:
+    from specpilot.bench.step_times import _event_ms
+
+    fns = step_fns(engine, context, block)
+    ms = {name: _event_ms(fn, iters) for name, fn in fns.items()}
+    return {"ar_ms": ms["ar"], "verify_ms": ms["verify"], "commit_ms": ms["verify_commit"] - ms["verify"],
+            "graphs": len(engine.runner.graphs)}
+
+
+def e2e(engine, context: int, tokens: int, tau: float) -> dict:
+    """replayed_generation's figures; spec_equals_ar: the replayed spec output is the AR transcript
+    (both are `tokens` long: random targets have no stop token)."""
+    import torch
+
+    from specpilot.bench.step_times import replayed_generation
+
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, engine.target.config.vocab_size - 2, (context,), generator=gen).tolist()
+    out = replayed_generation(engine, prompt, tokens, tau)
+    both = out.pop("e2e_tokens")
+    out["e2e_spec_equals_ar"] = both[:len(both) // 2] == both[len(both) // 2:]
+    return out
+
+
 def main(argv=None) -> int:
     import torch
 
-    from specpilot.bench.step_times import _event_ms
+    from specpilot.config import EngineConfig
     from specpilot.engine import Engine
-    from specpilot.models.random_ckpt import TARGET_PRESETS, random_target
+    from specpilot.models.random_ckpt import TARGET_PRESETS, drafter_config_for, random_drafter, random_target
     from specpilot.models.random_hybrid import HYBRID_PRESETS
 
     p = argparse.ArgumentParser(prog="python -m specpilot.bench.hybrid_steps", description=__doc__.split("\n")[0])
@@ -52,36 +107,51 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--block", type=int, default=16)
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--e2e", type=int, default=0, metavar="TOKENS", help="also whole replayed generations (0: off)")
+    p.add_argument("--tau", type=float, default=6.49, help="the acceptance replayed by --e2e")
+    p.add_argument("--profile", default=None, metavar="FILE", help="write the profiler's top ops here")
     p.add_argument("--out", default=None, help="write the JSON here too")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("hybrid_steps times GPU steps: no CUDA device here")
+    if args.e2e < 0:
+        raise SystemExit(f"--e2e {args.e2e} must be >= 0")
     target = random_target(TARGET_PRESETS[args.preset], "cuda", torch.bfloat16, seed=0)
-    engine = Engine(target, None, max_seq_len=args.context + 2 * args.block + 64)
-    runner, cache = engine.runner, engine.cache
+    drafter = None
+    if args.e2e:
+        drafter = random_drafter(drafter_config_for(target.config, num_layers=5, block_size=args.block), target)
+    room = args.context + max(2 * args.block, args.e2e + args.block) + 64
+    graphed, eager = (Engine(target, drafter, max_seq_len=room, config=EngineConfig(cuda_graphs=on))
+                      for on in (True, False))
+    if not graphed.use_graphs:
+        raise SystemExit(f"the engine does not graph this target: {graphed.eager_reason}")
     with torch.inference_mode():
-        prompt = torch.randint(0, target.config.vocab_size - 2, (1, args.context), device=target.device)
-        runner.prefill(prompt, with_features=False)
-        one, block = prompt[:, -1:], prompt[:, -args.block:].clone()
-        ar_ms = _event_ms(lambda: runner.target_step(one, args.context, with_features=False), args.iters)
-        verify_ms = _event_ms(lambda: runner.target_step(block, args.context, with_features=False), args.iters)
+        out = {"device": torch.cuda.get_device_name(), "preset": args.preset, "context": args.context,
+               "block": args.block, **time_steps(graphed, args.context, args.block, args.iters),
+               "eager": time_steps(eager, args.context, args.block, args.iters)}
+        if args.profile:
+            from specpilot.bench.profile_steps import profile_steps
 
-        def verify_then_commit():
-            runner.target_step(block, args.context, with_features=False)
-            cache.commit(args.context + args.block // 2)        # a mid-block acceptance
-            cache.committed_len = args.context                   # rewind the position (same state size)
-        commit_ms = _event_ms(verify_then_commit, args.iters) - verify_ms
+            steps = {}
+            for name, engine in (("graphed", graphed), ("eager", eager)):
+                fns = step_fns(engine, args.context, args.block)
+                steps[f"{name} ar"], steps[f"{name} verify{args.block}"] = fns["ar"], fns["verify"]
+            profile_steps(steps, args.profile)
+            out["profile"] = args.profile
+        if args.e2e:
+            out.update(e2e(graphed, args.context, args.e2e, args.tau))
+            out["eager"].update(e2e(eager, args.context, args.e2e, args.tau))
     bandwidth = copy_bandwidth()
-    out = {"device": torch.cuda.get_device_name(), "preset": args.preset, "context": args.context,
-           "block": args.block, "ar_ms": ar_ms, "verify_ms": verify_ms, "commit_ms": commit_ms,
-           "copy_GBps": bandwidth / 1e9}
+    out["copy_GBps"] = bandwidth / 1e9
     for name, t in (("ar", 1), ("verify", args.block)):
-        moved = floor_bytes(target, cache, args.context, t)
+        moved = floor_bytes(target, graphed.cache, args.context, t)
         floor = sum(v for k, v in moved.items() if not k.startswith("layers")) / bandwidth * 1e3
         out[f"{name}_floor_ms"], out[f"{name}_bytes"] = floor, moved
-        out[f"{name}_over_floor"] = out[f"{name}_ms"] / floor
-    out["verify_over_ar"] = verify_ms / ar_ms
-    out["commit_share_of_verify"] = commit_ms / verify_ms
+        for row in (out, out["eager"]):
+            row[f"{name}_over_floor"] = row[f"{name}_ms"] / floor
+    for row in (out, out["eager"]):
+        row["verify_over_ar"] = row["verify_ms"] / row["ar_ms"]
+        row["commit_share_of_verify"] = row["commit_ms"] / row["verify_ms"]
     print(json.dumps(out, indent=1))
     if args.out:
         with open(args.out, "w") as f:

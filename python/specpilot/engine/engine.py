@@ -23,8 +23,10 @@ from .steps import StepRunner
 from .tree.loop import TREE_EAGER, check_tree_request, run_tree_spec
 
 
-HYBRID_EAGER = ("hybrid recurrent target: eager step loop (no CUDA graphs / fused greedy steps), since each "
-                "forward commits the recurrent state of the accepted prefix on the host (engine/recurrent_state.py)")
+HYBRID_STEPWISE = ("hybrid recurrent target: a CUDA graph per AR / verify step, but no fused greedy steps or "
+                   "compiled layers, since each step first commits the recurrent state of the accepted prefix on "
+                   "the host (engine/hybrid_graphs.py)")
+HYBRID_EAGER = "hybrid recurrent target: eager step loop (no CUDA graphs), since "
 
 
 class Engine:
@@ -37,12 +39,15 @@ class Engine:
             raise ValueError(f"max_seq_len={max_seq_len} must be >= 2")
         if drafter is not None and drafter.target is not target:
             raise ValueError("the drafter was loaded against a different target (load_drafter(dir, target))")
-        self.eager_reason = None
-        if getattr(target, "is_hybrid", False):         # see HYBRID_EAGER
-            self.eager_reason = HYBRID_EAGER
-            config = dataclasses.replace(config, cuda_graphs=False, fused_steps=False, compile_layers=False)
-        elif config.tree_budget:                        # see TREE_EAGER
-            self.eager_reason = TREE_EAGER
+        reasons = []
+        if getattr(target, "is_hybrid", False):         # see HYBRID_STEPWISE, HYBRID_EAGER
+            blocker = target.graph_blocker()
+            reasons.append(HYBRID_STEPWISE if blocker is None else HYBRID_EAGER + blocker)
+            config = dataclasses.replace(config, cuda_graphs=config.cuda_graphs and blocker is None,
+                                         fused_steps=False, compile_layers=False)
+        if config.tree_budget:                          # see TREE_EAGER
+            reasons.append(TREE_EAGER)
+        self.eager_reason = "; ".join(reasons) or None
         self.target, self.drafter = target, drafter
         self.max_seq_len = max_seq_len
         self.device = target.device
@@ -107,7 +112,7 @@ class Engine:
             for t in sorted({1, b}):
                 start = max(0, span - t)
                 if start + t <= capacity:
-                    self.runner.target_step(ids[:, :t], start, with_features=t > 1 and verify_features)
+                    self.runner.warm_target_step(ids[:, :t], start, t > 1 and verify_features)
             if drafter_kind(self.drafter) == "dflash" and b > 1 and span - b >= 1:
                 ctx = torch.zeros(1, 1, len(self.runner.feature_layers) * self.target.config.hidden_size,
                                   device=self.device, dtype=self.target.dtype)

@@ -14,6 +14,12 @@ first commits length p (HybridLM.forward calls `begin`), so the spec loop's acce
 is (engine/accept.py) and any loop that advances by positions works unchanged. A forward at position
 0 starts a new sequence. Longer forwards (the prefill) run the chunked form and keep only the final
 state: committing inside one raises.
+
+Reserved step buffers (`reserve(t)`): fixed per-layer tensors that t-token forwards write their conv
+windows and per-position states into, instead of fresh ones, so that a CUDA graph of the step
+(engine/hybrid_graphs.py) writes them at addresses fixed at capture. Every kv span's graph of one t
+shares them: a forward's record is committed (by the next forward's `begin`) before the next
+forward of that t overwrites it.
 """
 from __future__ import annotations
 
@@ -42,6 +48,7 @@ class HybridCache:
         self.pending_tree = None        # the TreeLayout of the last forward when it was a tree's
         self.windows = [None] * len(cfg.gdn_layers)     # per layer: [B, C, K-1+T] of the last forward
         self.snapshots = [None] * len(cfg.gdn_layers)   # per layer: [B, T or 1, H, Dk, Dv] fp32
+        self.step_buffers = {}          # t -> per layer (window [B, C, K-1+t], states [B, t, H, Dk, Dv])
 
     @property
     def trash_slot(self) -> int:
@@ -132,6 +139,41 @@ class HybridCache:
             c.zero_()
             s.zero_()
         self.committed_len, self.pending, self.pending_tree = 0, None, None
+        self.windows = [None] * len(self.conv)
+        self.snapshots = [None] * len(self.conv)
+
+    # -- reserved step buffers (graphed steps) ---------------------------------------------------
+    def reserve(self, t: int) -> None:
+        """Allocates the fixed buffers of t-token forwards (see the module doc); no-op when held."""
+        if not 1 <= t <= MAX_SNAPSHOT_T:
+            raise ValueError(f"step buffers are for forwards of 1..{MAX_SNAPSHOT_T} tokens, got {t}")
+        if t in self.step_buffers:
+            return
+        cfg = self.config
+        batch, device = self.conv[0].shape[0], self.conv[0].device
+        hv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        with torch.inference_mode(False):       # plain tensors, as the cache's own: written in and out of it
+            self.step_buffers[t] = [
+                (torch.empty(batch, cfg.conv_dim, cfg.conv_kernel - 1 + t, device=device, dtype=conv.dtype),
+                 torch.empty(batch, t, hv, dk, dv, device=device, dtype=torch.float32))
+                for conv in self.conv]
+
+    def buffers(self, layer: int, t: int):
+        """(window [B, C, K-1+t], states [B, t, H, Dk, Dv]) reserved for GDN layer `layer`'s t-token
+        forwards, or None when t has none."""
+        per_layer = self.step_buffers.get(t)
+        return None if per_layer is None else per_layer[self.gdn_index[layer]]
+
+    def adopt(self, t: int) -> None:
+        """After a replayed t-token forward (none of its Python ran, so nothing was stashed): its
+        record is the reserved buffers of t, which the replay wrote."""
+        if t not in self.step_buffers:
+            raise ValueError(f"no step buffers reserved for {t}-token forwards")
+        if self.pending is None or self.pending[1] != t or not self.pending[2]:
+            raise ValueError(f"recurrent state: adopt({t}) needs a pending {t}-token forward that keeps its "
+                             f"per-position states (begin), got {self.pending}")
+        for j, (window, states) in enumerate(self.step_buffers[t]):
+            self.windows[j], self.snapshots[j] = window, states
 
     def layer_state(self, layer: int):
         """(conv [B, C, K-1], recurrent state [B, H, Dk, Dv]) committed for GDN layer `layer`."""

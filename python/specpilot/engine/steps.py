@@ -59,6 +59,9 @@ class StepRunner:
         self.graphs = {}
         self.step_factory = step_factory or GraphedStep
         self.pool = torch.cuda.graph_pool_handle() if use_graphs and self.step_factory is GraphedStep else None
+        from .hybrid_graphs import HybridGraphSteps
+        # a hybrid target's graphed steps first commit its recurrent state on the host (hybrid_graphs.py)
+        self.hybrid = HybridGraphSteps(self) if use_graphs and getattr(target, "is_hybrid", False) else None
         from .fused_steps import FusedSteps
         self._switchable = None                               # split12 linears whose kernel we pick
         forwards = StepForwards(target=functools.partial(self.forward_target, compiled=True),
@@ -100,6 +103,8 @@ class StepRunner:
         positions = torch.arange(start, start + t, device=ids.device)
         if not self.use_graphs or not graphed or head is not None:
             return self.forward_target(ids, positions, start + t, with_features, head=head)
+        if self.hybrid is not None:
+            return self.hybrid.step(ids, start, with_features)
         span = kv_bucket(start + t, self.capacity)
         key = ("target", t, with_features, span)
         if key not in self.graphs:
@@ -107,6 +112,14 @@ class StepRunner:
                 return self.forward_target(i, p, span, with_features, compiled=True)
             self.graphs[key] = self.step_factory(fn, (ids, positions), self.pool)
         return self.graphs[key](ids, positions)
+
+    def warm_target_step(self, ids, start: int, with_features: bool) -> None:
+        """Captures the graph of target_step(ids, start, with_features) (Engine.warmup); a hybrid
+        target's capture skips its host bookkeeping and resets its cache (hybrid_graphs.py)."""
+        if self.hybrid is not None:
+            self.hybrid.warm(ids, start, with_features)
+        else:
+            self.target_step(ids, start, with_features)
 
     # -- drafter --------------------------------------------------------------------------------
     def write_draft_context(self, features, positions, compiled: bool = False):

@@ -43,16 +43,19 @@ def _initial(state, b, h, dk, dv, device):
     return state.float()
 
 
-def recurrent_gated_delta_rule(q, k, v, g, beta, state=None, keep_states: bool = False):
+def recurrent_gated_delta_rule(q, k, v, g, beta, state=None, keep_states: bool = False, states_out=None):
     """Token by token. Returns (out [B, T, H, Dv], final state [B, H, Dk, Dv] fp32, states
-    [B, T, H, Dk, Dv] fp32 (the state after each token) when keep_states, else None)."""
+    [B, T, H, Dk, Dv] fp32 (the state after each token) when keep_states, else None). states_out: an
+    fp32 [B, T, H, Dk, Dv] tensor the kept states are written into (else a new one)."""
     dtype = v.dtype
     q, k, v, g, beta = _prepare(q, k, v, g, beta)
     b, h, t, dk = k.shape
     dv = v.shape[-1]
     s = _initial(state, b, h, dk, dv, k.device)
     out = torch.empty(b, h, t, dv, dtype=torch.float32, device=k.device)
-    states = torch.empty(b, t, h, dk, dv, dtype=torch.float32, device=k.device) if keep_states else None
+    states = None
+    if keep_states:
+        states = _states_buffer(states_out, (b, t, h, dk, dv), k.device)
     for i in range(t):
         s = s * g[:, :, i].exp()[..., None, None]
         predicted = (k[:, :, i, None, :] @ s).squeeze(-2)                      # S^T k  [B, H, Dv]
@@ -62,6 +65,14 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, state=None, keep_states: bool =
         if keep_states:
             states[:, i] = s
     return out.transpose(1, 2).to(dtype), s, states
+
+
+def _states_buffer(states_out, shape, device):
+    if states_out is None:
+        return torch.empty(shape, dtype=torch.float32, device=device)
+    if tuple(states_out.shape) != shape or states_out.dtype != torch.float32:
+        raise ValueError(f"states_out must be fp32 {list(shape)}, got {states_out.dtype} {list(states_out.shape)}")
+    return states_out
 
 
 def chunked_gated_delta_rule(q, k, v, g, beta, state=None, chunk: int = CHUNK):

@@ -79,8 +79,8 @@ class GatedAttention(nn.Module):
         gate = gate.reshape(b, t, self.nq * self.d)
         q = partial_rope(self.q_norm(q).transpose(1, 2), cos, sin)              # [B, Hq, T, D]
         k = partial_rope(self.k_norm(k.view(b, t, self.nkv, self.d)).transpose(1, 2), cos, sin)
-        k_cache[:, :, positions] = k
-        v_cache[:, :, positions] = v.view(b, t, self.nkv, self.d).transpose(1, 2)
+        k_cache.index_copy_(2, positions, k)                                    # no host sync: graphs capture it
+        v_cache.index_copy_(2, positions, v.view(b, t, self.nkv, self.d).transpose(1, 2))
         out = attend(q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], mask, self.scale)  # [B, T, Hq*D]
         return linear.linear(self.o, out * torch.sigmoid(gate))
 
@@ -110,17 +110,20 @@ class GatedDeltaNet(nn.Module):
         qkv, z, beta_in, a = linear.linear(self.in_proj, x).split(
             (self.conv_dim, self.value_dim, self.nv, self.nv), dim=-1)
         conv_state, state = cache.layer_state(self.layer)
+        # the cache's reserved buffers for this T (graphed steps write at fixed addresses), or None
+        window_out, states_out = (cache.buffers(self.layer, t) if tree is None and every_position else None) \
+            or (None, None)
         if tree is not None:
             mixed, window = gdn_tree.tree_conv(qkv, conv_state, self.conv_weight,
                                                tree.conv_window_index(self.conv_weight.shape[1]))
         else:
-            window = torch.cat([conv_state, qkv.transpose(1, 2)], dim=-1)      # [B, C, K-1+T]
+            window = torch.cat([conv_state, qkv.transpose(1, 2)], dim=-1, out=window_out)   # [B, C, K-1+T]
             mixed = gdn.causal_conv(window, self.conv_weight).transpose(1, 2)   # [B, T, C]
         beta = beta_in.sigmoid()
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)   # log decay <= 0, fp32
         if tree is None and every_position and gdn_chain.takes(mixed, self.dk, self.dv):       # one CUDA kernel per layer
             out, snapshots = gdn_chain.gdn_chain(mixed[0].contiguous(), self.nk, self.dk, g[0], beta[0].float(),
-                                                 state[0])
+                                                 state[0], None if states_out is None else states_out[0])
             cache.stash(self.layer, window, snapshots[None])
             return self._output(out[None], z, b, t)
         q, k, v = mixed.split((self.key_dim, self.key_dim, self.value_dim), dim=-1)
@@ -131,7 +134,8 @@ class GatedDeltaNet(nn.Module):
         if tree is not None:
             out, snapshots = gdn_tree.tree_gated_delta_rule(q, k, v, g, beta, state, tree)
         elif every_position:
-            out, _, snapshots = gdn.recurrent_gated_delta_rule(q, k, v, g, beta, state, keep_states=True)
+            out, _, snapshots = gdn.recurrent_gated_delta_rule(q, k, v, g, beta, state, keep_states=True,
+                                                               states_out=states_out)
         else:
             out, final = gdn.chunked_gated_delta_rule(q, k, v, g, beta, state)
             snapshots = final[:, None]
@@ -159,7 +163,7 @@ class HybridBlock(nn.Module):
 
 class HybridLM(nn.Module):
     is_hybrid = True
-    compiled_layers = None          # the engine runs hybrid targets eagerly (Engine: eager_reason)
+    compiled_layers = None          # no compiled layers for hybrid targets (Engine: eager_reason)
     use_compiled = False
 
     def __init__(self, cfg: HybridConfig):
@@ -187,9 +191,14 @@ class HybridLM(nn.Module):
         features [B, T, F] or None) as TargetLM.forward: feature layer i is layer i's output (the last
         layer's after the final norm, as HF's hidden_states). head: as TargetLM.forward's. tree: as
         TargetLM.forward's (positions = the tree's slots); the cache then awaits commit_path."""
-        t = ids.shape[1]
-        start = int(positions[0])
-        every = cache.begin(start, t) if tree is None else cache.begin_tree(tree)
+        every = cache.begin(int(positions[0]), ids.shape[1]) if tree is None else cache.begin_tree(tree)
+        return self.forward_begun(ids, positions, cache, kv_len, every, feature_layers, logits_rows, head, tree)
+
+    def forward_begun(self, ids, positions, cache, kv_len: int, every: bool, feature_layers=(), logits_rows=None,
+                      head=None, tree=None):
+        """forward's device work, after the cache's host bookkeeping (cache.begin / begin_tree, which
+        returned `every`): no host sync and no branch on tensor values, so a CUDA graph can capture it
+        (engine/hybrid_graphs.py) when the model has no sparse MoE (graph_blocker)."""
         x = self.embed(ids)
         rope = positions if tree is None else tree.rope_positions
         cos, sin = self.rope_cos[rope], self.rope_sin[rope]
@@ -226,7 +235,13 @@ class HybridLM(nn.Module):
                                                       device, dtype)
 
     def prepare(self) -> None:
-        """Nothing to build before the engine runs (the engine keeps hybrid targets out of graphs)."""
+        """Nothing to build before the engine runs."""
+
+    def graph_blocker(self):
+        """Why this model's steps cannot be CUDA-graphed, or None when they can."""
+        if self.config.moe_layers:
+            return "its sparse MoE layers pick their experts on the host (models/moe.py)"
+        return None
 
     def layer_fns(self):
         return self.layers
