@@ -101,7 +101,9 @@ __device__ __forceinline__ int settled_end(const int64_t* last, int tokens, int 
 // 32 otherwise, for four independent Q.K^T mma chains instead of two.
 // D = 64: a one-CTA-per-SM bound, else ptxas caps the multi-row kernel at 128 registers and spills
 // in its key loop (with it: 156, no spill). D = 128 keeps ptxas's own choice (0), no spill either.
-template <int D, int SK>
+// kPaged: keys through the batch row's page table (PagedKV), `last` per batch row; a template flag,
+// so the static-cache kernel compiles as before.
+template <int D, int SK, bool kPaged>
 __global__ void __launch_bounds__(kThreads, D == 64 ? 1 : 0) split_kernel(const DecodeAttentionArgs a) {
   static_assert(SK == 16 || SK == 32, "a warp step is one or two mma k-steps of P.V");
   using S = Smem<D>;
@@ -128,17 +130,27 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 1 : 0) split_kernel(const 
   // the cache are the previous kernel's until the wait (docs/CONTRACTS.md), except, with
   // writes_at_last, the keys below `settled`: their loads go out before the wait, so that the
   // DRAM latency of this CTA's first tile overlaps the kernel before (the rope / cache write).
-  const int kv_end = visible_end(a.last, T, a.span, lane);
+  const int64_t* last = kPaged ? a.last + static_cast<long long>(b) * T : a.last;  // this batch row's
+  const int kv_end = visible_end(last, T, a.span, lane);
   const SplitGeometry geo = split_geometry(kv_end, a.num_splits);
   const bool direct = a.num_splits == 1;
-  const int settled = a.writes_at_last ? settled_end(a.last, T, a.span, lane) : 0;
+  const int settled = a.writes_at_last ? settled_end(last, T, a.span, lane) : 0;
 
   const int kbeg = split * geo.keys_per_split;
   const int kend = min(kbeg + geo.keys_per_split, kv_end);
   const int ntiles = kend > kbeg ? (kend - kbeg + kKeyTile - 1) / kKeyTile : 0;
 
-  const uint16_t* kb = a.k + b * a.k_stride[0] + kvh * a.k_stride[1];
-  const uint16_t* vb = a.v + b * a.v_stride[0] + kvh * a.v_stride[1];
+  const uint16_t* kb = a.k + (kPaged ? 0 : b * a.k_stride[0]) + kvh * a.k_stride[1];  // paged: one pool
+  const uint16_t* vb = a.v + (kPaged ? 0 : b * a.v_stride[0]) + kvh * a.v_stride[1];
+  const int32_t* table = kPaged ? a.paged.page_table + b * a.paged.table_stride : nullptr;
+  // Paged: the physical slot of a key below kend through the page table; -1 for a page outside the
+  // pool (zero-filled, never out of bounds).
+  auto paged_slot = [&](int key) -> long long {
+    const long long page = __ldg(table + (key >> a.paged.page_shift));
+    if (page < 0) return -1ll;
+    const long long slot = (page << a.paged.page_shift) | (key & ((1 << a.paged.page_shift) - 1));
+    return slot < a.paged.pool_slots ? slot : -1ll;
+  };
   // The rows of one tile whose key is in [lo, hi) (keys past kend are zero-filled, never read).
   auto load_tile = [&](int tile, int stage, int lo, int hi) {
     const int base = kbeg + tile * kKeyTile;
@@ -147,9 +159,14 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 1 : 0) split_kernel(const 
     for (int i = tid; i < kKeyTile * kChunks; i += kThreads) {
       const int r = i / kChunks, c = i % kChunks, key = base + r;
       if (key < lo || key >= hi) continue;
-      const bool valid = key < kend;
-      cp_async16(sk + r * S::kPitch + c * 8, valid ? kb + key * a.k_stride[2] + c * 8 : a.k, valid);
-      cp_async16(sv + r * S::kPitch + c * 8, valid ? vb + key * a.v_stride[2] + c * 8 : a.v, valid);
+      long long slot = key;
+      bool valid = key < kend;
+      if constexpr (kPaged) {
+        slot = valid ? paged_slot(key) : -1ll;
+        valid = slot >= 0;
+      }
+      cp_async16(sk + r * S::kPitch + c * 8, valid ? kb + slot * a.k_stride[2] + c * 8 : a.k, valid);
+      cp_async16(sv + r * S::kPitch + c * 8, valid ? vb + slot * a.v_stride[2] + c * 8 : a.v, valid);
     }
   };
   constexpr int kAllKeys = 0x7fffffff;
@@ -161,9 +178,9 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 1 : 0) split_kernel(const 
   if (!direct && split >= geo.active_splits) return;
 
   // The rope prologue is T = 1 only (the op refuses other T), so only the one-m-tile kernel (SK = 16)
-  // compiles it: in the multi-row kernel it cost register spills.
-  const bool rope = SK == 16 && a.rope.qkv != nullptr;
-  if constexpr (SK == 16) {
+  // compiles it: in the multi-row kernel it cost register spills. Never paged (the launcher refuses).
+  const bool rope = SK == 16 && !kPaged && a.rope.qkv != nullptr;
+  if constexpr (SK == 16 && !kPaged) {
     if (rope) rope_prologue<D, S::kPitch, kWarps>(a, sq, b, kvh, g, warp, lane, split == geo.active_splits - 1);
   }
   if (!rope) {  // Q rows -> shared. Row r = j * T + t of this KV head.
@@ -191,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 1 : 0) split_kernel(const 
     const int r = mi * 16 + quad_row + 8 * h;
     long long v = -1;
     if (has_rows && r < rows) {
-      v = static_cast<long long>(a.last[(row0 + r) % T]);
+      v = static_cast<long long>(last[(row0 + r) % T]);
       v = v < -1ll ? -1ll : (v > kend - 1 ? kend - 1 : v);
     }
     lim[h] = static_cast<int>(v);
@@ -387,7 +404,12 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeAttention
   const long long orow = static_cast<long long>(blockIdx.x) * kWarps + threadIdx.x / 32;
   pdl_launch_dependents();  // the next kernel (the o projection) may start fetching its weights
   // `last` was written before the split kernel started, so it may be read before the PDL wait.
-  const int kv_end = visible_end(a.last, a.tokens, a.span, lane);
+  // Paged: the row's batch row's `last` (a row past the end reads the last batch row's, then exits).
+  const long long rows_per_batch = static_cast<long long>(a.tokens) * a.q_heads;
+  const int64_t* last = a.paged.page_table == nullptr
+                            ? a.last
+                            : a.last + min(orow / rows_per_batch, static_cast<long long>(a.batch - 1)) * a.tokens;
+  const int kv_end = visible_end(last, a.tokens, a.span, lane);
   const int active = split_geometry(kv_end, a.num_splits).active_splits;
   pdl_wait();
   if (orow >= rows_total) return;
@@ -405,12 +427,12 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeAttention
       a.out + orow * D + lane * (D / 32));
 }
 
-template <int D, int SK>
+template <int D, int SK, bool kPaged>
 int launch_rows(const DecodeAttentionArgs& a, cudaStream_t stream) {
   constexpr size_t smem = Smem<D>::kBytes;
   const int rows = (a.q_heads / a.kv_heads) * a.tokens;
   const dim3 grid(a.num_splits, (rows + kRowsPerCta - 1) / kRowsPerCta, a.batch * a.kv_heads);
-  auto kernel = split_kernel<D, SK>;
+  auto kernel = split_kernel<D, SK, kPaged>;
   // Set on every launch (cheap, host only, legal under graph capture): the attribute is per device.
   int err = (int)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err != 0) return err;
@@ -422,10 +444,18 @@ int launch_rows(const DecodeAttentionArgs& a, cudaStream_t stream) {
 }
 
 // One m16 tile per CTA (T = 1 with g <= 16, SK = 16): four warps split each key tile, 16 keys each.
+template <int D, bool kPaged>
+int launch_layout(const DecodeAttentionArgs& a, cudaStream_t stream) {
+  const int rows = (a.q_heads / a.kv_heads) * a.tokens;
+  return rows <= 16 ? launch_rows<D, 16, kPaged>(a, stream) : launch_rows<D, 32, kPaged>(a, stream);
+}
+
 template <int D>
 int launch(const DecodeAttentionArgs& a, cudaStream_t stream) {
-  const int rows = (a.q_heads / a.kv_heads) * a.tokens;
-  return rows <= 16 ? launch_rows<D, 16>(a, stream) : launch_rows<D, 32>(a, stream);
+  if (a.paged.page_table == nullptr) return launch_layout<D, false>(a, stream);
+  // No rope prologue over a page pool; page_shift keeps (page << shift) and the key mask in range.
+  if (a.rope.qkv != nullptr || a.paged.page_shift < 0 || a.paged.page_shift > 20) return (int)cudaErrorInvalidValue;
+  return launch_layout<D, true>(a, stream);
 }
 
 }  // namespace
