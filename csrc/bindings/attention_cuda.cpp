@@ -164,8 +164,8 @@ void paged_decode_attention_cuda(const at::Tensor& q, const at::Tensor& k_pool, 
            " with Hq/Hkv <= ", kMaxGroups);
   SP_CHECK(page_size >= 1 && page_size <= (1 << 20) && (page_size & (page_size - 1)) == 0, op,
            ": page_size must be a power of two in 1..2^20, got ", page_size);
-  SP_CHECK(slots >= page_size && slots % page_size == 0, op, ": the pool's ", slots,
-           " slots must be a positive multiple of page_size=", page_size);
+  SP_CHECK(slots >= page_size && slots % page_size == 0 && slots <= INT32_MAX, op, ": the pool's ", slots,
+           " slots must be a positive multiple of page_size=", page_size, " and at most 2^31 - 1");
   SP_CHECK(R * Hkv <= 65535, op, ": R*Hkv=", R * Hkv, " exceeds the grid's 65535");
   SP_CHECK(std::isfinite(scale), op, ": scale must be finite, got ", scale);
   SP_CHECK(page_table.scalar_type() == at::kInt && page_table.dim() == 2 && page_table.size(0) == R &&

@@ -143,30 +143,45 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 1 : 0) split_kernel(const 
   const uint16_t* kb = a.k + (kPaged ? 0 : b * a.k_stride[0]) + kvh * a.k_stride[1];  // paged: one pool
   const uint16_t* vb = a.v + (kPaged ? 0 : b * a.v_stride[0]) + kvh * a.v_stride[1];
   const int32_t* table = kPaged ? a.paged.page_table + b * a.paged.table_stride : nullptr;
-  // Paged: the physical slot of a key below kend through the page table; -1 for a page outside the
-  // pool (zero-filled, never out of bounds).
-  auto paged_slot = [&](int key) -> long long {
-    const long long page = __ldg(table + (key >> a.paged.page_shift));
-    if (page < 0) return -1ll;
-    const long long slot = (page << a.paged.page_shift) | (key & ((1 << a.paged.page_shift) - 1));
-    return slot < a.paged.pool_slots ? slot : -1ll;
-  };
   // The rows of one tile whose key is in [lo, hi) (keys past kend are zero-filled, never read).
   auto load_tile = [&](int tile, int stage, int lo, int hi) {
     const int base = kbeg + tile * kKeyTile;
     uint16_t* sk = skv + 2 * stage * S::kTile;
     uint16_t* sv = sk + S::kTile;
-    for (int i = tid; i < kKeyTile * kChunks; i += kThreads) {
-      const int r = i / kChunks, c = i % kChunks, key = base + r;
-      if (key < lo || key >= hi) continue;
-      long long slot = key;
-      bool valid = key < kend;
-      if constexpr (kPaged) {
-        slot = valid ? paged_slot(key) : -1ll;
-        valid = slot >= 0;
+    if constexpr (kPaged) {
+      // A thread copies chunk column tid % kChunks of rows tid / kChunks + n * kRowStep. Every row's
+      // page entry is read first (independent loads, one round trip), then the copies go out. A page
+      // outside the pool gives slot -1: zero-filled, never out of bounds.
+      constexpr int kRowStep = kThreads / kChunks, kRowsPerThread = kKeyTile / kRowStep;
+      static_assert(kThreads % kChunks == 0 && kKeyTile % kRowStep == 0, "whole rows per thread");
+      const int c = tid % kChunks, r0 = tid / kChunks, shift = a.paged.page_shift;
+      int slot[kRowsPerThread];
+#pragma unroll
+      for (int n = 0; n < kRowsPerThread; ++n) {
+        const int key = base + r0 + n * kRowStep;
+        const int page = key >= lo && key < hi && key < kend ? __ldg(table + (key >> shift)) : -1;
+        slot[n] = -1;
+        if (page >= 0) {
+          const long long at = (static_cast<long long>(page) << shift) | (key & ((1 << shift) - 1));
+          if (at < a.paged.pool_slots) slot[n] = static_cast<int>(at);
+        }
       }
-      cp_async16(sk + r * S::kPitch + c * 8, valid ? kb + slot * a.k_stride[2] + c * 8 : a.k, valid);
-      cp_async16(sv + r * S::kPitch + c * 8, valid ? vb + slot * a.v_stride[2] + c * 8 : a.v, valid);
+#pragma unroll
+      for (int n = 0; n < kRowsPerThread; ++n) {
+        const int r = r0 + n * kRowStep, key = base + r;
+        if (key < lo || key >= hi) continue;
+        const bool valid = slot[n] >= 0;
+        cp_async16(sk + r * S::kPitch + c * 8, valid ? kb + slot[n] * a.k_stride[2] + c * 8 : a.k, valid);
+        cp_async16(sv + r * S::kPitch + c * 8, valid ? vb + slot[n] * a.v_stride[2] + c * 8 : a.v, valid);
+      }
+    } else {
+      for (int i = tid; i < kKeyTile * kChunks; i += kThreads) {
+        const int r = i / kChunks, c = i % kChunks, key = base + r;
+        if (key < lo || key >= hi) continue;
+        const bool valid = key < kend;
+        cp_async16(sk + r * S::kPitch + c * 8, valid ? kb + key * a.k_stride[2] + c * 8 : a.k, valid);
+        cp_async16(sv + r * S::kPitch + c * 8, valid ? vb + key * a.v_stride[2] + c * 8 : a.v, valid);
+      }
     }
   };
   constexpr int kAllKeys = 0x7fffffff;
@@ -397,7 +412,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 1 : 0) split_kernel(const 
 }
 
 // The combine kernel: one warp per output row (merge_row over the fp32 workspace).
-template <int D>
+template <int D, bool kPaged>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeAttentionArgs a) {
   const int lane = threadIdx.x % 32;
   const long long rows_total = static_cast<long long>(a.batch) * a.tokens * a.q_heads;
@@ -405,10 +420,11 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeAttention
   pdl_launch_dependents();  // the next kernel (the o projection) may start fetching its weights
   // `last` was written before the split kernel started, so it may be read before the PDL wait.
   // Paged: the row's batch row's `last` (a row past the end reads the last batch row's, then exits).
-  const long long rows_per_batch = static_cast<long long>(a.tokens) * a.q_heads;
-  const int64_t* last = a.paged.page_table == nullptr
-                            ? a.last
-                            : a.last + min(orow / rows_per_batch, static_cast<long long>(a.batch - 1)) * a.tokens;
+  const int64_t* last = a.last;
+  if constexpr (kPaged) {
+    const long long b = min(orow / (static_cast<long long>(a.tokens) * a.q_heads), static_cast<long long>(a.batch - 1));
+    last += b * a.tokens;
+  }
   const int kv_end = visible_end(last, a.tokens, a.span, lane);
   const int active = split_geometry(kv_end, a.num_splits).active_splits;
   pdl_wait();
@@ -440,7 +456,7 @@ int launch_rows(const DecodeAttentionArgs& a, cudaStream_t stream) {
   if (err != 0 || a.num_splits == 1) return err;
   const long long out_rows = static_cast<long long>(a.batch) * a.tokens * a.q_heads;
   const dim3 combine_grid(static_cast<unsigned>((out_rows + kWarps - 1) / kWarps));
-  return split12::launch_kernel(combine_kernel<D>, combine_grid, kThreads, 0, stream, a.pdl, a);
+  return split12::launch_kernel(combine_kernel<D, kPaged>, combine_grid, kThreads, 0, stream, a.pdl, a);
 }
 
 // One m16 tile per CTA (T = 1 with g <= 16, SK = 16): four warps split each key tile, 16 keys each.
