@@ -10,6 +10,11 @@
 //                         positions [1] int64, eps, k_cache!, v_cache!, span, scale, out!, workspace!)
 // the one-token step's qk_norm_rope_cache + decode_attention in one kernel, bit for bit the same
 // (RopePrologue in csrc/include/specpilot/decode_attention.h).
+//   paged_decode_attention(q [R,Hq,T,D], k_pool [1,Hkv,slots,D], v_pool, page_table [R,P] int32, page_size,
+//                          last [R,T] int64, scale, out [R,T,Hq*D]!, workspace [splits, R*T*Hq, D+1] fp32!)
+// the same attention for R requests over one paged KV pool (PagedKV in decode_attention.h): request
+// r's logical key j at slot page_table[r, j / page_size] * page_size + j % page_size, seen by its row t
+// iff j <= last[r, t] (< 0: a padding row, zeros); page_size a power of two.
 //   decode_attention_pdl(enable) -> previous: launch the attention path (qk_norm_rope_cache, split,
 //   combine) with programmatic dependent launch (1, default) or plainly (0); -1 only reads it.
 //   Process-global (attention_pdl.h), read at launch (so at graph capture); Python sets it from
@@ -38,18 +43,32 @@ int64_t decode_attention_pdl(int64_t enable) {
 }
 
 // bf16, on `device`, d contiguous, 16-byte aligned rows (the kernel copies 16-byte chunks).
-void check_rows(const char* name, const at::Tensor& t, const at::Device& device) {
-  SP_CHECK(t.scalar_type() == at::kBFloat16, "decode_attention: ", name, " must be bfloat16, got ",
-           t.scalar_type());
-  SP_CHECK(t.dim() == 4, "decode_attention: ", name, " must be 4-D, got shape ", t.sizes());
-  SP_CHECK(t.device() == device, "decode_attention: ", name, " is on ", t.device(), " but q is on ", device);
-  SP_CHECK(t.stride(3) == 1, "decode_attention: ", name, " must be contiguous in its last dim, got strides ",
-           t.strides());
+void check_rows(const char* name, const at::Tensor& t, const at::Device& device, const char* op = "decode_attention") {
+  SP_CHECK(t.scalar_type() == at::kBFloat16, op, ": ", name, " must be bfloat16, got ", t.scalar_type());
+  SP_CHECK(t.dim() == 4, op, ": ", name, " must be 4-D, got shape ", t.sizes());
+  SP_CHECK(t.device() == device, op, ": ", name, " is on ", t.device(), " but q is on ", device);
+  SP_CHECK(t.stride(3) == 1, op, ": ", name, " must be contiguous in its last dim, got strides ", t.strides());
   for (int i = 0; i < 3; ++i)
-    SP_CHECK(t.stride(i) % 8 == 0, "decode_attention: ", name, " strides must be multiples of 8 elements "
-             "(16-byte rows), got ", t.strides());
-  SP_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "decode_attention: ", name,
-           " must start 16-byte aligned, got ", t.data_ptr());
+    SP_CHECK(t.stride(i) % 8 == 0, op, ": ", name, " strides must be multiples of 8 elements (16-byte rows), got ",
+             t.strides());
+  SP_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, op, ": ", name, " must start 16-byte aligned, got ",
+           t.data_ptr());
+}
+
+// out [B, T, Hq * D] bf16 and workspace [splits, B * T * Hq, D + 1] fp32, contiguous, on `dev`.
+void check_out_workspace(const char* op, int64_t B, int64_t T, int64_t Hq, int64_t D, const at::Tensor& out,
+                         const at::Tensor& workspace, const at::Device& dev) {
+  SP_CHECK(out.scalar_type() == at::kBFloat16 && out.is_contiguous() && out.device() == dev &&
+                  out.sizes() == at::IntArrayRef({B, T, Hq * D}),
+           op, ": out must be a contiguous bfloat16 [", B, ", ", T, ", ", Hq * D, "] on ", dev, ", got ",
+           out.scalar_type(), " ", out.sizes(), " on ", out.device());
+  SP_CHECK(workspace.scalar_type() == at::kFloat && workspace.is_contiguous() && workspace.device() == dev &&
+                  workspace.dim() == 3 && workspace.size(1) == B * T * Hq && workspace.size(2) == D + 1,
+           op, ": workspace must be a contiguous float32 [splits, ", B * T * Hq, ", ", D + 1, "] on ", dev,
+           ", got ", workspace.scalar_type(), " ", workspace.sizes(), " on ", workspace.device());
+  const int64_t splits = workspace.size(0);
+  SP_CHECK(splits >= 1 && splits <= kMaxSplits, op, ": workspace.size(0) (the key splits) must be in 1..",
+           kMaxSplits, ", got ", splits);
 }
 
 // Every check of the op's arguments, then the kernel arguments they give.
@@ -79,17 +98,8 @@ DecodeAttentionArgs checked_args(const at::Tensor& q, const at::Tensor& k_cache,
            "decode_attention: last must be a contiguous int64 [T=", T, "], got ", last.scalar_type(), " ",
            last.sizes());
   SP_CHECK(last.device() == dev, "decode_attention: last is on ", last.device(), " but q is on ", dev);
-  SP_CHECK(out.scalar_type() == at::kBFloat16 && out.is_contiguous() && out.device() == dev &&
-                  out.sizes() == at::IntArrayRef({B, T, Hq * D}),
-           "decode_attention: out must be a contiguous bfloat16 [", B, ", ", T, ", ", Hq * D, "] on ", dev,
-           ", got ", out.scalar_type(), " ", out.sizes(), " on ", out.device());
-  SP_CHECK(workspace.scalar_type() == at::kFloat && workspace.is_contiguous() && workspace.device() == dev &&
-                  workspace.dim() == 3 && workspace.size(1) == B * T * Hq && workspace.size(2) == D + 1,
-           "decode_attention: workspace must be a contiguous float32 [splits, ", B * T * Hq, ", ", D + 1,
-           "] on ", dev, ", got ", workspace.scalar_type(), " ", workspace.sizes(), " on ", workspace.device());
+  check_out_workspace("decode_attention", B, T, Hq, D, out, workspace, dev);
   const int64_t splits = workspace.size(0);
-  SP_CHECK(splits >= 1 && splits <= kMaxSplits, "decode_attention: workspace.size(0) (the key splits) must be "
-           "in 1..", kMaxSplits, ", got ", splits);
 
   DecodeAttentionArgs a{};
   a.q = reinterpret_cast<const uint16_t*>(q.data_ptr());
@@ -129,6 +139,77 @@ void decode_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const
                            const at::Tensor& last, int64_t span, double scale, at::Tensor& out,
                            at::Tensor& workspace, bool writes_at_last) {
   launch(checked_args(q, k_cache, v_cache, last, span, scale, out, workspace, writes_at_last), q.device());
+}
+
+// Attention over a paged KV pool for R requests at once (PagedKV in decode_attention.h): the static
+// op's arguments for a batch of R over the pool, then the page table and the per-request `last`.
+void paged_decode_attention_cuda(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                                 const at::Tensor& page_table, int64_t page_size, const at::Tensor& last, double scale,
+                                 at::Tensor& out, at::Tensor& workspace, bool writes_at_last) {
+  constexpr const char* op = "paged_decode_attention";
+  SP_CHECK(q.is_cuda(), op, ": q must be a CUDA tensor, got ", q.device());
+  const at::Device dev = q.device();
+  check_rows("q", q, dev, op);
+  check_rows("k_pool", k_pool, dev, op);
+  check_rows("v_pool", v_pool, dev, op);
+  const int64_t R = q.size(0), Hq = q.size(1), T = q.size(2), D = q.size(3);
+  const int64_t Hkv = k_pool.size(1), slots = k_pool.size(2);
+  SP_CHECK(D == 64 || D == 128, op, ": head dim must be 64 or 128, got ", D);
+  SP_CHECK(T >= 1 && T <= kMaxTokens, op, ": T must be in 1..", kMaxTokens, ", got ", T);
+  SP_CHECK(k_pool.size(0) == 1 && k_pool.size(3) == D, op, ": k_pool must be [1, Hkv, slots, ", D, "], got ",
+           k_pool.sizes());
+  SP_CHECK(v_pool.sizes() == k_pool.sizes(), op, ": v_pool shape ", v_pool.sizes(), " != k_pool shape ",
+           k_pool.sizes());
+  SP_CHECK(Hkv >= 1 && Hq % Hkv == 0 && Hq / Hkv <= kMaxGroups, op, ": Hq=", Hq, " must be a multiple of Hkv=", Hkv,
+           " with Hq/Hkv <= ", kMaxGroups);
+  SP_CHECK(page_size >= 1 && page_size <= (1 << 20) && (page_size & (page_size - 1)) == 0, op,
+           ": page_size must be a power of two in 1..2^20, got ", page_size);
+  SP_CHECK(slots >= page_size && slots % page_size == 0 && slots <= INT32_MAX, op, ": the pool's ", slots,
+           " slots must be a positive multiple of page_size=", page_size, " and at most 2^31 - 1");
+  SP_CHECK(R * Hkv <= 65535, op, ": R*Hkv=", R * Hkv, " exceeds the grid's 65535");
+  SP_CHECK(std::isfinite(scale), op, ": scale must be finite, got ", scale);
+  SP_CHECK(page_table.scalar_type() == at::kInt && page_table.dim() == 2 && page_table.size(0) == R &&
+                  page_table.size(1) >= 1 && page_table.stride(1) == 1 && page_table.device() == dev,
+           op, ": page_table must be an int32 [R=", R, ", pages] on ", dev, " with contiguous rows, got ",
+           page_table.scalar_type(), " ", page_table.sizes(), " strides ", page_table.strides(), " on ",
+           page_table.device());
+  const int64_t span = page_table.size(1) * page_size;  // logical keys a request can address
+  SP_CHECK(span <= (int64_t(1) << 30), op, ": pages * page_size = ", span, " exceeds 2^30 keys");
+  SP_CHECK(last.scalar_type() == at::kLong && last.dim() == 2 && last.size(0) == R && last.size(1) == T &&
+                  last.is_contiguous() && last.device() == dev,
+           op, ": last must be a contiguous int64 [R=", R, ", T=", T, "] on ", dev, ", got ", last.scalar_type(),
+           " ", last.sizes(), " on ", last.device());
+  check_out_workspace(op, R, T, Hq, D, out, workspace, dev);
+
+  DecodeAttentionArgs a{};
+  a.q = reinterpret_cast<const uint16_t*>(q.data_ptr());
+  a.k = reinterpret_cast<const uint16_t*>(k_pool.data_ptr());
+  a.v = reinterpret_cast<const uint16_t*>(v_pool.data_ptr());
+  a.last = last.data_ptr<int64_t>();
+  a.out = reinterpret_cast<uint16_t*>(out.data_ptr());
+  a.workspace = workspace.data_ptr<float>();
+  a.batch = (int)R;
+  a.q_heads = (int)Hq;
+  a.kv_heads = (int)Hkv;
+  a.tokens = (int)T;
+  a.head_dim = (int)D;
+  a.span = (int)span;
+  a.num_splits = (int)workspace.size(0);
+  for (int i = 0; i < 3; ++i) {
+    a.q_stride[i] = q.stride(i);
+    a.k_stride[i] = k_pool.stride(i);
+    a.v_stride[i] = v_pool.stride(i);
+  }
+  a.scale = (float)scale;
+  a.pdl = attention_path_pdl().load();
+  a.writes_at_last = writes_at_last;
+  a.paged.page_table = page_table.data_ptr<int32_t>();
+  a.paged.table_stride = page_table.stride(0);
+  int shift = 0;
+  while ((int64_t(1) << shift) < page_size) ++shift;
+  a.paged.page_shift = shift;
+  a.paged.pool_slots = slots;
+  launch(a, dev);
 }
 
 // A [D] bf16 vector on `dev` (the per-head norm weights, a RoPE table row).
@@ -190,9 +271,12 @@ TORCH_LIBRARY_FRAGMENT(specpilot, m) {
         "Tensor positions, float eps, Tensor(a!) k_cache, Tensor(b!) v_cache, int span, float scale, "
         "Tensor(c!) out, Tensor(d!) workspace) -> ()");
   m.def("decode_attention_pdl(int enable) -> int", &specpilot::attention::decode_attention_pdl);
+  m.def("paged_decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor page_table, int page_size, "
+        "Tensor last, float scale, Tensor(a!) out, Tensor(b!) workspace, bool writes_at_last=False) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(specpilot, CUDA, m) {
   m.impl("decode_attention", &specpilot::attention::decode_attention_cuda);
   m.impl("decode_attention_rope", &specpilot::attention::decode_attention_rope_cuda);
+  m.impl("paged_decode_attention", &specpilot::attention::paged_decode_attention_cuda);
 }

@@ -101,7 +101,9 @@ __device__ __forceinline__ int settled_end(const int64_t* last, int tokens, int 
 // 32 otherwise, for four independent Q.K^T mma chains instead of two.
 // D = 64: a one-CTA-per-SM bound, else ptxas caps the multi-row kernel at 128 registers and spills
 // in its key loop (with it: 156, no spill). D = 128 keeps ptxas's own choice (0), no spill either.
-template <int D, int SK>
+// kPaged: keys through the batch row's page table (PagedKV), `last` per batch row; a template flag,
+// so the static-cache kernel compiles as before.
+template <int D, int SK, bool kPaged>
 __global__ void __launch_bounds__(kThreads, D == 64 ? 1 : 0) split_kernel(const DecodeAttentionArgs a) {
   static_assert(SK == 16 || SK == 32, "a warp step is one or two mma k-steps of P.V");
   using S = Smem<D>;
@@ -128,28 +130,58 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 1 : 0) split_kernel(const 
   // the cache are the previous kernel's until the wait (docs/CONTRACTS.md), except, with
   // writes_at_last, the keys below `settled`: their loads go out before the wait, so that the
   // DRAM latency of this CTA's first tile overlaps the kernel before (the rope / cache write).
-  const int kv_end = visible_end(a.last, T, a.span, lane);
+  const int64_t* last = kPaged ? a.last + static_cast<long long>(b) * T : a.last;  // this batch row's
+  const int kv_end = visible_end(last, T, a.span, lane);
   const SplitGeometry geo = split_geometry(kv_end, a.num_splits);
   const bool direct = a.num_splits == 1;
-  const int settled = a.writes_at_last ? settled_end(a.last, T, a.span, lane) : 0;
+  const int settled = a.writes_at_last ? settled_end(last, T, a.span, lane) : 0;
 
   const int kbeg = split * geo.keys_per_split;
   const int kend = min(kbeg + geo.keys_per_split, kv_end);
   const int ntiles = kend > kbeg ? (kend - kbeg + kKeyTile - 1) / kKeyTile : 0;
 
-  const uint16_t* kb = a.k + b * a.k_stride[0] + kvh * a.k_stride[1];
-  const uint16_t* vb = a.v + b * a.v_stride[0] + kvh * a.v_stride[1];
+  const uint16_t* kb = a.k + (kPaged ? 0 : b * a.k_stride[0]) + kvh * a.k_stride[1];  // paged: one pool
+  const uint16_t* vb = a.v + (kPaged ? 0 : b * a.v_stride[0]) + kvh * a.v_stride[1];
+  const int32_t* table = kPaged ? a.paged.page_table + b * a.paged.table_stride : nullptr;
   // The rows of one tile whose key is in [lo, hi) (keys past kend are zero-filled, never read).
   auto load_tile = [&](int tile, int stage, int lo, int hi) {
     const int base = kbeg + tile * kKeyTile;
     uint16_t* sk = skv + 2 * stage * S::kTile;
     uint16_t* sv = sk + S::kTile;
-    for (int i = tid; i < kKeyTile * kChunks; i += kThreads) {
-      const int r = i / kChunks, c = i % kChunks, key = base + r;
-      if (key < lo || key >= hi) continue;
-      const bool valid = key < kend;
-      cp_async16(sk + r * S::kPitch + c * 8, valid ? kb + key * a.k_stride[2] + c * 8 : a.k, valid);
-      cp_async16(sv + r * S::kPitch + c * 8, valid ? vb + key * a.v_stride[2] + c * 8 : a.v, valid);
+    if constexpr (kPaged) {
+      // A thread copies chunk column tid % kChunks of rows tid / kChunks + n * kRowStep. Every row's
+      // page entry is read first (independent loads, one round trip), then the copies go out. A page
+      // outside the pool gives slot -1: zero-filled, never out of bounds.
+      constexpr int kRowStep = kThreads / kChunks, kRowsPerThread = kKeyTile / kRowStep;
+      static_assert(kThreads % kChunks == 0 && kKeyTile % kRowStep == 0, "whole rows per thread");
+      const int c = tid % kChunks, r0 = tid / kChunks, shift = a.paged.page_shift;
+      int slot[kRowsPerThread];
+#pragma unroll
+      for (int n = 0; n < kRowsPerThread; ++n) {
+        const int key = base + r0 + n * kRowStep;
+        const int page = key >= lo && key < hi && key < kend ? __ldg(table + (key >> shift)) : -1;
+        slot[n] = -1;
+        if (page >= 0) {
+          const long long at = (static_cast<long long>(page) << shift) | (key & ((1 << shift) - 1));
+          if (at < a.paged.pool_slots) slot[n] = static_cast<int>(at);
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < kRowsPerThread; ++n) {
+        const int r = r0 + n * kRowStep, key = base + r;
+        if (key < lo || key >= hi) continue;
+        const bool valid = slot[n] >= 0;
+        cp_async16(sk + r * S::kPitch + c * 8, valid ? kb + slot[n] * a.k_stride[2] + c * 8 : a.k, valid);
+        cp_async16(sv + r * S::kPitch + c * 8, valid ? vb + slot[n] * a.v_stride[2] + c * 8 : a.v, valid);
+      }
+    } else {
+      for (int i = tid; i < kKeyTile * kChunks; i += kThreads) {
+        const int r = i / kChunks, c = i % kChunks, key = base + r;
+        if (key < lo || key >= hi) continue;
+        const bool valid = key < kend;
+        cp_async16(sk + r * S::kPitch + c * 8, valid ? kb + key * a.k_stride[2] + c * 8 : a.k, valid);
+        cp_async16(sv + r * S::kPitch + c * 8, valid ? vb + key * a.v_stride[2] + c * 8 : a.v, valid);
+      }
     }
   };
   constexpr int kAllKeys = 0x7fffffff;
@@ -161,9 +193,9 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 1 : 0) split_kernel(const 
   if (!direct && split >= geo.active_splits) return;
 
   // The rope prologue is T = 1 only (the op refuses other T), so only the one-m-tile kernel (SK = 16)
-  // compiles it: in the multi-row kernel it cost register spills.
-  const bool rope = SK == 16 && a.rope.qkv != nullptr;
-  if constexpr (SK == 16) {
+  // compiles it: in the multi-row kernel it cost register spills. Never paged (the launcher refuses).
+  const bool rope = SK == 16 && !kPaged && a.rope.qkv != nullptr;
+  if constexpr (SK == 16 && !kPaged) {
     if (rope) rope_prologue<D, S::kPitch, kWarps>(a, sq, b, kvh, g, warp, lane, split == geo.active_splits - 1);
   }
   if (!rope) {  // Q rows -> shared. Row r = j * T + t of this KV head.
@@ -191,7 +223,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 1 : 0) split_kernel(const 
     const int r = mi * 16 + quad_row + 8 * h;
     long long v = -1;
     if (has_rows && r < rows) {
-      v = static_cast<long long>(a.last[(row0 + r) % T]);
+      v = static_cast<long long>(last[(row0 + r) % T]);
       v = v < -1ll ? -1ll : (v > kend - 1 ? kend - 1 : v);
     }
     lim[h] = static_cast<int>(v);
@@ -380,14 +412,20 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 1 : 0) split_kernel(const 
 }
 
 // The combine kernel: one warp per output row (merge_row over the fp32 workspace).
-template <int D>
+template <int D, bool kPaged>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeAttentionArgs a) {
   const int lane = threadIdx.x % 32;
   const long long rows_total = static_cast<long long>(a.batch) * a.tokens * a.q_heads;
   const long long orow = static_cast<long long>(blockIdx.x) * kWarps + threadIdx.x / 32;
   pdl_launch_dependents();  // the next kernel (the o projection) may start fetching its weights
   // `last` was written before the split kernel started, so it may be read before the PDL wait.
-  const int kv_end = visible_end(a.last, a.tokens, a.span, lane);
+  // Paged: the row's batch row's `last` (a row past the end reads the last batch row's, then exits).
+  const int64_t* last = a.last;
+  if constexpr (kPaged) {
+    const long long b = min(orow / (static_cast<long long>(a.tokens) * a.q_heads), static_cast<long long>(a.batch - 1));
+    last += b * a.tokens;
+  }
+  const int kv_end = visible_end(last, a.tokens, a.span, lane);
   const int active = split_geometry(kv_end, a.num_splits).active_splits;
   pdl_wait();
   if (orow >= rows_total) return;
@@ -405,12 +443,12 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeAttention
       a.out + orow * D + lane * (D / 32));
 }
 
-template <int D, int SK>
+template <int D, int SK, bool kPaged>
 int launch_rows(const DecodeAttentionArgs& a, cudaStream_t stream) {
   constexpr size_t smem = Smem<D>::kBytes;
   const int rows = (a.q_heads / a.kv_heads) * a.tokens;
   const dim3 grid(a.num_splits, (rows + kRowsPerCta - 1) / kRowsPerCta, a.batch * a.kv_heads);
-  auto kernel = split_kernel<D, SK>;
+  auto kernel = split_kernel<D, SK, kPaged>;
   // Set on every launch (cheap, host only, legal under graph capture): the attribute is per device.
   int err = (int)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err != 0) return err;
@@ -418,14 +456,22 @@ int launch_rows(const DecodeAttentionArgs& a, cudaStream_t stream) {
   if (err != 0 || a.num_splits == 1) return err;
   const long long out_rows = static_cast<long long>(a.batch) * a.tokens * a.q_heads;
   const dim3 combine_grid(static_cast<unsigned>((out_rows + kWarps - 1) / kWarps));
-  return split12::launch_kernel(combine_kernel<D>, combine_grid, kThreads, 0, stream, a.pdl, a);
+  return split12::launch_kernel(combine_kernel<D, kPaged>, combine_grid, kThreads, 0, stream, a.pdl, a);
 }
 
 // One m16 tile per CTA (T = 1 with g <= 16, SK = 16): four warps split each key tile, 16 keys each.
+template <int D, bool kPaged>
+int launch_layout(const DecodeAttentionArgs& a, cudaStream_t stream) {
+  const int rows = (a.q_heads / a.kv_heads) * a.tokens;
+  return rows <= 16 ? launch_rows<D, 16, kPaged>(a, stream) : launch_rows<D, 32, kPaged>(a, stream);
+}
+
 template <int D>
 int launch(const DecodeAttentionArgs& a, cudaStream_t stream) {
-  const int rows = (a.q_heads / a.kv_heads) * a.tokens;
-  return rows <= 16 ? launch_rows<D, 16>(a, stream) : launch_rows<D, 32>(a, stream);
+  if (a.paged.page_table == nullptr) return launch_layout<D, false>(a, stream);
+  // No rope prologue over a page pool; page_shift keeps (page << shift) and the key mask in range.
+  if (a.rope.qkv != nullptr || a.paged.page_shift < 0 || a.paged.page_shift > 20) return (int)cudaErrorInvalidValue;
+  return launch_layout<D, true>(a, stream);
 }
 
 }  // namespace

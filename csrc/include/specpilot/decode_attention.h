@@ -8,7 +8,8 @@
 //
 // Split-KV (flash-decoding): the visible keys [0, kv_end), kv_end = clamp(max(last) + 1, 0, span),
 // are cut into num_splits ranges of keys_per_split (split_geometry below, computed on the device
-// from `last`, so keys beyond max(last) cost nothing even though a CUDA graph fixes the grid).
+// from `last`, so keys beyond max(last) cost nothing even though a CUDA graph fixes the grid; paged:
+// each batch row's own kv_end from its own `last` row, so short requests cost no long one's keys).
 // Each CTA handles the up to 64 query rows of one (batch, KV head, row block) that share K/V (GQA
 // folded: rows r = j * T + t of query head kv * g + j), over one key range, and writes a partial
 // (o normalised, lse) to the fp32 workspace; a combine kernel merges the splits. With
@@ -49,11 +50,27 @@ struct RopePrologue {
   int64_t slots = 0;
 };
 
+// Paged KV (the batched engine): k / v are one pool [1, Hkv, pool_slots, D] shared by every batch
+// row (k_stride[0] / v_stride[0] unused); logical key j of batch row b lives at physical slot
+// page_table[b * table_stride + (j >> page_shift)] << page_shift | (j & page_size - 1), and span =
+// pages per row << page_shift. `last` is per batch row: [B, T] (row b at last + b * tokens). Page
+// sizes are powers of two (the engine's 16 divides the 64-key tile; 128 or more spans tiles: each key
+// row finds its own page). A page entry of a visible key outside [0, pool_slots >> page_shift) reads
+// as zeros (never out of bounds); the caller validates the table (kernels/paged_attention.py).
+// The table, like `last`, is written by a torch op ahead of the layers: read before the PDL wait.
+// No rope prologue in this mode.
+struct PagedKV {
+  const int32_t* page_table = nullptr;  // [B, table_stride] page indices
+  int64_t table_stride = 0;             // elements between batch rows of the table
+  int page_shift = 0;                   // log2(page_size)
+  int64_t pool_slots = 0;               // slots of the pool (k / v dim 2)
+};
+
 struct DecodeAttentionArgs {
   const uint16_t* q;        // bf16 bits; element (b, h, t, d) at b*q_stride[0] + h*q_stride[1] + t*q_stride[2] + d
   const uint16_t* k;        // (b, kv, slot, d) at b*k_stride[0] + kv*k_stride[1] + slot*k_stride[2] + d
   const uint16_t* v;
-  const int64_t* last;      // [T]
+  const int64_t* last;      // [T] (paged: [B, T])
   uint16_t* out;            // [B, T, Hq * D], contiguous
   float* workspace;         // num_splits * B*T*Hq * (D + 1) floats: o [num_splits, B*T*Hq, D] (normalised),
                             // then lse [num_splits, B*T*Hq] (log2 domain)
@@ -65,6 +82,7 @@ struct DecodeAttentionArgs {
                             // predecessor started (a causal step writes exactly the slots `last` names):
                             // keys below min(last) are loaded before the PDL wait
   RopePrologue rope;        // T = 1 only; with rope.qkv set, `q` is not read
+  PagedKV paged;            // page_table nullptr: the per-batch cache above (today's layout)
 };
 
 struct SplitGeometry {

@@ -38,7 +38,7 @@ def _import_op_families() -> None:
     import importlib
 
     for module in ("specpilot.formats.split12.ops", "specpilot.ops.norm_rope", "specpilot.ops.linear",
-                   "specpilot.kernels.decode_attention"):
+                   "specpilot.kernels.decode_attention", "specpilot.kernels.paged_attention"):
         try:
             importlib.import_module(module)
         except ImportError:
