@@ -2,7 +2,7 @@
 # The GPU check: from a clean tree on a bare machine (no network), build the extension with CUDA
 # (sm_90a), run the GPU tests, run the kernel / engine / agent benchmarks, print a short table last.
 # Logs and JSON go to $OUT (the device tool's folder) or out/gpu_check.
-# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|trees|split12|gemv|skinny|engine|ab|defaults_ab|cost_8b|agents|bench_zoo|bench_8b|scale_8b|five_8b|batch|batch_profile|hybrid|serve|results ...]
+# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|trees|split12|gemv|skinny|engine|ab|defaults_ab|cost_8b|agents|bench_zoo|bench_8b|scale_8b|five_8b|batch|batch_profile|hybrid|paged|serve|results ...]
 # (GPU_TESTS: the test files the tests step runs, default all)
 # (default: all but prebuilt, in order). `prebuilt` replaces `build` when device time is short: it stages
 # the package in /tmp/sp with the extension that scripts/prebuild_cuda_ext.sh made on a CPU machine
@@ -165,7 +165,9 @@ for packed in glob.glob('_C.*.so.xz'): open('/tmp/sp_tree/specpilot/' + packed[:
                      --preset qwen3-8b --concurrency ${BATCH_LEVELS:-8,32} --out "$OUT/batch_profile" ;;
     # The hybrid target's AR / verify / commit step times against their floor (Qwen3.5-9B shape).
     hybrid)  run_step hybrid timeout 240 python3 -m specpilot.bench.hybrid_steps --preset qwen3.5-9b \
-               --out "$OUT/hybrid_steps.json" ;;
+               --e2e ${HYBRID_E2E:-128} --profile "$OUT/hybrid_profile.txt" --out "$OUT/hybrid_steps.json" ;;
+    # The paged decode attention kernel against the batched engine's gather + SDPA, one layer (fp64-checked).
+    paged)   run_step paged timeout 200 python3 -m specpilot.bench.paged_attention_kernels --out "$OUT/paged_attention.jsonl" ;;
     # docs/results.md's form of whatever of the engine and bench steps ran in this $OUT.
     results) runs=(); for r in engine.jsonl bench_zoo bench_8b hf_8b five_8b; do [ -e "$OUT/$r" ] && runs+=("$OUT/$r"); done
              if [ ${#runs[@]} -gt 0 ]; then

@@ -26,20 +26,24 @@ def requests_for(seed, temperature=0.0):
             for i, (p, m) in enumerate(zip(prompts, (17, 5, 30, 2, 11)))]
 
 
-def graphed_engine(target, drafter, max_batch):
+def graphed_engine(target, drafter, max_batch, paged=False):
+    """paged: the attention through kernels/paged_attention (its torch reference here, the CUDA kernel
+    on a GPU) over page tables, instead of SDPA over gathered K/V."""
     engine = BatchEngine(target, drafter, BatchConfig(), max_batch=max_batch, kv_pages=64,
                          graph_step_factory=StaticShapeStep)
-    assert engine.graphs is not None
+    assert engine.graphs is not None and not engine.graphs.paged      # the kernel runs on CUDA bf16 only
+    engine.graphs.paged = paged
     return engine
 
 
+@pytest.mark.parametrize("paged", [False, True])
 @pytest.mark.parametrize("drafted", [True, False])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_graphed_decode_equals_single_request(pair, drafted, temperature):
+def test_graphed_decode_equals_single_request(pair, drafted, temperature, paged):
     target, drafter, seed = pair
     drafter = drafter if drafted else None
     requests = requests_for(seed, temperature)
-    engine = graphed_engine(target, drafter, max_batch=3)
+    engine = graphed_engine(target, drafter, max_batch=3, paged=paged)
     results = run_staggered(engine, requests)
     for i, req in enumerate(requests):
         ref = single(target, drafter, req)

@@ -76,11 +76,11 @@ class BatchEngine:
             self.draft_cache = PagedKV(d.num_layers, d.num_kv_heads, d.head_dim, pages + 1, self.page_size,
                                        self.device, target.dtype)
         self.staging = Staging(self.device)           # the per-step index uploads
+        self.feature_layers = tuple(drafter.target_layer_ids) if drafter is not None else ()
+        self.block_size = block_size if drafter is not None else 1
         self.graphs = None
         if graph_step_factory is not None or (self.device.type == "cuda" and engine_config.cuda_graphs):
             self.graphs = DecodeGraphs(self, graph_step_factory)
-        self.feature_layers = tuple(drafter.target_layer_ids) if drafter is not None else ()
-        self.block_size = block_size if drafter is not None else 1
         self.costs = step_costs or StepCostTable.roofline(config.cost_ridge_tokens)   # profile.measure_step_costs
         self.estimator = AcceptanceEstimator(max(self.block_size - 1, 1))
         self.steps = 0

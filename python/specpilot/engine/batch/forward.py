@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from specpilot.kernels import paged_attention
 from specpilot.ops import linear
 from specpilot.ops.norm_rope import add_rms_norm, qk_norm_rope_cache
 
@@ -136,25 +137,51 @@ class Layout(_PaddedAttention):
 
 class PaddedLayout(_PaddedAttention):
     """A forward of R requests x T rows each, request r's rows at [r*T, (r+1)*T) (the static shape a
-    CUDA graph replays): the host arrays of `padded`, as device tensors (a graph's static inputs)."""
+    CUDA graph replays), from the arrays of `padded` as device tensors (a graph's static inputs).
+    keys: kv_index [R, S] (SDPA over the gathered K/V), or with `page_size` the page table int32
+    [R, P] for the paged kernel (kernels/paged_attention.py), which reads K/V in place."""
 
-    def __init__(self, positions, slots, kv_index, padded_last):
-        self.positions, self.slots, self.kv_index, self.padded_last = positions, slots, kv_index, padded_last
+    def __init__(self, positions, slots, keys, padded_last, page_size: int | None = None):
+        self.positions, self.slots, self.padded_last = positions, slots, padded_last
+        self.page_size = page_size
+        self.page_table, self.kv_index = (keys, None) if page_size else (None, keys)
         r, t = padded_last.shape
-        self.max_rows, self.max_keys = t, kv_index.shape[1]
+        self.max_rows, self.max_keys = t, keys.shape[1] * (page_size or 1)
         self.q_index = torch.arange(r * t, device=positions.device).view(r, t)
         self.out_index = torch.arange(r * t, device=positions.device)
 
+    def mask(self, groups: int, dtype):
+        return None if self.page_table is not None else super().mask(groups, dtype)
 
-def padded(segments: list, requests: int, rows: int, keys: int, page_size: int, trash_slot: int, last=None) -> list:
-    """Host arrays (positions, slots [requests*rows], kv_index [requests, keys], padded_last [requests,
-    rows]) of `segments` padded to `requests` x `rows` over `keys` key columns. A segment's padding rows
-    sit at its last row's position, write their K/V to `trash_slot` (never read: no kv_index names it
-    for a real request) and see what its last row sees; padding requests write and read only the
-    trash slot. `last` [sum of rows]: as Layout's (None: causal)."""
+    def attend(self, q, k_pool, v_pool, mask, scale):
+        if self.page_table is None:
+            return super().attend(q, k_pool, v_pool, mask, scale)
+        r, t = self.padded_last.shape
+        hq, d = q.shape[1], q.shape[3]
+        rows = q[0].view(hq, r, t, d).transpose(0, 1)                                      # [R, Hq, T, D]
+        out = q.new_empty(r, t, hq * d)
+        splits = paged_attention.default_splits(rows.shape, k_pool.shape[1], self.max_keys, q.device) if q.is_cuda else 1
+        workspace = paged_attention.new_workspace(splits, rows.shape, q.device)
+        paged_attention.paged_decode_attention(rows, k_pool, v_pool, self.page_table, self.page_size,
+                                               self.padded_last, scale, out, workspace)
+        return out.view(1, r * t, hq * d)
+
+
+def padded(segments: list, requests: int, rows: int, keys: int, page_size: int, trash_slot: int, last=None,
+           paged: bool = False) -> list:
+    """Host arrays (positions, slots [requests*rows], keys, padded_last [requests, rows]) of `segments`
+    padded to `requests` x `rows` over `keys` key positions; keys: kv_index [requests, keys], or with
+    `paged` the page table [requests, keys / page_size]. A segment's padding rows sit at its last row's
+    position, write their K/V to `trash_slot` (a page of its own that no real request reads) and see
+    what its last row sees; padding requests write and read only the trash page. `last` [sum of
+    rows]: as Layout's (None: causal)."""
+    trash_page = trash_slot // page_size
     positions = np.zeros((requests, rows), dtype=np.int64)
     slots = np.full((requests, rows), trash_slot, dtype=np.int64)
-    kv_index = np.full((requests, keys), trash_slot, dtype=np.int64)
+    if paged:
+        key_array = np.full((requests, keys // page_size), trash_page, dtype=np.int64)
+    else:
+        key_array = np.full((requests, keys), trash_slot, dtype=np.int64)
     padded_last = np.zeros((requests, rows), dtype=np.int64)
     at, key_range = 0, np.arange(keys)
     for r, s in enumerate(segments):
@@ -164,8 +191,12 @@ def padded(segments: list, requests: int, rows: int, keys: int, page_size: int, 
         positions[r, :s.rows], positions[r, s.rows:] = pos, pos[-1]
         slots[r, :s.rows] = slots_of(s.pages, pos, page_size)
         padded_last[r, :s.rows], padded_last[r, s.rows:] = own_last, own_last[-1]
-        kv_index[r] = slots_of(s.pages, np.minimum(key_range, s.start + s.rows - 1), page_size)
-    return [positions.ravel(), slots.ravel(), kv_index, padded_last]
+        if paged:
+            table = s.pages[:key_array.shape[1]]
+            key_array[r, :len(table)] = table
+        else:
+            key_array[r] = slots_of(s.pages, np.minimum(key_range, s.start + s.rows - 1), page_size)
+    return [positions.ravel(), slots.ravel(), key_array, padded_last]
 
 
 def target_forward(target, cache, layout: Layout, ids: torch.Tensor, feature_layers=(), logit_rows=None):

@@ -15,6 +15,8 @@ import torch
 
 from specpilot.engine.graphs import GraphedStep, kv_bucket
 
+from specpilot.kernels import paged_attention
+
 from . import forward
 
 REQUEST_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
@@ -35,6 +37,21 @@ class DecodeGraphs:
         self.pool = torch.cuda.graph_pool_handle() if self.factory is GraphedStep else None
         self.steps = {}
         self.slots = engine.pool.num_pages * engine.page_size       # the trash slot's index = the last real + 1
+        self.paged = self._paged_kernel_runs(engine)
+
+    @staticmethod
+    def _paged_kernel_runs(engine) -> bool:
+        """Whether the attention of the graphed forwards is the paged kernel (CUDA, bf16, its head dims)
+        for the target and the drafter alike; else SDPA over gathered K/V."""
+        rows = max(engine.block_size, 1)
+        for model, cache in ((engine.target, engine.cache), (engine.drafter, engine.draft_cache)):
+            if model is None:
+                continue
+            c = model.config
+            q = torch.empty((1, c.num_heads, rows, c.head_dim), dtype=cache.k[0].dtype, device=cache.k[0].device)
+            if not paged_attention.uses_kernel(q, cache.k[0]):
+                return False
+        return True
 
     def shape(self, segments: list) -> tuple:
         """(request bucket, key bucket) of a forward over `segments`."""
@@ -45,37 +62,43 @@ class DecodeGraphs:
         """(R, S, host arrays) of forward.padded for `segments` padded to the buckets."""
         requests, keys = self.shape(segments)
         return requests, keys, forward.padded(segments, requests, rows, keys, self.engine.page_size,
-                                              self.engine.trash_slot, last)
+                                              self.engine.trash_slot, last, self.paged)
 
-    def draft(self, ids, positions, slots, kv_index, padded_last) -> torch.Tensor:
+    def layout(self, positions, slots, keys, padded_last):
+        """The PaddedLayout over uploaded arrays (keys: the page table with the paged kernel)."""
+        if self.paged:
+            return forward.PaddedLayout(positions, slots, keys.int(), padded_last, self.engine.page_size)
+        return forward.PaddedLayout(positions, slots, keys, padded_last)
+
+    def draft(self, ids, positions, slots, keys, padded_last) -> torch.Tensor:
         """The drafter's block forward: ids [R*T] -> logits [R*(T-1), V] (the rows after each anchor)."""
         r, t = padded_last.shape
-        key = ("draft", r, t, kv_index.shape[1])
+        key = ("draft", r, t, keys.shape[1])
         if key not in self.steps:
             keep = torch.arange(r * t, device=ids.device).view(r, t)[:, 1:].reshape(-1)
             drafter, cache = self.engine.drafter, self.engine.draft_cache
 
-            def fn(ids, positions, slots, kv_index, padded_last):
-                layout = forward.PaddedLayout(positions, slots, kv_index, padded_last)
+            def fn(ids, positions, slots, keys, padded_last):
+                layout = self.layout(positions, slots, keys, padded_last)
                 return forward.draft_block(drafter, cache, layout, ids, keep)
-            self.steps[key] = self._capture(fn, (ids, positions, slots, kv_index, padded_last), r * t)
+            self.steps[key] = self._capture(fn, (ids, positions, slots, keys, padded_last), r * t)
         with self.engine.kernels(r * t):
-            return self.steps[key](ids, positions, slots, kv_index, padded_last)
+            return self.steps[key](ids, positions, slots, keys, padded_last)
 
-    def target(self, ids, positions, slots, kv_index, padded_last) -> tuple:
+    def target(self, ids, positions, slots, keys, padded_last) -> tuple:
         """The target's forward: ids [R*T] -> (logits [R*T, V], features [R*T, F] or None)."""
         r, t = padded_last.shape
-        key = ("target", r, t, kv_index.shape[1])
+        key = ("target", r, t, keys.shape[1])
         if key not in self.steps:
             target, cache, taps = self.engine.target, self.engine.cache, self.engine.feature_layers
 
-            def fn(ids, positions, slots, kv_index, padded_last):
-                layout = forward.PaddedLayout(positions, slots, kv_index, padded_last)
+            def fn(ids, positions, slots, keys, padded_last):
+                layout = self.layout(positions, slots, keys, padded_last)
                 logits, features = forward.target_forward(target, cache, layout, ids, taps)
                 return (logits, features) if features is not None else (logits,)
-            self.steps[key] = self._capture(fn, (ids, positions, slots, kv_index, padded_last), r * t)
+            self.steps[key] = self._capture(fn, (ids, positions, slots, keys, padded_last), r * t)
         with self.engine.kernels(r * t):
-            out = self.steps[key](ids, positions, slots, kv_index, padded_last)
+            out = self.steps[key](ids, positions, slots, keys, padded_last)
         return (out[0], out[1]) if len(out) == 2 else (out[0], None)
 
     def _capture(self, fn, inputs: tuple, rows: int):

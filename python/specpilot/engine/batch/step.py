@@ -67,8 +67,8 @@ def draft_all(engine, decoding: list) -> dict:
             requests, _, arrays = engine.graphs.padded(segments, t, last)
             offsets, draft_rows = [r * t for r in range(len(group))], [r * (t - 1) for r in range(len(group))]
             sources = _block_sources(engine, group, segments, offsets, draft_rows, requests * t)
-            positions, slots, kv_index, padded_last, block_ids, host_tokens, source = engine.staging.upload(arrays + sources)
-            logits = engine.graphs.draft(block_ids, positions, slots, kv_index.view(requests, -1),
+            positions, slots, keys, padded_last, block_ids, host_tokens, source = engine.staging.upload(arrays + sources)
+            logits = engine.graphs.draft(block_ids, positions, slots, keys.view(requests, -1),
                                          padded_last.view(requests, t))
         else:
             offsets = np.cumsum([0] + [seg.rows for seg in segments])[:-1].tolist()
@@ -185,13 +185,13 @@ def _verify_graphed(engine, decoding: list, drafts: dict, lengths: dict) -> None
     segments = [forward.Segment(s.pages, s.start, lengths[s.id]) for s in decoding]
     requests, _, arrays = engine.graphs.padded(segments, t)
     if drafts:
-        positions, slots, kv_index, padded_last = engine.staging.upload(arrays)
+        positions, slots, keys, padded_last = engine.staging.upload(arrays)
         ids = drafts[decoding[0].id].blocks                 # [R*T]: the graphed draft's padded blocks
     else:
         anchors = np.zeros(requests * t, dtype=np.int64)
         anchors[[r * t for r in range(len(decoding))]] = [s.tokens[-1] for s in decoding]
-        positions, slots, kv_index, padded_last, ids = engine.staging.upload(arrays + [anchors])
-    logits, features = engine.graphs.target(ids, positions, slots, kv_index.view(requests, -1),
+        positions, slots, keys, padded_last, ids = engine.staging.upload(arrays + [anchors])
+    logits, features = engine.graphs.target(ids, positions, slots, keys.view(requests, -1),
                                             padded_last.view(requests, t))
     host = torch.cat([torch.argmax(logits, dim=-1), ids]).tolist()          # the one read-back
     posterior, ids_host = host[:logits.shape[0]], host[logits.shape[0]:]
