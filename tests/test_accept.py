@@ -30,6 +30,8 @@ def test_accepted_prefix_is_the_longest_matching_prefix():
         assert int(got) == longest_prefix(drafts, posterior, real)
         got = accept.accepted_prefix(torch.tensor(drafts), torch.tensor(posterior), torch.tensor([real]))
         assert int(got) == longest_prefix(drafts, posterior, real)
+        anchor = rng.randint(0, 3)                  # the host form, over a whole block [anchor, drafts]
+        assert accept.matched_drafts([anchor] + drafts, posterior) == longest_prefix(drafts, posterior, b - 1)
 
 
 def test_new_tokens_are_the_accepted_drafts_and_the_bonus():

@@ -23,6 +23,15 @@ def accepted_prefix(drafts: torch.Tensor, posterior: torch.Tensor, real_drafts) 
     return ok.long().cumprod(dim=-1).sum(dim=-1)
 
 
+def matched_drafts(block: list, posterior: list) -> int:
+    """The host form of accepted_prefix over a whole block: how many leading drafts block[1:] equal
+    the target's argmax before them (posterior[:-1])."""
+    n = 0
+    while n + 1 < len(block) and block[n + 1] == posterior[n]:
+        n += 1
+    return n
+
+
 def produced_count(accepted, room):
     """Tokens a step commits before any stop token: its accepted drafts and the bonus, capped by
     `room` (ints, or int64 tensors on the device)."""

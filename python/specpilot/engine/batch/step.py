@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specpilot.engine.accept import accepted_prefix, commit, new_tokens
+from specpilot.engine.accept import commit, matched_drafts, new_tokens
 from specpilot.verify.sampling import rejection_sample, sample_probs, sampling_probs
 
 from . import forward
@@ -223,7 +223,7 @@ def _accept(engine, s, draft, rows: int, logits, features, block_list: list, pos
                                                s.generator)
             new = block[1:accepted + 1].tolist() + [int(bonus)]
     else:
-        matched = int(accepted_prefix(torch.tensor([block_list[1:]]), torch.tensor([posterior]), rows - 1)[0])
+        matched = matched_drafts(block_list, posterior)
         accepted = matched if r.replay is None else r.replay.accepted(len(s.acceptance), rows, matched)
         new = new_tokens(block_list, posterior, accepted)
     produced, s.stopped = commit(new, s.max_length - s.start - 1, set(r.stop_ids), s.tokens)
