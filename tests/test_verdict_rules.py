@@ -50,9 +50,12 @@ def test_disagreement_scores_both_tokens_with_the_referee():
 
 def test_excuse_cap_and_distinct_contexts():
     assert [excuse_cap(n) for n in (0, 32, 199, 256, 3072)] == [1, 1, 1, 2, 30]
-    # where stock itself leaves the referee's argmax, twice its flips may be excused, no more
+    # where stock itself leaves the referee's argmax: (paths + 1) x its flips may be excused, no more
     assert excuse_cap(256, stock_flips=19) == 38
-    assert excuse_cap(3072, stock_flips=3) == 30
+    assert excuse_cap(256, stock_flips=19, paths=3) == 76
+    assert excuse_cap(3072, stock_flips=3, paths=3) == 30
+    with pytest.raises(ValueError, match="paths=0"):
+        excuse_cap(256, 3, paths=0)
     same = [record(0.0, path=p, position=4) for p in ("prefill", "decode", "verify")]
     spec = [record(0.0, position=4, context="spec"), {**record(0.0, position=4), "prompt": 1}]
     assert distinct_contexts(same) == 1 and distinct_contexts(same + spec) == 3

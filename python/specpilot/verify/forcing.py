@@ -204,7 +204,7 @@ def _decide(report: ForcingReport, run_dtype, tally, agreement, forced_items, sp
     report.excused_list = forced_ok + spec_ok
     report.mismatches, report.spec_mismatches = len(report.mismatch_list), len(report.spec_mismatch_list)
     report.excused = distinct_contexts(report.excused_list)
-    report.excuse_cap = excuse_cap(report.tokens, agreement.stock_flips())
+    report.excuse_cap = excuse_cap(report.tokens, agreement.stock_flips(), paths=len(PATHS))
     report.agreement = agreement.summary()
     for row in rows:
         mine = lambda items: [i for i in items if i["prompt"] == row["id"]]  # noqa: E731
