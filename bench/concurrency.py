@@ -54,6 +54,10 @@ def closed_loop(target, drafter, config, concurrency: int, prompts: list, max_ne
             rid = engine.submit(Request(tuple(prompts[index]), max_new_tokens, stop_ids=tuple(stop_ids), replay=replay))
             owner[rid] = (client, index)
 
+    # Graphs are captured before the clock, as a server captures them at startup (BatchEngine.warmup).
+    warm_t0 = engine.clock()
+    graphs = engine.warmup(max(len(p) for p in prompts) + max_new_tokens)
+    warmup_s = engine.clock() - warm_t0
     t0 = engine.clock()
     for client in range(concurrency):
         submit_next(client)
@@ -75,7 +79,7 @@ def closed_loop(target, drafter, config, concurrency: int, prompts: list, max_ne
                "ttft_p50_ms": _pct(ttft, 50), "ttft_p99_ms": _pct(ttft, 99),
                "tpot_p50_ms": _pct(tpot, 50), "tpot_p99_ms": _pct(tpot, 99), "steps": engine.steps,
                "verified_rows_share": engine.verify_rows / engine.block_rows if engine.block_rows else None,
-               "replay_shortfalls": sum(r.replay_shortfalls for r in ordered)}
+               "replay_shortfalls": sum(r.replay_shortfalls for r in ordered), "graphs": graphs, "graph_warmup_s": warmup_s}
     return metrics, ordered
 
 

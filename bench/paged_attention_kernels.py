@@ -47,7 +47,7 @@ def fp64_check(out, q, k, v, table, last, scale) -> dict:
 
 
 def bench_case(shape, r, t, context, g) -> dict:
-    from specpilot.engine.batch.forward import Layout, Segment
+    from specpilot.engine.batch.forward import Layout, Segment, Staging
     from specpilot.kernels import paged_attention as pa
 
     hq, hkv, d = SHAPES[shape]
@@ -67,9 +67,10 @@ def bench_case(shape, r, t, context, g) -> dict:
     row["us"]["paged_kernel"] = 1e6 * time_graph(calls, REPS)
 
     # Today's batched path: the rows varlen [1, Hq, R*T, D], K/V gathered per request, one SDPA.
-    layout = Layout([Segment(table[i].long(), context - t, t) for i in range(r)], PAGE_SIZE, q.device)
+    pages = table.tolist()
+    layout = Layout([Segment(pages[i], context - t, t) for i in range(r)], PAGE_SIZE, Staging(q.device))
     qv = q.transpose(0, 1).reshape(1, hq, r * t, d)
-    mask = layout.mask(layout.positions, hq // hkv, torch.bfloat16)
+    mask = layout.mask(hq // hkv, torch.bfloat16)
     calls = [lambda k=k, v=v: layout.attend(qv, k, v, mask, scale) for k, v in zip(ks, vs)]
     row["us"]["gather_sdpa"] = 1e6 * time_graph(calls, REPS)
     us = row["us"]

@@ -57,3 +57,20 @@ def test_graphed_decode_equals_single_request(pair, drafted, temperature, paged)
 
 def test_request_bucket():
     assert [request_bucket(n) for n in (1, 2, 3, 5, 17, 33, 256, 257)] == [1, 2, 4, 8, 24, 48, 256, 320]
+
+
+def test_warmup_captures_every_graph_a_run_needs(pair):
+    """After warmup(max_context), a staggered run at every batch size up to max_batch captures nothing new."""
+    target, drafter, seed = pair
+    requests = requests_for(seed)
+    for model in (drafter, None):
+        engine = graphed_engine(target, model, max_batch=3)
+        count = engine.warmup(max(len(r.prompt_ids) + r.max_new_tokens for r in requests))
+        captured = set(engine.graphs.steps)
+        assert count == len(captured) > 0
+        results = run_staggered(engine, requests)
+        assert set(engine.graphs.steps) == captured, f"captured during the run: {set(engine.graphs.steps) - captured}"
+        for i, req in enumerate(requests):
+            assert results[i].tokens == single(target, model, req).tokens, f"seed {seed}, request {i}"
+    with pytest.raises(ValueError, match="max_context"):
+        engine.warmup(0)

@@ -124,6 +124,15 @@ class BatchEngine:
                     return True
         return False
 
+    def warmup(self, max_context: int) -> int:
+        """Captures every CUDA graph of the decode steps that requests of at most `max_context` positions
+        (prompt + max_new_tokens) can need, at every batch size up to max_batch (graphed.py), so that no
+        capture lands inside a run; the number of graphs (0 without graphs)."""
+        if self.graphs is None:
+            return 0
+        with torch.inference_mode(), config_module.use(self.engine_config):
+            return self.graphs.warmup(max_context)
+
     def progress(self) -> dict:
         """Request id -> its tokens committed so far, for every running request (streaming servers read
         it after each step; the lists are live: copy what you keep)."""

@@ -11,10 +11,10 @@ every step with a prefill chunk, adaptive verify, and the mechanisms' ablations.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from specpilot.engine.graphs import GraphedStep, kv_bucket
-
 from specpilot.kernels import paged_attention
 
 from . import forward
@@ -69,6 +69,27 @@ class DecodeGraphs:
         if self.paged:
             return forward.PaddedLayout(positions, slots, keys.int(), padded_last, self.engine.page_size)
         return forward.PaddedLayout(positions, slots, keys, padded_last)
+
+    def warmup(self, max_context: int) -> int:
+        """Captures the decode forwards for every request bucket up to the engine's max_batch and every
+        key bucket a request of at most `max_context` positions (prompt + max_new_tokens) can reach, on
+        an all-padding layout (only the trash page is written), so no capture lands inside a run.
+        Returns the number of graphs."""
+        if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 1:
+            raise ValueError(f"warmup: max_context={max_context!r} must be an int >= 1 (prompt + max_new_tokens)")
+        t, top = self.engine.block_size, request_bucket(self.engine.max_batch)
+        keys = sorted({kv_bucket(n, max(self.slots, n)) for n in range(1, max_context + 1)})
+        for requests in [b for b in REQUEST_BUCKETS if b <= top] + ([top] if top > REQUEST_BUCKETS[-1] else []):
+            for key_count in keys:
+                arrays = forward.padded([], requests, t, key_count, self.engine.page_size, self.engine.trash_slot,
+                                        paged=self.paged)
+                positions, slots, key_array, padded_last, ids = self.engine.staging.upload(
+                    arrays + [np.zeros(requests * t, dtype=np.int64)])
+                key_array, padded_last = key_array.view(requests, -1), padded_last.view(requests, t)
+                if self.engine.drafter is not None:
+                    self.draft(ids, positions, slots, key_array, padded_last)
+                self.target(ids, positions, slots, key_array, padded_last)
+        return len(self.steps)
 
     def draft(self, ids, positions, slots, keys, padded_last) -> torch.Tensor:
         """The drafter's block forward: ids [R*T] -> logits [R*(T-1), V] (the rows after each anchor)."""
