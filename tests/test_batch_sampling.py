@@ -57,9 +57,8 @@ def chi2(counts: dict, expected: dict, draws: int) -> tuple:
     return stat, cells - 1
 
 
-@pytest.mark.parametrize("temperature, top_p", [(1.5, 1.0), (1.0, 0.8)])
-def test_sampled_output_distribution_is_the_targets(temperature, top_p):
-    seed = fresh_seed()
+def run_draws(seed, temperature, top_p):
+    """DRAWS requests of one prompt through the batched engine; (target, prompt, results, engine)."""
     target, drafter = tiny_pair(VOCAB, 4, seed)
     prompt = random_prompts(VOCAB, (5,), seed)[0]
     engine = BatchEngine(target, drafter, PARTLY_TRIMMED, max_batch=64, kv_pages=64)
@@ -67,9 +66,20 @@ def test_sampled_output_distribution_is_the_targets(temperature, top_p):
         engine.submit(Request(tuple(prompt), NEW, temperature=temperature, top_p=top_p, seed=seed * 7919 + i))
     results = engine.run_until_done()
     assert all(r.error is None and len(r.tokens) == NEW for r in results)
-    multi = sum(a > 1 for r in results for a in r.acceptance_lengths)
-    assert engine.block_rows - engine.verify_rows > DRAWS // 20, "the budget trimmed almost no draft"
-    assert multi > DRAWS // 10, f"seed {seed}: only {multi} steps accepted a draft: rejection sampling barely ran"
+    return target, prompt, results, engine
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1.5, 1.0), (1.0, 0.8)])
+def test_sampled_output_distribution_is_the_targets(temperature, top_p):
+    # The test needs rejection sampling and trimming to run often; a random pair that rarely accepts a
+    # draft is replaced by the next seed's (chosen on acceptance alone, before any distribution check).
+    for seed in range(fresh_seed(), 2**31)[:5]:
+        target, prompt, results, engine = run_draws(seed, temperature, top_p)
+        multi = sum(a > 1 for r in results for a in r.acceptance_lengths)
+        if multi > DRAWS // 10 and engine.block_rows - engine.verify_rows > DRAWS // 20:
+            break
+    else:
+        pytest.fail(f"5 pairs from seed {seed - 4}: rejection sampling or the budget's trimming barely ran")
     counts = {}
     for r in results:
         counts[tuple(r.tokens)] = counts.get(tuple(r.tokens), 0) + 1
