@@ -2,6 +2,7 @@
 or in a background thread (tests, bench/serve_load.py)."""
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -13,6 +14,7 @@ from .metrics import Metrics
 from .worker import EngineWorker
 
 DEFAULT_MAX_MODEL_LEN = 4096
+log = logging.getLogger("specpilot.serve")
 
 
 def make_served(target, drafter, tokenizer, model_name: str, stop_ids=(), max_batch: int = 8,
@@ -33,6 +35,11 @@ def make_served(target, drafter, tokenizer, model_name: str, stop_ids=(), max_ba
                          f"--max-model-len {max_model_len}: raise --kv-pages or lower --max-model-len")
     engine = BatchEngine(target, drafter, config, max_batch=max_batch, kv_pages=kv_pages, block_size=block_size,
                          step_costs=step_costs)
+    t0 = time.perf_counter()
+    graphs = engine.warmup(max_model_len)          # every decode graph before the first request (CUDA)
+    if graphs:
+        log.info("captured %d CUDA graphs of the decode steps (batch sizes up to %d, %d positions) in %.1f s",
+                 graphs, max_batch, max_model_len, time.perf_counter() - t0)
     metrics = Metrics()
     return Served(EngineWorker(engine, metrics), tokenizer, model_name, tuple(stop_ids), max_model_len,
                   target.config.vocab_size, metrics)
