@@ -50,7 +50,7 @@ def test_graphed_decode_equals_single_request(pair, drafted, temperature, paged)
         assert results[i].error is None and results[i].tokens == ref.tokens, f"seed {seed}, request {i}"
         assert results[i].acceptance_lengths == ref.acceptance_lengths
     kinds = {key[0] for key in engine.graphs.steps}
-    assert kinds == ({"draft", "target"} if drafted else {"target"}), "the graphed path never ran"
+    assert kinds == ({"context", "draft", "target"} if drafted else {"target"}), "the graphed path never ran"
     assert {key[1] for key in engine.graphs.steps} >= {request_bucket(3)}, "no padded request bucket was used"
     assert engine.pool.free_pages == 64
 

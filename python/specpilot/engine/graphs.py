@@ -64,6 +64,8 @@ class StaticShapeStep:
                 raise ValueError(f"static step input shape {tuple(new.shape)} != captured {tuple(static.shape)}")
             static.copy_(new)
         result = self.fn(*self.inputs)
+        if result is None:                          # a step that only writes (e.g. K/V into a cache)
+            return None
         single = isinstance(result, torch.Tensor)
         result = (result,) if single else tuple(result)
         if self.outputs is None:

@@ -79,6 +79,7 @@ class BatchEngine:
         self.feature_layers = tuple(drafter.target_layer_ids) if drafter is not None else ()
         self.block_size = block_size if drafter is not None else 1
         self.graphs = None
+        self.graph_context = None                   # the last graphed verify's features and committed rows
         if graph_step_factory is not None or (self.device.type == "cuda" and engine_config.cuda_graphs):
             self.graphs = DecodeGraphs(self, graph_step_factory)
         self.costs = step_costs or StepCostTable.roofline(config.cost_ridge_tokens)   # profile.measure_step_costs

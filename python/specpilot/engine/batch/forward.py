@@ -40,6 +40,13 @@ class Segment:
     rows: int
 
 
+@dataclass
+class Rows:
+    """Positions and cache slots of rows that only write K/V (the draft context append's layout)."""
+    positions: torch.Tensor
+    slots: torch.Tensor
+
+
 class Staging:
     """Host-to-device uploads of a step's index arrays: everything a forward's layout needs goes in one
     int64 copy (pinned and asynchronous on CUDA), so no step waits on a per-request transfer. A ring of
@@ -231,7 +238,7 @@ def target_forward(target, cache, layout: Layout, ids: torch.Tensor, feature_lay
     return logits, features
 
 
-def draft_context(drafter, cache, layout: Layout, features: torch.Tensor) -> None:
+def draft_context(drafter, cache, layout, features: torch.Tensor) -> None:
     """Target features [N, F] of committed rows -> the drafter's context K/V at those rows' slots
     (DFlashDrafter.write_context over segments)."""
     h = drafter.hidden_norm(drafter.fc(features[None]))          # [1, N, H]

@@ -38,6 +38,7 @@ class DecodeGraphs:
         self.steps = {}
         self.slots = engine.pool.num_pages * engine.page_size       # the trash slot's index = the last real + 1
         self.paged = self._paged_kernel_runs(engine)
+        self.feature_width = len(engine.feature_layers) * engine.target.config.hidden_size
 
     @staticmethod
     def _paged_kernel_runs(engine) -> bool:
@@ -87,9 +88,26 @@ class DecodeGraphs:
                     arrays + [np.zeros(requests * t, dtype=np.int64)])
                 key_array, padded_last = key_array.view(requests, -1), padded_last.view(requests, t)
                 if self.engine.drafter is not None:
+                    if key_count == keys[0]:             # the context append has no key axis: one per bucket
+                        self.context(self.engine.draft_cache.k[0].new_zeros(requests * t, self.feature_width),
+                                     positions, slots)
                     self.draft(ids, positions, slots, key_array, padded_last)
                 self.target(ids, positions, slots, key_array, padded_last)
         return len(self.steps)
+
+    def context(self, features, positions, slots) -> None:
+        """The drafter's context append over R requests x T rows: features [R*T, F] -> K/V at `slots`
+        (padding rows: the trash slot)."""
+        r = features.shape[0] // self.engine.block_size
+        key = ("context", r, self.engine.block_size)
+        if key not in self.steps:
+            drafter, cache = self.engine.drafter, self.engine.draft_cache
+
+            def fn(features, positions, slots):
+                forward.draft_context(drafter, cache, forward.Rows(positions, slots), features)
+            self.steps[key] = self._capture(fn, (features, positions, slots), features.shape[0])
+        with self.engine.kernels(features.shape[0]):
+            self.steps[key](features, positions, slots)
 
     def draft(self, ids, positions, slots, keys, padded_last) -> torch.Tensor:
         """The drafter's block forward: ids [R*T] -> logits [R*(T-1), V] (the rows after each anchor)."""

@@ -10,7 +10,8 @@ import torch
 from specpilot.engine.accept import commit, matched_drafts, new_tokens
 from specpilot.verify.sampling import rejection_sample, sample_probs, sampling_probs
 
-from . import forward
+from . import forward, graphed
+from .paged import slots_of
 from .adaptive import top2_margin
 
 
@@ -54,7 +55,10 @@ def draft_all(engine, decoding: list) -> dict:
     drafter = engine.drafter
     drafts = {}
     for group in _groups(decoding, engine.config.batched_draft):
-        pending = [(s, *_take_context(s)) for s in group if s.ctx]
+        if _context_graphed(engine, group):
+            pending = []
+        else:
+            pending = [(s, *_take_context(s)) for s in group if s.ctx]
         if pending:
             layout = forward.Layout([forward.Segment(s.pages, first, f.shape[0]) for s, f, first in pending],
                                     engine.page_size, engine.staging)
@@ -92,6 +96,36 @@ def draft_all(engine, decoding: list) -> dict:
     return drafts
 
 
+def _context_graphed(engine, group: list) -> bool:
+    """Appends the group's pending context through the context graph when every pending row is the
+    last graphed verify's (engine.graph_context: its features output and each request's committed
+    rows there): one gather of those rows into the padded layout, no per-request concatenation.
+    False (nothing done) otherwise."""
+    ctx = engine.graph_context
+    states = [s for s in group if s.ctx]
+    if ctx is None or not states or not engine.config.batched_draft:
+        return False
+    features, rows = ctx
+    if not all(len(s.ctx) == 1 and s.id in rows and s.ctx[0][1] == rows[s.id][2] for s in states):
+        return False
+    t = engine.block_size
+    requests = graphed.request_bucket(len(states))
+    index, positions = np.zeros(requests * t, dtype=np.int64), np.zeros(requests * t, dtype=np.int64)
+    slots = np.full(requests * t, engine.trash_slot, dtype=np.int64)
+    for i, s in enumerate(states):
+        first, produced, start = rows[s.id]
+        pos = np.arange(start, start + produced)
+        index[i * t:i * t + produced] = np.arange(first, first + produced)
+        positions[i * t:i * t + t] = start                     # padding rows: a valid rope row, the trash slot
+        positions[i * t:i * t + produced] = pos
+        slots[i * t:i * t + produced] = slots_of(s.pages, pos, engine.page_size)
+        s.ctx = []
+    index, positions, slots = engine.staging.upload([index, positions, slots])
+    engine.graphs.context(features[index], positions, slots)
+    engine.graph_context = None
+    return True
+
+
 def _block_sources(engine, group, segments, offsets, draft_rows, total: int) -> list:
     """Host arrays of a group's block forward: its input ids [total] (each block's anchor, then mask
     ids), the host tokens (anchors and replayed drafts) and `source` [total], which picks each block
@@ -125,6 +159,7 @@ def verify_and_accept(engine, decoding: list, drafts: dict, lengths: dict, chunk
     per group whose layout, host token ids (AR anchors, prompt chunks) and the index that picks each
     row's id from [drafted blocks, host ids] go up in one copy. Either way the target's argmax and
     the verified ids come back in one read."""
+    engine.graph_context = None
     full = all(lengths[s.id] == (drafts[s.id].rows if s.id in drafts else 1) for s in decoding)
     if (engine.graphs is not None and engine.config.ragged_verify and decoding and not chunks and full
             and (not drafts or engine.config.batched_draft)):
@@ -195,10 +230,15 @@ def _verify_graphed(engine, decoding: list, drafts: dict, lengths: dict) -> None
                                             padded_last.view(requests, t))
     host = torch.cat([torch.argmax(logits, dim=-1), ids]).tolist()          # the one read-back
     posterior, ids_host = host[:logits.shape[0]], host[logits.shape[0]:]
+    committed = {}
     for r, (s, seg) in enumerate(zip(decoding, segments)):
         a, b = r * t, r * t + seg.rows
+        start = s.start
         _accept(engine, s, drafts.get(s.id), seg.rows, logits[a:b], features[a:b] if features is not None else None,
                 ids_host[a:b], posterior[a:b])
+        committed[s.id] = (a, s.start - start, start)          # its rows in `features`, how many, from where
+    if features is not None:
+        engine.graph_context = (features, committed)            # the next draft's context (_context_graphed)
 
 
 def _first_token(engine, s, logits, greedy: int) -> None:
