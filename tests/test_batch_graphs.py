@@ -26,10 +26,10 @@ def requests_for(seed, temperature=0.0):
             for i, (p, m) in enumerate(zip(prompts, (17, 5, 30, 2, 11)))]
 
 
-def graphed_engine(target, drafter, max_batch, paged=False):
+def graphed_engine(target, drafter, max_batch, paged=False, config=BatchConfig()):
     """paged: the attention through kernels/paged_attention (its torch reference here, the CUDA kernel
     on a GPU) over page tables, instead of SDPA over gathered K/V."""
-    engine = BatchEngine(target, drafter, BatchConfig(), max_batch=max_batch, kv_pages=64,
+    engine = BatchEngine(target, drafter, config, max_batch=max_batch, kv_pages=64,
                          graph_step_factory=StaticShapeStep)
     assert engine.graphs is not None and not engine.graphs.paged      # the kernel runs on CUDA bf16 only
     engine.graphs.paged = paged
@@ -74,3 +74,21 @@ def test_warmup_captures_every_graph_a_run_needs(pair):
             assert results[i].tokens == single(target, model, req).tokens, f"seed {seed}, request {i}"
     with pytest.raises(ValueError, match="max_context"):
         engine.warmup(0)
+
+
+@pytest.mark.parametrize("drafted", [True, False])
+def test_prefill_chunks_beside_graphed_decode(pair, drafted):
+    """Prompts prefilled 4 rows a step while others decode: the decode rows go through the graphs and
+    the chunks through their own eager forward in the same step; tokens and acceptance unchanged."""
+    target, drafter, seed = pair
+    drafter = drafter if drafted else None
+    requests = requests_for(seed)
+    engine = graphed_engine(target, drafter, max_batch=3, config=BatchConfig(prefill_chunk=4))
+    calls = []
+    original = engine.graphs.target
+    engine.graphs.target = lambda *a: calls.append(any(not s.decoding for s in engine.running)) or original(*a)
+    results = run_staggered(engine, requests, every=1)
+    assert any(calls), "no step had a prefill chunk beside a graphed decode forward"
+    for i, req in enumerate(requests):
+        ref = single(target, drafter, req)
+        assert results[i].tokens == ref.tokens and results[i].acceptance_lengths == ref.acceptance_lengths, i

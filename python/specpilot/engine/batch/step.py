@@ -154,16 +154,26 @@ def _block_sources(engine, group, segments, offsets, draft_rows, total: int) -> 
 
 def verify_and_accept(engine, decoding: list, drafts: dict, lengths: dict, chunks: list) -> None:
     """The target over every decoding request's verify rows and every (state, rows) prefill chunk, then
-    per request the accept / commit rule, or the prefill's bookkeeping (and first token). Graphed
-    (engine.graphs) when the step is decode only and verifies whole blocks; else one varlen forward
-    per group whose layout, host token ids (AR anchors, prompt chunks) and the index that picks each
-    row's id from [drafted blocks, host ids] go up in one copy. Either way the target's argmax and
-    the verified ids come back in one read."""
+    per request the accept / commit rule, or the prefill's bookkeeping (and first token). When the
+    decode rows can be graphed (engine.graphs, whole blocks verified), they are (_launch_graphed) and
+    the step's prefill chunks get their own eager forward, launched while the graph runs; else one
+    varlen forward per group over all rows (_verify_eager)."""
     engine.graph_context = None
     full = all(lengths[s.id] == (drafts[s.id].rows if s.id in drafts else 1) for s in decoding)
-    if (engine.graphs is not None and engine.config.ragged_verify and decoding and not chunks and full
+    if (engine.graphs is not None and engine.config.ragged_verify and decoding and full
             and (not drafts or engine.config.batched_draft)):
-        return _verify_graphed(engine, decoding, drafts, lengths)
+        launched = _launch_graphed(engine, decoding, drafts, lengths)
+        if chunks:
+            _verify_eager(engine, [], drafts, lengths, chunks)
+        _finish_graphed(engine, drafts, *launched)
+        return
+    _verify_eager(engine, decoding, drafts, lengths, chunks)
+
+
+def _verify_eager(engine, decoding: list, drafts: dict, lengths: dict, chunks: list) -> None:
+    """One varlen forward per group (all rows: ragged_verify) whose layout, host token ids (AR anchors,
+    prompt chunks) and the index that picks each row's id from [drafted blocks, host ids] go up in one
+    copy; the target's argmax and the verified ids come back in one read."""
     entries = [(s, forward.Segment(s.pages, s.start, lengths[s.id]), True) for s in decoding]
     entries += [(s, forward.Segment(s.pages, s.prefilled, rows), False) for s, rows in chunks]
     for group in _groups(entries, engine.config.ragged_verify):
@@ -213,9 +223,10 @@ def verify_and_accept(engine, decoding: list, drafts: dict, lengths: dict, chunk
             at += seg.rows
 
 
-def _verify_graphed(engine, decoding: list, drafts: dict, lengths: dict) -> None:
-    """The decode-only step's target forward, graphed over R requests x T rows (T: the block, 1 for AR):
-    request r verifies the padded blocks' rows [r*T, r*T + its rows) (the graphed draft's layout)."""
+def _launch_graphed(engine, decoding: list, drafts: dict, lengths: dict) -> tuple:
+    """The decode rows' target forward, graphed over R requests x T rows (T: the block, 1 for AR):
+    request r verifies the padded blocks' rows [r*T, r*T + its rows) (the graphed draft's layout).
+    Launched, not read back: (decoding, segments, logits, features, the read-back tensor)."""
     t = engine.block_size
     segments = [forward.Segment(s.pages, s.start, lengths[s.id]) for s in decoding]
     requests, _, arrays = engine.graphs.padded(segments, t)
@@ -228,7 +239,14 @@ def _verify_graphed(engine, decoding: list, drafts: dict, lengths: dict) -> None
         positions, slots, keys, padded_last, ids = engine.staging.upload(arrays + [anchors])
     logits, features = engine.graphs.target(ids, positions, slots, keys.view(requests, -1),
                                             padded_last.view(requests, t))
-    host = torch.cat([torch.argmax(logits, dim=-1), ids]).tolist()          # the one read-back
+    return decoding, segments, logits, features, torch.cat([torch.argmax(logits, dim=-1), ids])
+
+
+def _finish_graphed(engine, drafts: dict, decoding, segments, logits, features, readback) -> None:
+    """The graphed decode rows' one read-back, then each request's accept; the committed feature rows
+    are kept as the next draft's context (_context_graphed)."""
+    t = engine.block_size
+    host = readback.tolist()
     posterior, ids_host = host[:logits.shape[0]], host[logits.shape[0]:]
     committed = {}
     for r, (s, seg) in enumerate(zip(decoding, segments)):
