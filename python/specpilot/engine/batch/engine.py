@@ -59,6 +59,9 @@ class BatchEngine:
             block_size = drafter.block_size if block_size is None else block_size
             if isinstance(block_size, bool) or not isinstance(block_size, int) or not 2 <= block_size <= drafter.block_size:
                 raise ValueError(f"block_size={block_size!r} must be an int in 2..{drafter.block_size} (the drafter's block)")
+        if config.verify_prefix and drafter is not None and config.verify_prefix >= block_size:
+            raise ValueError(f"BatchConfig.verify_prefix={config.verify_prefix} must be below the block size "
+                             f"{block_size} (at the block size the first pass is the whole block)")
         self.target, self.drafter = target, drafter
         self.config, self.engine_config = config, engine_config
         self.max_batch = max_batch

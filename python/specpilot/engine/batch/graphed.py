@@ -78,17 +78,21 @@ class DecodeGraphs:
         if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 1:
             raise ValueError(f"warmup: max_context={max_context!r} must be an int >= 1 (prompt + max_new_tokens)")
         t, top = self.engine.block_size, request_bucket(self.engine.max_batch)
+        prefix = self.engine.config.verify_prefix if self.engine.drafter is not None else 0
+        target_rows = (prefix, t - prefix) if prefix else (t,)      # prefix-first's two passes
         keys = sorted({kv_bucket(n, max(self.slots, n)) for n in range(1, max_context + 1)})
         for requests in [b for b in REQUEST_BUCKETS if b <= top] + ([top] if top > REQUEST_BUCKETS[-1] else []):
             for key_count in keys:
-                arrays = forward.padded([], requests, t, key_count, self.engine.page_size, self.engine.trash_slot,
-                                        paged=self.paged)
-                positions, slots, key_array, padded_last, ids = self.engine.staging.upload(
-                    arrays + [np.zeros(requests * t, dtype=np.int64)])
-                key_array, padded_last = key_array.view(requests, -1), padded_last.view(requests, t)
-                if self.engine.drafter is not None:
-                    self.draft(ids, positions, slots, key_array, padded_last)
-                self.target(ids, positions, slots, key_array, padded_last)
+                for rows in sorted({t} | set(target_rows)):
+                    arrays = forward.padded([], requests, rows, key_count, self.engine.page_size,
+                                            self.engine.trash_slot, paged=self.paged)
+                    positions, slots, key_array, padded_last, ids = self.engine.staging.upload(
+                        arrays + [np.zeros(requests * rows, dtype=np.int64)])
+                    key_array, padded_last = key_array.view(requests, -1), padded_last.view(requests, rows)
+                    if rows == t and self.engine.drafter is not None:
+                        self.draft(ids, positions, slots, key_array, padded_last)
+                    if rows in target_rows:
+                        self.target(ids, positions, slots, key_array, padded_last)
         return len(self.steps)
 
     def draft(self, ids, positions, slots, keys, padded_last) -> torch.Tensor:
