@@ -9,7 +9,9 @@ A step:
             forward (one pass over all requests, or one per request: BatchConfig.batched_draft)
   lengths   the verify length per request: the whole block, or the adaptive prefix (adaptive.py)
   verify    one target forward over every decoding request's verify rows and the newcomers' prefill
-            chunks (at most BatchConfig.prefill_chunk prompt rows a step), or one per request
+            chunks (at most BatchConfig.prefill_chunk prompt rows a step), or one per request; with
+            BatchConfig.verify_prefix, two passes: the blocks' prefixes, then the rest of the blocks
+            whose prefix was accepted whole (prefix_first.py)
   accept    per request, the single-request engine's rule (engine/accept.py; rejection sampling with
             the request's own generator at temperature > 0), commit, stop / finish
 Every request's tokens equal what Engine.generate_spec (generate_ar without a drafter) makes for it
