@@ -3,8 +3,8 @@ verify (or AR) forward, captured per (kind, request bucket, rows per request, ke
 
 A graphed forward runs over a padded layout (forward.padded): R requests x T rows, request r's rows at
 [r*T, (r+1)*T), R the next request bucket >= the running count, T the block (1 for AR; prefix-first's
-passes: P and block - P), the attention's
-key columns the next power of two >= the longest context (graphs.kv_bucket). Padding rows and padding
+passes: P and block - P), the attention's key columns the next power of two >= the longest context
+(graphs.kv_bucket). Padding rows and padding
 requests write their K/V to the engine's trash slot and nobody reads it, so a real row's result is the
 eager forward's (same kernels, same shapes per request: tests/test_batch_graphs.py checks tokens
 against the eager engine). What stays eager: the draft context append (its rows vary per request),

@@ -151,21 +151,21 @@ def verify(engine, decoding: list, drafts: dict, windows: dict, chunks: list, gr
     results, extra = [], None
     for group in _groups(entries, engine.config.ragged_verify):
         pieces = []                                   # the drafted blocks tensors this group verifies
-        for s, _, verify_rows in group:
-            d = drafts.get(s.id) if verify_rows else None
+        for s, _, verifying in group:
+            d = drafts.get(s.id) if verifying else None
             if d is not None and all(p is not d.blocks for p in pieces):
                 pieces.append(d.blocks)
         piece_base = np.cumsum([0] + [p.shape[0] for p in pieces])
         host_ids, flat, logit_rows, at = [], [], [], 0
-        for s, seg, verify_rows in group:
-            d = drafts.get(s.id) if verify_rows else None
+        for s, seg, verifying in group:
+            d = drafts.get(s.id) if verifying else None
             if d is not None:
                 first = piece_base[next(i for i, p in enumerate(pieces) if p is d.blocks)] + d.offset + windows[s.id][0]
             else:
                 first = piece_base[-1] + len(host_ids)
-                host_ids.extend([s.tokens[-1]] if verify_rows else map(int, s.req.prompt_ids[s.prefilled:s.prefilled + seg.rows]))
+                host_ids.extend([s.tokens[-1]] if verifying else map(int, s.req.prompt_ids[s.prefilled:s.prefilled + seg.rows]))
             flat.append(np.arange(first, first + seg.rows))
-            if verify_rows:
+            if verifying:
                 logit_rows.extend(range(at, at + seg.rows))
             elif s.prefilled + seg.rows == s.prompt_len:
                 logit_rows.append(at + seg.rows - 1)      # the prompt's last row: the first token
@@ -180,9 +180,9 @@ def verify(engine, decoding: list, drafts: dict, windows: dict, chunks: list, gr
         posterior, ids_host, extra_host = _read_back(logits, ids, also_read if extra is None else None)
         extra = extra_host if extra is None else extra
         at = lrow = 0
-        for s, seg, verify_rows in group:
+        for s, seg, verifying in group:
             feats = features[at:at + seg.rows] if features is not None else None
-            if verify_rows:
+            if verifying:
                 results.append((s, logits[lrow:lrow + seg.rows], feats, ids_host[at:at + seg.rows],
                                 posterior[lrow:lrow + seg.rows]))
                 lrow += seg.rows
