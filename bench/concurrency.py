@@ -82,6 +82,7 @@ def closed_loop(target, drafter, config, concurrency: int, prompts: list, max_ne
                "ttft_p50_ms": _pct(ttft, 50), "ttft_p99_ms": _pct(ttft, 99),
                "tpot_p50_ms": _pct(tpot, 50), "tpot_p99_ms": _pct(tpot, 99), "steps": engine.steps,
                "verified_rows_share": engine.verify_rows / engine.block_rows if engine.block_rows else None,
+               "second_passes": engine.second_passes, "second_pass_requests": engine.second_pass_requests,
                "replay_shortfalls": sum(r.replay_shortfalls for r in ordered), "graphs": graphs, "graph_warmup_s": warmup_s}
     return metrics, ordered
 

@@ -94,6 +94,7 @@ def test_second_pass_is_reached_and_saves_rows(pair, second_passes):
     results = run_staggered(engine, requests)
     assert differences(target, drafter, requests, results) == []
     assert second_passes["pass2"] > 0
+    assert engine.second_passes == second_passes["pass2"] and 0 < engine.second_pass_requests
     assert engine.verify_rows < engine.block_rows
 
 

@@ -90,6 +90,7 @@ class BatchEngine:
         self.estimator = AcceptanceEstimator(max(self.block_size - 1, 1))
         self.steps = 0
         self.block_rows = self.verify_rows = 0      # decode rows drafted (anchors included) / verified
+        self.second_passes = self.second_pass_requests = 0   # prefix-first: steps / request steps with a pass 2
         self.queue, self.running = [], []
         self._finished = []                         # results not yet handed out by step()
         self._next_id = 0

@@ -50,6 +50,8 @@ def verify_and_accept(engine, decoding: list, drafts: dict, chunks: list) -> Non
     if not pending:
         return
     states = [entry[0] for entry in pending.values()]
+    engine.second_passes += 1
+    engine.second_pass_requests += len(states)
     rest = {s.id: (p, drafts[s.id].rows - p) for s in states}
     results, _ = step.verify(engine, states, drafts, rest, [], engine.block_size - p)
     for s, logits, features, ids, posterior in results:
