@@ -29,7 +29,8 @@ from specpilot.agents.mechanisms import configs_for
 # than a 10-minute search can spend on one (opt-in: it stays off unless set by hand).
 SLOW = {"engine.compile_layers"}
 SEEN_ON_CPU = {"engine.fused_steps", "engine.two_level", "batch.ragged_verify", "batch.batched_draft",
-               "batch.adaptive_verify", "batch.page_size", "batch.prefill_chunk", "run.block_size"}
+               "batch.adaptive_verify", "batch.verify_prefix", "batch.page_size", "batch.prefill_chunk",
+               "run.block_size"}
 
 
 @dataclass

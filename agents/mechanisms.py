@@ -48,6 +48,7 @@ BATCH_TABLE = {
     "ragged_verify": ("spec.linear", "batched", None),
     "batched_draft": ("spec.linear", "batched", None),
     "adaptive_verify": ("spec.linear", "batched", None),
+    "verify_prefix": ("spec.linear", "batched", (0, 2, 3)),     # prefix-first; below every block size searched
     "page_size": ("attention", "batched", (16, 32, 64)),
     "prefill_chunk": ("launches", "batched", (128, 256, 512)),
 }
@@ -66,7 +67,8 @@ NOT_SEARCHED = {
     "BatchConfig.adaptive_refit_every": "a tuning constant of adaptive_verify",
     "BatchConfig.cost_ridge_tokens": "a stand-in for a profiled step-cost table, not a mechanism",
 }
-# Choices that exist as values but are refused by the config (not built yet).
+# Choices that exist as values but are refused by the config (prefix-first: the batched engine's
+# BatchConfig.verify_prefix, refused by EngineConfig).
 UNBUILT = {("two_level", "prefix-first")}
 _CHOICES = {"attention": ATTENTION_CHOICES, "two_level": TWO_LEVEL_CHOICES}
 

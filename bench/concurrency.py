@@ -5,7 +5,8 @@ round robin, benchmark by benchmark), each submitting its next prompt the moment
 finishes. Measured per run: tokens/s over the whole run, TTFT (submit to first token, queueing
 included) and TPOT (decode time per token after the first) p50 / p99, tau. Runs per C: batched AR
 (the same engine, no drafter: the baseline every speedup is over), speculative with every mechanism
-on, and each mechanism off alone (the ablation). Writes concurrency.jsonl, concurrency.md and
+on, and each mechanism off alone (the ablation), and the mechanisms that are off by default on alone
+(adaptive verify; prefix-first verification at --verify-prefix P, default 4). Writes concurrency.jsonl, concurrency.md and
 concurrency.png (speedup vs C, with the published anchors drawn in) to --out.
 
 Scale tier (random weights accept ~nothing): --replay TAU gives every request AcceptanceReplay over
@@ -20,10 +21,12 @@ from pathlib import Path
 import numpy as np
 
 from specpilot.engine.batch import BatchConfig, BatchEngine, Request
+from specpilot.engine.cli_support import DEFAULT_VERIFY_PREFIX
 from specpilot.engine.batch.run import pool_pages
 
 ABLATIONS = {"spec": BatchConfig(), "no_ragged_verify": BatchConfig(ragged_verify=False),
-             "no_batched_draft": BatchConfig(batched_draft=False), "with_adaptive_verify": BatchConfig(adaptive_verify=True)}
+             "no_batched_draft": BatchConfig(batched_draft=False), "with_adaptive_verify": BatchConfig(adaptive_verify=True),
+             "with_prefix_first": BatchConfig(verify_prefix=DEFAULT_VERIFY_PREFIX)}
 # Published speedups over AR: the seed's stock and SpecPilot figures (flat lines), DFlash on SGLang (B200).
 ANCHOR_LINES = {"stock (seed) 1.94x": 1.94, "SpecPilot (seed) 3.93x": 3.93}
 ANCHOR_POINTS = {"DFlash on SGLang, B200": [(8, 4.5), (16, 3.9), (32, 2.8)]}
@@ -79,6 +82,7 @@ def closed_loop(target, drafter, config, concurrency: int, prompts: list, max_ne
                "ttft_p50_ms": _pct(ttft, 50), "ttft_p99_ms": _pct(ttft, 99),
                "tpot_p50_ms": _pct(tpot, 50), "tpot_p99_ms": _pct(tpot, 99), "steps": engine.steps,
                "verified_rows_share": engine.verify_rows / engine.block_rows if engine.block_rows else None,
+               "second_passes": engine.second_passes, "second_pass_requests": engine.second_pass_requests,
                "replay_shortfalls": sum(r.replay_shortfalls for r in ordered), "graphs": graphs, "graph_warmup_s": warmup_s}
     return metrics, ordered
 
@@ -115,7 +119,8 @@ def markdown(rows: list, info: dict) -> str:
     head = ["# Batched engine: speedup over batched AR vs concurrency", "",
             ", ".join(f"{k}: {v}" for k, v in info.items()), "",
             "| C | AR tok/s | spec tok/s | speedup | tau | TTFT p50 / p99 ms | TPOT p50 / p99 ms | verified rows | "
-            "no ragged verify | no batched draft | with adaptive verify |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+            "no ragged verify | no batched draft | with adaptive verify | with prefix-first (verified rows) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     by = {(r["method"], r["concurrency"]): r for r in rows}
     for c in sorted({r["concurrency"] for r in rows}):
         ar, sp = by[("ar", c)], by.get(("spec", c))
@@ -123,6 +128,8 @@ def markdown(rows: list, info: dict) -> str:
             continue
         abl = [f"{by[(m, c)]['speedup']:.2f}x" if (m, c) in by else "-"
                for m in ("no_ragged_verify", "no_batched_draft", "with_adaptive_verify")]
+        prefix = by.get(("with_prefix_first", c))
+        abl.append(f"{prefix['speedup']:.2f}x ({prefix['verified_rows_share']:.0%})" if prefix else "-")
         share = f"{sp['verified_rows_share']:.0%}" if sp["verified_rows_share"] is not None else "-"
         tau = f"{sp['tau']:.2f}" if sp["tau"] is not None else "-"
         head.append(f"| {c} | {ar['tokens_per_s']:.1f} | {sp['tokens_per_s']:.1f} | {sp['speedup']:.2f}x | {tau} | "
@@ -219,11 +226,16 @@ def cli_run(args, load_tokenizer) -> int:
         del probe
         print("step costs: " + ", ".join(f"{n} rows {s * 1e3:.2f} ms" for n, s in zip(costs.tokens, costs.seconds)),
               file=sys.stderr)
-    rows = run_levels(target, drafter, prompts, levels, args.max_new_tokens, stop_ids, replay_tau, step_costs=costs)
+    from specpilot.engine.cli_support import batch_options
+
+    prefix = batch_options(args).get("verify_prefix", DEFAULT_VERIFY_PREFIX)
+    ablations = {**ABLATIONS, "with_prefix_first": BatchConfig(verify_prefix=prefix)}
+    rows = run_levels(target, drafter, prompts, levels, args.max_new_tokens, stop_ids, replay_tau, ablations=ablations,
+                      step_costs=costs)
     info = {"target": args.target, "drafter": args.drafter or "random", "device": device_name(target.device),
             "dtype": args.dtype, "prompts": len(prompts), "benchmarks": ",".join(names),
             "max_new_tokens": args.max_new_tokens, "replay tau": replay_tau,
-            "step costs": "measured" if costs else "roofline (no CUDA)"}
+            "step costs": "measured" if costs else "roofline (no CUDA)", "verify prefix": prefix}
     write(rows, info, Path(args.out))
     print(markdown(rows, info))
     return 0

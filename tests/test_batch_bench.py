@@ -16,7 +16,7 @@ def test_levels_parse():
 
 
 def test_closed_loop_rows_table_and_plot(tmp_path):
-    target, drafter = tiny_pair(10, 4, 5)
+    target, drafter = tiny_pair(10, 8, 5)                # block 8: room for the prefix-first row's P = 4
     prompts = random_prompts(10, (4, 7, 5, 9, 6), 5)
     rows = concurrency.run_levels(target, drafter, prompts, [1, 2], 25, replay_tau=2.5, log=open("/dev/null", "w"))
     assert {(r["method"], r["concurrency"]) for r in rows} == {(m, c) for c in (1, 2)
@@ -24,7 +24,7 @@ def test_closed_loop_rows_table_and_plot(tmp_path):
     for r in rows:
         assert r["tokens"] == 5 * 25 and r["prompts"] == 5 and r["tokens_per_s"] > 0
         assert r["ttft_p50_ms"] <= r["ttft_p99_ms"]
-    spec = [r for r in rows if r["method"] == "spec"]
+    spec = [r for r in rows if r["method"] in ("spec", "with_prefix_first")]
     assert all(abs(r["tau"] - 2.5) < 0.3 and r["replay_shortfalls"] == 0 for r in spec)
     concurrency.write(rows, {"target": "tiny", "device": "cpu"}, tmp_path)
     md = (tmp_path / "concurrency.md").read_text()

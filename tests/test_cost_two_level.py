@@ -71,10 +71,11 @@ def test_best_draft_vocab_keeps_the_full_head_unless_tokens_per_second_rise():
 
 
 def test_prefix_first_rows_count_a_second_pass_only_after_a_fully_accepted_prefix():
-    # block 16: pass 1 is 1 + 4 rows; acceptance 5 (4 drafts + bonus) needs pass 2 (11 rows), 4 does not
+    # block 16: pass 1 is 4 rows judging drafts 1..4; acceptance 5 (4 drafts + bonus) needs pass 2
+    # (12 rows), 4 does not
     r = prefix_first_rows([1, 4, 5, 16], 16, 4)
-    assert r["second_pass_share"] == 0.5 and r["rows_per_step"] == (5 + 5 + 16 + 16) / 4
-    with pytest.raises(ValueError, match="prefix 15 must be in 1..14"):
-        prefix_first_rows([3], 16, 15)
+    assert r["second_pass_share"] == 0.5 and r["rows_per_step"] == (4 + 4 + 16 + 16) / 4
+    with pytest.raises(ValueError, match="prefix 16 must be in 1..15"):
+        prefix_first_rows([3], 16, 16)
     with pytest.raises(ValueError, match="at least one"):
         prefix_first_rows([], 16, 4)

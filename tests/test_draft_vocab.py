@@ -35,7 +35,7 @@ def test_bad_settings_are_named(tmp_path):
         EngineConfig(draft_vocab=-1)
     with pytest.raises(ValueError, match="two_level must be one of"):
         EngineConfig(two_level="yes")
-    with pytest.raises(ValueError, match="prefix-first' is not built"):
+    with pytest.raises(ValueError, match="prefix-first' runs on the batched engine only"):
         EngineConfig(two_level="prefix-first")
     with pytest.raises(FileNotFoundError, match="token ranking"):
         TokenRanking.load(tmp_path / "missing.json")

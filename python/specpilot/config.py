@@ -70,8 +70,8 @@ class EngineConfig:
     two_level: str = "off"
     """Two-level verification (docs/two_level.md): "off"; "certified-head" (greedy: the verify
     argmax certified from a shortlist and row bounds, exact LM head only where not certified;
-    engine/certified_head.py, a torch reference on the stepwise loop); "prefix-first" (not built:
-    needs the batched engine, refused)."""
+    engine/certified_head.py, a torch reference on the stepwise loop); "prefix-first" is the batched
+    engine's (BatchConfig.verify_prefix): refused here."""
     tree_budget: int = 0
     """Tree verification (docs/trees.md): each step verifies a tree of this many nodes (the anchor
     included) built from the drafter's block distributions, in one target pass, on the eager stepwise
@@ -87,8 +87,8 @@ class EngineConfig:
         if self.two_level not in TWO_LEVEL_CHOICES:
             raise ValueError(f"EngineConfig.two_level must be one of {TWO_LEVEL_CHOICES}, got {self.two_level!r}")
         if self.two_level == "prefix-first":
-            raise ValueError("EngineConfig.two_level='prefix-first' is not built yet: it needs the batched engine "
-                             "(docs/two_level.md)")
+            raise ValueError("two_level='prefix-first' runs on the batched engine only: BatchConfig.verify_prefix "
+                             "(CLI: --two-level prefix-first with --concurrency N > 1; docs/two_level.md)")
         if not isinstance(self.draft_vocab, int) or isinstance(self.draft_vocab, bool) or self.draft_vocab < 0:
             raise ValueError(f"EngineConfig.draft_vocab must be an int >= 0 (0: the full head), got {self.draft_vocab!r}")
         if not isinstance(self.tree_budget, int) or isinstance(self.tree_budget, bool) or self.tree_budget < 0:

@@ -71,13 +71,16 @@ def run(args) -> int:
 
 
 def _batched(args, target, drafter, prompts, stop, config) -> list:
+    from specpilot.engine.batch import BatchConfig
     from specpilot.engine.batch.run import run_batch
+    from specpilot.engine.cli_support import batch_options
 
     if config.two_level != "off" or config.draft_vocab or config.tree_budget:
-        raise ValueError("--two-level, --draft-vocab and --tree-budget run on the single-request engine only "
-                         "(--concurrency 1)")
+        raise ValueError("--two-level certified-head, --draft-vocab and --tree-budget run on the single-request "
+                         "engine only (--concurrency 1)")
     results, _ = run_batch(target, drafter, [ids for _, ids in prompts], args.max_new_tokens, args.concurrency,
-                           stop, args.temperature, args.seed, args.block_size, engine_config=config)
+                           stop, args.temperature, args.seed, args.block_size, config=BatchConfig(**batch_options(args)),
+                           engine_config=config)
     return results
 
 

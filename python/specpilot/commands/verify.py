@@ -6,8 +6,8 @@ on PASS. A split12 folder runs split12 (stock reads a bf16 unpack of it); --weig
 bf16 folder at load."""
 import json
 
-from specpilot.engine.cli_support import (add_mechanism_args, add_model_args, apply_run_args, checked_block_size,
-                                          engine_for, load_pair, mechanism_options, prompts_from_args,
+from specpilot.engine.cli_support import (add_mechanism_args, add_model_args, apply_run_args, batch_options,
+                                          checked_block_size, engine_for, load_pair, mechanism_options, prompts_from_args,
                                           resolve_model_args)
 
 SHOWN_RECORDS = 20      # per list in the human output; the JSON line has every record
@@ -54,7 +54,8 @@ def run(args) -> int:
     if args.concurrency != 1 and args.tree_budget:
         raise ValueError("--tree-budget runs on the single-request engine only (--concurrency 1)")
     if args.concurrency != 1:       # the batched engine's output is "our speculative output" below
-        full, mechanisms = batched_runs(engine, token_ids, args.max_new_tokens, args.concurrency, stop, args.block_size)
+        full, mechanisms = batched_runs(engine, token_ids, args.max_new_tokens, args.concurrency, stop, args.block_size,
+                                        batch_options(args))
     report = token_force(engine, stock, token_ids, args.max_new_tokens, stop_ids=stop, block_size=args.block_size,
                          ids=names, referee=referee, spec_results=full)
     if full is not None:

@@ -89,17 +89,18 @@ def best_draft_vocab(steps: dict, taus: dict) -> tuple:
 
 
 def prefix_first_rows(acceptance_lengths, block: int, prefix: int) -> dict:
-    """Prefix-first verification (C2) on recorded greedy steps: pass 1 verifies the anchor and the first
-    `prefix` drafts, pass 2 the other block - 1 - prefix drafts only when all of pass 1's were
-    accepted (the same decisions as one pass, so the recorded acceptance lengths, bonus included,
-    stay valid). Returns verified rows per step against `block` and the share of steps needing pass 2."""
-    if not 1 <= prefix < block - 1:
-        raise ValueError(f"prefix {prefix} must be in 1..{block - 2} for block {block}")
+    """Prefix-first verification (C2, BatchConfig.verify_prefix = `prefix`) on recorded greedy steps:
+    pass 1 verifies the block's first `prefix` rows (anchor + prefix - 1 drafts), which judge drafts
+    1..prefix; pass 2 verifies the other block - prefix rows only when all of those were accepted
+    (the same decisions as one pass, so the recorded acceptance lengths, bonus included, stay valid).
+    Returns verified rows per step against `block` and the share of steps needing pass 2."""
+    if not 1 <= prefix < block:
+        raise ValueError(f"prefix {prefix} must be in 1..{block - 1} for block {block}")
     steps = [a for a in acceptance_lengths if 1 <= a <= block]
     if not steps:
         raise ValueError("prefix_first_rows needs at least one recorded acceptance length")
-    second = [a - 1 >= prefix for a in steps]                # all `prefix` drafts accepted
-    rows = sum(prefix + 1 + (block - 1 - prefix) * s for s in second) / len(steps)
+    second = [a - 1 >= prefix for a in steps]                # all `prefix` judged drafts accepted
+    rows = sum(prefix + (block - prefix) * s for s in second) / len(steps)
     return {"prefix": prefix, "rows_per_step": rows, "rows_over_block": rows / block,
             "second_pass_share": sum(second) / len(steps)}
 
@@ -144,8 +145,8 @@ def main(argv=None) -> int:
         trace = traces.load(args.prefix_trace)
         steps = [a for row in trace.prompts for a in row["acceptance_lengths"][:-1]]
         print(f"# {trace.describe()}: {len(steps)} steps")
-        print("| prefix m | verified rows / block | steps needing pass 2 |\n| --- | --- | --- |")
-        for m in range(1, trace.block_size - 1):
+        print("| verify prefix P (pass-1 rows) | verified rows / block | steps needing pass 2 |\n| --- | --- | --- |")
+        for m in range(1, trace.block_size):
             r = prefix_first_rows(steps, trace.block_size, m)
             print(f"| {m} | {r['rows_over_block']:.3f} | {100 * r['second_pass_share']:.1f} % |")
         return 0

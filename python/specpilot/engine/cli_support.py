@@ -5,6 +5,8 @@ import torch
 
 from specpilot.models.loading import load_pair  # noqa: F401  (the commands load through it)
 
+DEFAULT_VERIFY_PREFIX = 4     # the zoo trace's fewest verified rows among prefixes (docs/two_level.md)
+
 
 def add_model_args(parser, drafter_required: bool = True):
     parser.add_argument("--target", required=True,
@@ -23,7 +25,10 @@ def add_mechanism_args(parser):
     default: docs/two_level.md says where each wins)."""
     parser.add_argument("--two-level", default="off", choices=("off", "certified-head", "prefix-first"),
                         help="two-level verification (default off; certified-head: greedy only, a torch "
-                             "reference; prefix-first: not built yet)")
+                             "reference; prefix-first: the batched engine's two verify passes, --concurrency > 1)")
+    parser.add_argument("--verify-prefix", type=int, default=None, metavar="P",
+                        help=f"with --two-level prefix-first: the rows of the first verify pass (anchor + P-1 "
+                             f"drafts), below the block size (default {DEFAULT_VERIFY_PREFIX})")
     parser.add_argument("--draft-vocab", type=int, default=0, metavar="N",
                         help="the drafter's LM head over the N most frequent tokens (0: full)")
     parser.add_argument("--draft-vocab-ranking", default=None, metavar="FILE",
@@ -35,9 +40,37 @@ def add_mechanism_args(parser):
 
 
 def mechanism_options(args) -> dict:
-    """EngineConfig keyword arguments from add_mechanism_args' options."""
-    return {"two_level": args.two_level, "draft_vocab": args.draft_vocab,
+    """EngineConfig keyword arguments from add_mechanism_args' options (prefix-first is the batched
+    engine's: batch_options carries it, and EngineConfig refuses it on the single-request engine)."""
+    _check_verify_prefix(args)
+    two_level = args.two_level
+    if two_level == "prefix-first" and _batched(args):
+        two_level = "off"
+    return {"two_level": two_level, "draft_vocab": args.draft_vocab,
             "draft_vocab_ranking": args.draft_vocab_ranking, "tree_budget": args.tree_budget}
+
+
+def batch_options(args) -> dict:
+    """BatchConfig keyword arguments from add_mechanism_args' options (the batched engine's runs)."""
+    _check_verify_prefix(args)
+    if args.two_level != "prefix-first":
+        return {}
+    prefix = DEFAULT_VERIFY_PREFIX if args.verify_prefix is None else args.verify_prefix
+    if prefix < 1:
+        raise ValueError(f"--verify-prefix {prefix} must be >= 1 (the rows of the first verify pass)")
+    return {"verify_prefix": prefix}
+
+
+def _check_verify_prefix(args) -> None:
+    if getattr(args, "verify_prefix", None) is not None and args.two_level != "prefix-first":
+        raise ValueError("--verify-prefix sets the first pass of --two-level prefix-first: pass that too")
+
+
+def _batched(args) -> bool:
+    """Whether the command runs the batched engine (generate / verify --concurrency N > 1; bench
+    --concurrency LEVELS)."""
+    concurrency = getattr(args, "concurrency", None)
+    return concurrency is not None and concurrency != 1
 
 
 def add_run_args(parser):

@@ -16,13 +16,14 @@ from specpilot.engine.batch import BatchConfig
 from specpilot.engine.batch.run import run_batch
 
 
-def batched_runs(engine, prompts, max_new_tokens, concurrency, stop_ids, block_size) -> tuple:
-    """(full-verify results, all-mechanisms results), in prompt order."""
+def batched_runs(engine, prompts, max_new_tokens, concurrency, stop_ids, block_size, options=None) -> tuple:
+    """(full-verify results, all-mechanisms results), in prompt order; options: more BatchConfig
+    fields of the all-mechanisms run (e.g. verify_prefix)."""
     common = dict(stop_ids=stop_ids, block_size=block_size, engine_config=engine.config)
     full, _ = run_batch(engine.target, engine.drafter, prompts, max_new_tokens, concurrency,
                         config=BatchConfig(adaptive_verify=False), **common)
     mechanisms, _ = run_batch(engine.target, engine.drafter, prompts, max_new_tokens, concurrency,
-                              config=BatchConfig(), **common)
+                              config=BatchConfig(**(options or {})), **common)
     return full, mechanisms
 
 

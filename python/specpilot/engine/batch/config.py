@@ -25,6 +25,11 @@ class BatchConfig:
     step-cost table; off: every request verifies its full block. The drafter always drafts its block.
     Off by default: on an H100 it made whole runs 3-5x slower at C=8-32 (its per-request host reads
     and refits cost more than the rows it saves; docs/design.md, "Batched engine")."""
+    verify_prefix: int = 0
+    """Prefix-first verification (docs/two_level.md): a first target forward over the first P rows of
+    every decoding request's block (anchor + P-1 drafts, which judge drafts 1..P), and a second one
+    over the rest of the block only for the requests that accepted all P (engine/batch/prefix_first.py).
+    0: off, one forward over whole blocks. Must be below the block size; not with adaptive_verify."""
     page_size: int = 16
     """KV cache slots per page (block table entry), for the target and the drafter caches alike."""
     prefill_chunk: int = 256
@@ -50,5 +55,10 @@ class BatchConfig:
             raise ValueError(f"BatchConfig page_size={self.page_size}, prefill_chunk={self.prefill_chunk}, "
                              f"adaptive_refit_every={self.adaptive_refit_every} and "
                              f"cost_ridge_tokens={self.cost_ridge_tokens} must be >= 1")
+        if self.verify_prefix < 0:
+            raise ValueError(f"BatchConfig.verify_prefix={self.verify_prefix} must be >= 0 (0: off)")
+        if self.verify_prefix and self.adaptive_verify:
+            raise ValueError("BatchConfig.verify_prefix (prefix-first) and adaptive_verify both trim the verify "
+                             "rows: turn one of them off")
         if self.adaptive_warmup_steps < 0:
             raise ValueError(f"BatchConfig.adaptive_warmup_steps={self.adaptive_warmup_steps} must be >= 0")

@@ -9,7 +9,9 @@ A step:
             forward (one pass over all requests, or one per request: BatchConfig.batched_draft)
   lengths   the verify length per request: the whole block, or the adaptive prefix (adaptive.py)
   verify    one target forward over every decoding request's verify rows and the newcomers' prefill
-            chunks (at most BatchConfig.prefill_chunk prompt rows a step), or one per request
+            chunks (at most BatchConfig.prefill_chunk prompt rows a step), or one per request; with
+            BatchConfig.verify_prefix, two passes: the blocks' prefixes, then the rest of the blocks
+            whose prefix was accepted whole (prefix_first.py)
   accept    per request, the single-request engine's rule (engine/accept.py; rejection sampling with
             the request's own generator at temperature > 0), commit, stop / finish
 Every request's tokens equal what Engine.generate_spec (generate_ar without a drafter) makes for it
@@ -59,6 +61,9 @@ class BatchEngine:
             block_size = drafter.block_size if block_size is None else block_size
             if isinstance(block_size, bool) or not isinstance(block_size, int) or not 2 <= block_size <= drafter.block_size:
                 raise ValueError(f"block_size={block_size!r} must be an int in 2..{drafter.block_size} (the drafter's block)")
+        if config.verify_prefix and drafter is not None and config.verify_prefix >= block_size:
+            raise ValueError(f"BatchConfig.verify_prefix={config.verify_prefix} must be below the block size "
+                             f"{block_size} (at the block size the first pass is the whole block)")
         self.target, self.drafter = target, drafter
         self.config, self.engine_config = config, engine_config
         self.max_batch = max_batch
@@ -79,13 +84,15 @@ class BatchEngine:
         self.feature_layers = tuple(drafter.target_layer_ids) if drafter is not None else ()
         self.block_size = block_size if drafter is not None else 1
         self.graphs = None
-        self.graph_context = None                   # the last graphed verify's features and committed rows
+        self.graph_features = None                  # the last graphed verify's features output and rows
+        self.graph_context = None                   # ... and each request's committed rows there
         if graph_step_factory is not None or (self.device.type == "cuda" and engine_config.cuda_graphs):
             self.graphs = DecodeGraphs(self, graph_step_factory)
         self.costs = step_costs or StepCostTable.roofline(config.cost_ridge_tokens)   # profile.measure_step_costs
         self.estimator = AcceptanceEstimator(max(self.block_size - 1, 1))
         self.steps = 0
         self.block_rows = self.verify_rows = 0      # decode rows drafted (anchors included) / verified
+        self.second_passes = self.second_pass_requests = 0   # prefix-first: steps / request steps with a pass 2
         self.queue, self.running = [], []
         self._finished = []                         # results not yet handed out by step()
         self._next_id = 0

@@ -2,8 +2,9 @@
 verify (or AR) forward, captured per (kind, request bucket, rows per request, key bucket).
 
 A graphed forward runs over a padded layout (forward.padded): R requests x T rows, request r's rows at
-[r*T, (r+1)*T), R the next request bucket >= the running count, T the block (1 for AR), the attention's
-key columns the next power of two >= the longest context (graphs.kv_bucket). Padding rows and padding
+[r*T, (r+1)*T), R the next request bucket >= the running count, T the block (1 for AR; prefix-first's
+passes: P and block - P), the attention's key columns the next power of two >= the longest context
+(graphs.kv_bucket). Padding rows and padding
 requests write their K/V to the engine's trash slot and nobody reads it, so a real row's result is the
 eager forward's (same kernels, same shapes per request: tests/test_batch_graphs.py checks tokens
 against the eager engine). What stays eager: the draft context append (its rows vary per request),
@@ -79,20 +80,24 @@ class DecodeGraphs:
         if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 1:
             raise ValueError(f"warmup: max_context={max_context!r} must be an int >= 1 (prompt + max_new_tokens)")
         t, top = self.engine.block_size, request_bucket(self.engine.max_batch)
+        prefix = self.engine.config.verify_prefix if self.engine.drafter is not None else 0
+        target_rows = (prefix, t - prefix) if prefix else (t,)      # prefix-first's two passes
         keys = sorted({kv_bucket(n, max(self.slots, n)) for n in range(1, max_context + 1)})
         for requests in [b for b in REQUEST_BUCKETS if b <= top] + ([top] if top > REQUEST_BUCKETS[-1] else []):
             for key_count in keys:
-                arrays = forward.padded([], requests, t, key_count, self.engine.page_size, self.engine.trash_slot,
-                                        paged=self.paged)
-                positions, slots, key_array, padded_last, ids = self.engine.staging.upload(
-                    arrays + [np.zeros(requests * t, dtype=np.int64)])
-                key_array, padded_last = key_array.view(requests, -1), padded_last.view(requests, t)
-                if self.engine.drafter is not None:
-                    if key_count == keys[0]:             # the context append has no key axis: one per bucket
-                        self.context(self.engine.draft_cache.k[0].new_zeros(requests * t, self.feature_width),
-                                     positions, slots)
-                    self.draft(ids, positions, slots, key_array, padded_last)
-                self.target(ids, positions, slots, key_array, padded_last)
+                for rows in sorted({t} | set(target_rows)):
+                    arrays = forward.padded([], requests, rows, key_count, self.engine.page_size,
+                                            self.engine.trash_slot, paged=self.paged)
+                    positions, slots, key_array, padded_last, ids = self.engine.staging.upload(
+                        arrays + [np.zeros(requests * rows, dtype=np.int64)])
+                    key_array, padded_last = key_array.view(requests, -1), padded_last.view(requests, rows)
+                    if rows == t and self.engine.drafter is not None:
+                        if key_count == keys[0]:         # the context append has no key axis: one per bucket
+                            self.context(self.engine.draft_cache.k[0].new_zeros(requests * t, self.feature_width),
+                                         positions, slots)
+                        self.draft(ids, positions, slots, key_array, padded_last)
+                    if rows in target_rows:
+                        self.target(ids, positions, slots, key_array, padded_last)
         return len(self.steps)
 
     def context(self, features, positions, slots) -> None:

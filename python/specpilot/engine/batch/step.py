@@ -11,8 +11,8 @@ from specpilot.engine.accept import commit, matched_drafts, new_tokens
 from specpilot.verify.sampling import rejection_sample, sample_probs, sampling_probs
 
 from . import forward, graphed
-from .paged import slots_of
 from .adaptive import top2_margin
+from .paged import slots_of
 
 
 @dataclass
@@ -154,45 +154,68 @@ def _block_sources(engine, group, segments, offsets, draft_rows, total: int) -> 
 
 def verify_and_accept(engine, decoding: list, drafts: dict, lengths: dict, chunks: list) -> None:
     """The target over every decoding request's verify rows and every (state, rows) prefill chunk, then
-    per request the accept / commit rule, or the prefill's bookkeeping (and first token). When the
-    decode rows can be graphed (engine.graphs, whole blocks verified), they are (_launch_graphed) and
-    the step's prefill chunks get their own eager forward, launched while the graph runs; else one
-    varlen forward per group over all rows (_verify_eager)."""
-    engine.graph_context = None
+    per request the accept / commit rule, or the prefill's bookkeeping (and first token). With
+    BatchConfig.verify_prefix the verify runs in two passes (prefix_first.py)."""
+    engine.graph_context = engine.graph_features = None
+    if engine.config.verify_prefix and drafts:
+        from . import prefix_first        # it builds on this module's verify and commit
+        return prefix_first.verify_and_accept(engine, decoding, drafts, chunks)
     full = all(lengths[s.id] == (drafts[s.id].rows if s.id in drafts else 1) for s in decoding)
-    if (engine.graphs is not None and engine.config.ragged_verify and decoding and full
+    windows = {s.id: (0, lengths[s.id]) for s in decoding}
+    results, _ = verify(engine, decoding, drafts, windows, chunks, engine.block_size if full else None)
+    committed = {}
+    for s, logits, features, ids_host, posterior in results:
+        start = s.start
+        _accept(engine, s, drafts.get(s.id), len(ids_host), logits, features, ids_host, posterior)
+        committed[s.id] = (start, s.start - start)
+    if engine.graph_features is not None:                  # the next draft's context (_context_graphed)
+        features, first_rows = engine.graph_features
+        engine.graph_context = (features, {i: (first_rows[i], produced, start)
+                                           for i, (start, produced) in committed.items()})
+
+
+def verify(engine, decoding: list, drafts: dict, windows: dict, chunks: list, graph_rows: int | None,
+           also_read: torch.Tensor | None = None) -> tuple:
+    """One verify pass: the target over each decoding request's window of its block (windows: id ->
+    (skip, rows): block rows [skip, skip + rows), the rows before skip already in the cache) and every
+    prefill chunk (whose bookkeeping and first token it does). The decode rows are graphed
+    (engine.graphs) when graph_rows (T: rows per request of the padded layout, >= every window) is
+    given, the prefill chunks then getting their own eager forward; else one varlen forward per group whose layout, host token ids (AR anchors, prompt chunks) and the
+    index that picks each row's id from [drafted blocks, host ids] go up in one copy. Either way the
+    target's argmax and the verified ids (and `also_read`, int64) come back in one read.
+    Returns ([(state, logits [rows, V], features [rows, F] or None, ids, posterior)] per decoding
+    request, also_read's host list or None)."""
+    if (graph_rows is not None and engine.graphs is not None and engine.config.ragged_verify and decoding
             and (not drafts or engine.config.batched_draft)):
-        launched = _launch_graphed(engine, decoding, drafts, lengths)
-        if chunks:
-            _verify_eager(engine, [], drafts, lengths, chunks)
-        _finish_graphed(engine, drafts, *launched)
-        return
-    _verify_eager(engine, decoding, drafts, lengths, chunks)
+        launched = _launch_graphed(engine, decoding, drafts, windows, graph_rows, also_read)
+        if chunks:              # the newcomers' chunks: their own eager forward, launched while the graph runs
+            _verify_eager(engine, [], drafts, windows, chunks, None)
+        return _finish_graphed(engine, *launched)
+    return _verify_eager(engine, decoding, drafts, windows, chunks, also_read)
 
 
-def _verify_eager(engine, decoding: list, drafts: dict, lengths: dict, chunks: list) -> None:
-    """One varlen forward per group (all rows: ragged_verify) whose layout, host token ids (AR anchors,
-    prompt chunks) and the index that picks each row's id from [drafted blocks, host ids] go up in one
-    copy; the target's argmax and the verified ids come back in one read."""
-    entries = [(s, forward.Segment(s.pages, s.start, lengths[s.id]), True) for s in decoding]
+def _verify_eager(engine, decoding: list, drafts: dict, windows: dict, chunks: list, also_read) -> tuple:
+    """verify's eager path: one varlen forward per group over its decode windows and prefill chunks."""
+    entries = [(s, forward.Segment(s.pages, s.start + windows[s.id][0], windows[s.id][1]), True) for s in decoding]
     entries += [(s, forward.Segment(s.pages, s.prefilled, rows), False) for s, rows in chunks]
+    results, extra = [], None
     for group in _groups(entries, engine.config.ragged_verify):
         pieces = []                                   # the drafted blocks tensors this group verifies
-        for s, _, verify in group:
-            d = drafts.get(s.id) if verify else None
+        for s, _, verifying in group:
+            d = drafts.get(s.id) if verifying else None
             if d is not None and all(p is not d.blocks for p in pieces):
                 pieces.append(d.blocks)
         piece_base = np.cumsum([0] + [p.shape[0] for p in pieces])
         host_ids, flat, logit_rows, at = [], [], [], 0
-        for s, seg, verify in group:
-            d = drafts.get(s.id) if verify else None
+        for s, seg, verifying in group:
+            d = drafts.get(s.id) if verifying else None
             if d is not None:
-                first = piece_base[next(i for i, p in enumerate(pieces) if p is d.blocks)] + d.offset
+                first = piece_base[next(i for i, p in enumerate(pieces) if p is d.blocks)] + d.offset + windows[s.id][0]
             else:
                 first = piece_base[-1] + len(host_ids)
-                host_ids.extend([s.tokens[-1]] if verify else map(int, s.req.prompt_ids[s.prefilled:s.prefilled + seg.rows]))
+                host_ids.extend([s.tokens[-1]] if verifying else map(int, s.req.prompt_ids[s.prefilled:s.prefilled + seg.rows]))
             flat.append(np.arange(first, first + seg.rows))
-            if verify:
+            if verifying:
                 logit_rows.extend(range(at, at + seg.rows))
             elif s.prefilled + seg.rows == s.prompt_len:
                 logit_rows.append(at + seg.rows - 1)      # the prompt's last row: the first token
@@ -204,14 +227,14 @@ def _verify_eager(engine, decoding: list, drafts: dict, lengths: dict, chunks: l
         with engine.kernels(at):
             logits, features = forward.target_forward(engine.target, engine.cache, layout, ids,
                                                       engine.feature_layers, logit_rows_dev)
-        host = torch.cat([torch.argmax(logits, dim=-1), ids]).tolist()      # the one read-back
-        posterior, ids_host = host[:logits.shape[0]], host[logits.shape[0]:]
+        posterior, ids_host, extra_host = _read_back(logits, ids, also_read if extra is None else None)
+        extra = extra_host if extra is None else extra
         at = lrow = 0
-        for s, seg, verify in group:
+        for s, seg, verifying in group:
             feats = features[at:at + seg.rows] if features is not None else None
-            if verify:
-                _accept(engine, s, drafts.get(s.id), seg.rows, logits[lrow:lrow + seg.rows], feats,
-                        ids_host[at:at + seg.rows], posterior[lrow:lrow + seg.rows])
+            if verifying:
+                results.append((s, logits[lrow:lrow + seg.rows], feats, ids_host[at:at + seg.rows],
+                                posterior[lrow:lrow + seg.rows]))
                 lrow += seg.rows
             else:
                 if feats is not None:
@@ -221,42 +244,54 @@ def _verify_eager(engine, decoding: list, drafts: dict, lengths: dict, chunks: l
                     _first_token(engine, s, logits[lrow:lrow + 1], posterior[lrow])
                     lrow += 1
             at += seg.rows
+    return results, extra
 
 
-def _launch_graphed(engine, decoding: list, drafts: dict, lengths: dict) -> tuple:
-    """The decode rows' target forward, graphed over R requests x T rows (T: the block, 1 for AR):
-    request r verifies the padded blocks' rows [r*T, r*T + its rows) (the graphed draft's layout).
-    Launched, not read back: (decoding, segments, logits, features, the read-back tensor)."""
-    t = engine.block_size
-    segments = [forward.Segment(s.pages, s.start, lengths[s.id]) for s in decoding]
+def _read_back(logits, ids, also_read) -> tuple:
+    """(the target's argmax per row, the ids, also_read or None) as host lists, in one transfer."""
+    parts = [torch.argmax(logits, dim=-1), ids] + ([also_read] if also_read is not None else [])
+    host = torch.cat(parts).tolist()
+    n, m = logits.shape[0], ids.shape[0]
+    return host[:n], host[n:n + m], (host[n + m:] if also_read is not None else None)
+
+
+def _launch_graphed(engine, decoding: list, drafts: dict, windows: dict, t: int, also_read) -> tuple:
+    """The decode rows' target forward, graphed over R requests x T rows (T: the block, 1 for AR, or a
+    prefix-first pass's rows): request r verifies the padded rows [r*T, r*T + its window's rows).
+    Whole blocks read the graphed draft's padded blocks as they are; other windows gather their ids.
+    Launched, not read back (_finish_graphed)."""
+    segments = [forward.Segment(s.pages, s.start + windows[s.id][0], windows[s.id][1]) for s in decoding]
     requests, _, arrays = engine.graphs.padded(segments, t)
-    if drafts:
+    if drafts and t == engine.block_size and not any(windows[s.id][0] for s in decoding):
         positions, slots, keys, padded_last = engine.staging.upload(arrays)
         ids = drafts[decoding[0].id].blocks                 # [R*T]: the graphed draft's padded blocks
+    elif drafts:
+        source = np.zeros(requests * t, dtype=np.int64)     # padding rows read block row 0 (never used)
+        for r, (s, seg) in enumerate(zip(decoding, segments)):
+            first = drafts[s.id].offset + windows[s.id][0]
+            source[r * t:(r + 1) * t] = first + np.minimum(np.arange(t), seg.rows - 1)
+        positions, slots, keys, padded_last, source = engine.staging.upload(arrays + [source])
+        ids = drafts[decoding[0].id].blocks[source]
     else:
         anchors = np.zeros(requests * t, dtype=np.int64)
         anchors[[r * t for r in range(len(decoding))]] = [s.tokens[-1] for s in decoding]
         positions, slots, keys, padded_last, ids = engine.staging.upload(arrays + [anchors])
     logits, features = engine.graphs.target(ids, positions, slots, keys.view(requests, -1),
                                             padded_last.view(requests, t))
-    return decoding, segments, logits, features, torch.cat([torch.argmax(logits, dim=-1), ids])
+    return decoding, segments, t, logits, features, ids, also_read
 
 
-def _finish_graphed(engine, drafts: dict, decoding, segments, logits, features, readback) -> None:
-    """The graphed decode rows' one read-back, then each request's accept; the committed feature rows
-    are kept as the next draft's context (_context_graphed)."""
-    t = engine.block_size
-    host = readback.tolist()
-    posterior, ids_host = host[:logits.shape[0]], host[logits.shape[0]:]
-    committed = {}
+def _finish_graphed(engine, decoding, segments, t, logits, features, ids, also_read) -> tuple:
+    """The graphed pass's one read-back and its per-request results (verify's); the feature output
+    and each request's first row are kept in engine.graph_features for the next draft's context."""
+    posterior, ids_host, extra = _read_back(logits, ids, also_read)
+    results = []
     for r, (s, seg) in enumerate(zip(decoding, segments)):
         a, b = r * t, r * t + seg.rows
-        start = s.start
-        _accept(engine, s, drafts.get(s.id), seg.rows, logits[a:b], features[a:b] if features is not None else None,
-                ids_host[a:b], posterior[a:b])
-        committed[s.id] = (a, s.start - start, start)          # its rows in `features`, how many, from where
+        results.append((s, logits[a:b], features[a:b] if features is not None else None, ids_host[a:b], posterior[a:b]))
     if features is not None:
-        engine.graph_context = (features, committed)            # the next draft's context (_context_graphed)
+        engine.graph_features = (features, {s.id: r * t for r, s in enumerate(decoding)})
+    return results, extra
 
 
 def _first_token(engine, s, logits, greedy: int) -> None:
@@ -284,7 +319,13 @@ def _accept(engine, s, draft, rows: int, logits, features, block_list: list, pos
         matched = matched_drafts(block_list, posterior)
         accepted = matched if r.replay is None else r.replay.accepted(len(s.acceptance), rows, matched)
         new = new_tokens(block_list, posterior, accepted)
-    produced, s.stopped = commit(new, s.max_length - s.start - 1, set(r.stop_ids), s.tokens)
+    commit_step(engine, s, draft, rows, accepted, new, features)
+
+
+def commit_step(engine, s, draft, rows: int, accepted: int, new: list, features) -> None:
+    """Commits a verify step's decision (`accepted` drafts of a `rows`-row block; `new`: the accepted
+    drafts and the bonus): the tokens (room, stop ids), the draft context's features, the stats."""
+    produced, s.stopped = commit(new, s.max_length - s.start - 1, set(s.req.stop_ids), s.tokens)
     if features is not None:
         s.ctx.append((features[:produced], s.start))
     s.start += produced
