@@ -84,8 +84,7 @@ class BatchEngine:
         self.feature_layers = tuple(drafter.target_layer_ids) if drafter is not None else ()
         self.block_size = block_size if drafter is not None else 1
         self.graphs = None
-        self.graph_features = None                  # the last graphed verify's features output and rows
-        self.graph_context = None                   # ... and each request's committed rows there
+        self.graph_features = None                  # the last graphed verify's features output, each request's first row
         if graph_step_factory is not None or (self.device.type == "cuda" and engine_config.cuda_graphs):
             self.graphs = DecodeGraphs(self, graph_step_factory)
         self.costs = step_costs or StepCostTable.roofline(config.cost_ridge_tokens)   # profile.measure_step_costs

@@ -111,8 +111,7 @@ class DecodeGraphs:
             def fn(features, positions, slots):
                 forward.draft_context(drafter, cache, forward.Rows(positions, slots), features)
             self.steps[key] = self._capture(fn, (features, positions, slots), features.shape[0])
-        with self.engine.kernels(features.shape[0]):
-            self.steps[key](features, positions, slots)
+        self.steps[key](features, positions, slots)
 
     def draft(self, ids, positions, slots, keys, padded_last) -> torch.Tensor:
         """The drafter's block forward: ids [R*T] -> logits [R*(T-1), V] (the rows after each anchor)."""
@@ -126,8 +125,7 @@ class DecodeGraphs:
                 layout = self.layout(positions, slots, keys, padded_last)
                 return forward.draft_block(drafter, cache, layout, ids, keep)
             self.steps[key] = self._capture(fn, (ids, positions, slots, keys, padded_last), r * t)
-        with self.engine.kernels(r * t):
-            return self.steps[key](ids, positions, slots, keys, padded_last)
+        return self.steps[key](ids, positions, slots, keys, padded_last)
 
     def target(self, ids, positions, slots, keys, padded_last) -> tuple:
         """The target's forward: ids [R*T] -> (logits [R*T, V], features [R*T, F] or None)."""
@@ -141,10 +139,13 @@ class DecodeGraphs:
                 logits, features = forward.target_forward(target, cache, layout, ids, taps)
                 return (logits, features) if features is not None else (logits,)
             self.steps[key] = self._capture(fn, (ids, positions, slots, keys, padded_last), r * t)
-        with self.engine.kernels(r * t):
-            out = self.steps[key](ids, positions, slots, keys, padded_last)
+        out = self.steps[key](ids, positions, slots, keys, padded_last)
         return (out[0], out[1]) if len(out) == 2 else (out[0], None)
 
     def _capture(self, fn, inputs: tuple, rows: int):
-        with self.engine.kernels(rows):
-            return self.factory(fn, inputs, pool=self.pool)
+        """The step for `fn` over `rows` token rows, its linears' kernel chosen for that many rows inside
+        the function, so a capture bakes the choice in and a replay sets nothing on the host."""
+        def with_kernels(*args):
+            with self.engine.kernels(rows):
+                return fn(*args)
+        return self.factory(with_kernels, inputs, pool=self.pool)

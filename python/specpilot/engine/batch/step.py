@@ -97,23 +97,24 @@ def draft_all(engine, decoding: list) -> dict:
 
 
 def _context_graphed(engine, group: list) -> bool:
-    """Appends the group's pending context through the context graph when every pending row is the
-    last graphed verify's (engine.graph_context: its features output and each request's committed
-    rows there): one gather of those rows into the padded layout, no per-request concatenation.
-    False (nothing done) otherwise."""
-    ctx = engine.graph_context
+    """Appends the group's pending context through the context graph when each pending request's one
+    context piece is a view of its rows in the last graphed verify's features output
+    (engine.graph_features): one gather of those rows into the padded layout, no per-request
+    concatenation. False (nothing done) otherwise."""
     states = [s for s in group if s.ctx]
-    if ctx is None or not states or not engine.config.batched_draft:
+    if engine.graph_features is None or not states or not engine.config.batched_draft:
         return False
-    features, rows = ctx
-    if not all(len(s.ctx) == 1 and s.id in rows and s.ctx[0][1] == rows[s.id][2] for s in states):
+    features, first_rows = engine.graph_features
+    if not all(len(s.ctx) == 1 and s.id in first_rows
+               and s.ctx[0][0].data_ptr() == features[first_rows[s.id]].data_ptr() for s in states):
         return False
     t = engine.block_size
     requests = graphed.request_bucket(len(states))
     index, positions = np.zeros(requests * t, dtype=np.int64), np.zeros(requests * t, dtype=np.int64)
     slots = np.full(requests * t, engine.trash_slot, dtype=np.int64)
     for i, s in enumerate(states):
-        first, produced, start = rows[s.id]
+        (piece, start), first = s.ctx[0], first_rows[s.id]
+        produced = piece.shape[0]
         pos = np.arange(start, start + produced)
         index[i * t:i * t + produced] = np.arange(first, first + produced)
         positions[i * t:i * t + t] = start                     # padding rows: a valid rope row, the trash slot
@@ -122,7 +123,6 @@ def _context_graphed(engine, group: list) -> bool:
         s.ctx = []
     index, positions, slots = engine.staging.upload([index, positions, slots])
     engine.graphs.context(features[index], positions, slots)
-    engine.graph_context = None
     return True
 
 
@@ -156,22 +156,15 @@ def verify_and_accept(engine, decoding: list, drafts: dict, lengths: dict, chunk
     """The target over every decoding request's verify rows and every (state, rows) prefill chunk, then
     per request the accept / commit rule, or the prefill's bookkeeping (and first token). With
     BatchConfig.verify_prefix the verify runs in two passes (prefix_first.py)."""
-    engine.graph_context = engine.graph_features = None
+    engine.graph_features = None
     if engine.config.verify_prefix and drafts:
         from . import prefix_first        # it builds on this module's verify and commit
         return prefix_first.verify_and_accept(engine, decoding, drafts, chunks)
     full = all(lengths[s.id] == (drafts[s.id].rows if s.id in drafts else 1) for s in decoding)
     windows = {s.id: (0, lengths[s.id]) for s in decoding}
     results, _ = verify(engine, decoding, drafts, windows, chunks, engine.block_size if full else None)
-    committed = {}
     for s, logits, features, ids_host, posterior in results:
-        start = s.start
         _accept(engine, s, drafts.get(s.id), len(ids_host), logits, features, ids_host, posterior)
-        committed[s.id] = (start, s.start - start)
-    if engine.graph_features is not None:                  # the next draft's context (_context_graphed)
-        features, first_rows = engine.graph_features
-        engine.graph_context = (features, {i: (first_rows[i], produced, start)
-                                           for i, (start, produced) in committed.items()})
 
 
 def verify(engine, decoding: list, drafts: dict, windows: dict, chunks: list, graph_rows: int | None,
