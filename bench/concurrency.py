@@ -42,6 +42,17 @@ def parse_levels(text: str) -> list:
     return levels
 
 
+def select_ablations(ablations: dict, names) -> dict:
+    """The runs named in the comma list `names` (None: all), in the list's order."""
+    if names is None:
+        return ablations
+    chosen = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in chosen if n not in ablations]
+    if unknown or not chosen:
+        raise ValueError(f"--ablations {names!r}: choose from {','.join(ablations)}")
+    return {n: ablations[n] for n in chosen}
+
+
 def closed_loop(target, drafter, config, concurrency: int, prompts: list, max_new_tokens: int, stop_ids=(),
                 replays=None, step_costs=None) -> tuple:
     """Runs every prompt through C closed-loop clients; (metrics dict, results in prompt order)."""
@@ -229,7 +240,8 @@ def cli_run(args, load_tokenizer) -> int:
     from specpilot.engine.cli_support import batch_options
 
     prefix = batch_options(args).get("verify_prefix", DEFAULT_VERIFY_PREFIX)
-    ablations = {**ABLATIONS, "with_prefix_first": BatchConfig(verify_prefix=prefix)}
+    ablations = select_ablations({**ABLATIONS, "with_prefix_first": BatchConfig(verify_prefix=prefix)},
+                                 getattr(args, "ablations", None))
     rows = run_levels(target, drafter, prompts, levels, args.max_new_tokens, stop_ids, replay_tau, ablations=ablations,
                       step_costs=costs)
     info = {"target": args.target, "drafter": args.drafter or "random", "device": device_name(target.device),

@@ -146,7 +146,8 @@ for packed in glob.glob('_C.*.so.xz'): open('/tmp/sp_tree/specpilot/' + packed[:
              grep '^verdict' "$OUT/batch_force.log" | tee -a "$summary"
              run_step batch_scale timeout ${BATCH_SCALE_S:-300} python3 -m specpilot bench --target random:qwen3-8b \
                --concurrency ${BATCH_LEVELS:-8,16,32} --replay 6.49 --datasets "$SPECPILOT_DATASETS" \
-               --limit ${BATCH_LIMIT:-13} --max-new-tokens ${BATCH_TOKENS:-96} --dtype bf16 --out "$OUT/batch_scale"
+               --limit ${BATCH_LIMIT:-13} --max-new-tokens ${BATCH_TOKENS:-96} --dtype bf16 --out "$OUT/batch_scale" \
+               ${BATCH_ABLATIONS:+--ablations $BATCH_ABLATIONS}
              [ "${BATCH_ZOO_S:-150}" = 0 ] || run_step batch_zoo timeout ${BATCH_ZOO_S:-150} python3 -m specpilot bench --target "$SPECPILOT_ZOO/code-tiny" \
                --drafter "$SPECPILOT_ZOO/code-tiny-dflash-b16" --concurrency 1,16 --limit 32 --max-new-tokens 128 \
                --datasets "$SPECPILOT_ZOO/prompts" --benchmarks humaneval,pystdlib --dtype bf16 --out "$OUT/batch_zoo" ;;
@@ -162,7 +163,7 @@ for packed in glob.glob('_C.*.so.xz'): open('/tmp/sp_tree/specpilot/' + packed[:
     # Where a batched step's time goes (AR and spec at C = 8 and 32, Qwen3-8B shape): wall vs device
     # time, phases, the floor, the top ops and the host-device syncs (bench/batch_profile.py).
     batch_profile) run_step batch_profile timeout ${PROFILE_S:-240} python3 -m specpilot.bench.batch_profile \
-                     --preset qwen3-8b --concurrency ${BATCH_LEVELS:-8,32} --out "$OUT/batch_profile" ;;
+                     --preset qwen3-8b --concurrency ${PROFILE_LEVELS:-8,32} --out "$OUT/batch_profile" ;;
     # The hybrid target's AR / verify / commit step times against their floor (Qwen3.5-9B shape).
     hybrid)  run_step hybrid timeout 240 python3 -m specpilot.bench.hybrid_steps --preset qwen3.5-9b \
                --e2e ${HYBRID_E2E:-128} --profile "$OUT/hybrid_profile.txt" --out "$OUT/hybrid_steps.json" ;;

@@ -15,6 +15,15 @@ def test_levels_parse():
             concurrency.parse_levels(bad)
 
 
+def test_ablations_select_by_name_in_order():
+    runs = {"spec": 1, "no_ragged_verify": 2, "with_prefix_first": 3}
+    assert concurrency.select_ablations(runs, None) == runs
+    assert list(concurrency.select_ablations(runs, "with_prefix_first,spec")) == ["with_prefix_first", "spec"]
+    for bad in ("", "spec,nope"):
+        with pytest.raises(ValueError, match="choose from spec,no_ragged_verify,with_prefix_first"):
+            concurrency.select_ablations(runs, bad)
+
+
 def test_closed_loop_rows_table_and_plot(tmp_path):
     target, drafter = tiny_pair(10, 8, 5)                # block 8: room for the prefix-first row's P = 4
     prompts = random_prompts(10, (4, 7, 5, 9, 6), 5)
