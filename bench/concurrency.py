@@ -230,13 +230,11 @@ def cli_run(args, load_tokenizer) -> int:
     print(f"specpilot bench --concurrency {levels}: {len(prompts)} prompts, {args.target}", file=sys.stderr)
     costs = None
     if target.device.type == "cuda":           # the adaptive budget's cost table, measured on this card
-        from specpilot.engine.batch.profile import measure_step_costs
+        from specpilot.engine.batch.profile import probe_step_costs
 
-        probe = BatchEngine(target, drafter, BatchConfig(), kv_pages=pool_pages([[0] * 528], 0, 64, 16))
-        costs = measure_step_costs(probe)
-        del probe
-        print("step costs: " + ", ".join(f"{n} rows {s * 1e3:.2f} ms" for n, s in zip(costs.tokens, costs.seconds)),
-              file=sys.stderr)
+        costs = probe_step_costs(target, drafter, max(levels))
+        print("step costs: " + ", ".join(f"{n} rows {s * 1e3:.2f} ms" for n, s in zip(costs.tokens, costs.seconds))
+              + f"; draft {costs.fixed_s * 1e3:.2f} ms", file=sys.stderr)
     from specpilot.engine.cli_support import batch_options
 
     prefix = batch_options(args).get("verify_prefix", DEFAULT_VERIFY_PREFIX)

@@ -67,7 +67,7 @@ def _tokenizer(target: str):
 def run(argv=None) -> dict:
     from specpilot.bench.concurrency import closed_loop, load_models
     from specpilot.bench.report import device_name
-    from specpilot.engine.batch import BatchConfig, BatchEngine
+    from specpilot.engine.batch import BatchConfig
     from specpilot.engine.batch.run import pool_pages
     from specpilot.serve import BackgroundServer, make_served
 
@@ -78,11 +78,9 @@ def run(argv=None) -> dict:
     c, new = args.concurrency, args.max_new_tokens
     costs = None
     if target.device.type == "cuda":           # the adaptive budget's cost table, as bench --concurrency measures it
-        from specpilot.engine.batch.profile import measure_step_costs
+        from specpilot.engine.batch.profile import probe_step_costs
 
-        probe = BatchEngine(target, drafter, BatchConfig(), kv_pages=pool_pages([[0] * 528], 0, 64, 16))
-        costs = measure_step_costs(probe)
-        del probe
+        costs = probe_step_costs(target, drafter, c)
     closed_loop(target, drafter, BatchConfig(), 1, prompts[:1], min(8, new), stop_ids, step_costs=costs)   # warm-up
     inproc, results = closed_loop(target, drafter, BatchConfig(), c, prompts, new, stop_ids, step_costs=costs)
     print(f"in process: {inproc['tokens_per_s']:.1f} tokens/s, tau {inproc['tau']}", file=sys.stderr, flush=True)

@@ -1,35 +1,48 @@
 """The adaptive verify length's parts: the budget and allocation, the online logistic, the cost table."""
+import numpy as np
 import pytest
 import torch
 
 from test_engine_helpers import fresh_seed
-from specpilot.engine.batch.adaptive import AcceptanceEstimator, StepCostTable, top2_margin, verify_lengths
+from specpilot.engine.batch.adaptive import (AcceptanceEstimator, StepCostTable, choose_verify_rows, survival_matrix,
+                                             top2_margin, verify_row_choices)
 
 
 def s(*values):
     return torch.tensor(values, dtype=torch.float64)
 
 
-def test_flat_cost_verifies_everything_and_steep_cost_nothing():
-    survivals = [s(0.9, 0.5, 0.1), s(0.3, 0.2)]
-    assert verify_lengths(survivals, StepCostTable([(64, 1.0)])) == [4, 3]         # flat: every slot pays
-    steep = StepCostTable([(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)])                 # cost ~ rows
-    assert verify_lengths(survivals, steep) == [1, 1]                               # any draft lowers the rate
+def test_row_choices_are_the_block_quarters():
+    assert verify_row_choices(16) == (4, 8, 12, 16)
+    assert verify_row_choices(8) == (2, 4, 6, 8)
+    assert verify_row_choices(7)[-1] == 7 and verify_row_choices(2) == (1, 2)
 
 
-def test_budget_takes_best_slots_as_per_request_prefixes():
-    # Flat to 6 rows: the 3 best slots ride free; a 7th row costs 7/6 and its 0.95 does not pay for it.
-    survivals = [s(0.99, 0.98, 0.2), s(0.97, 0.1), s(0.95)]
-    lengths = verify_lengths(survivals, StepCostTable.roofline(6))
-    assert lengths == [3, 2, 1]
-    for n, surv in zip(lengths, survivals):                  # admitted = the n - 1 most likely, a prefix
-        assert all(surv[k] >= surv[j] for k in range(n - 1) for j in range(n - 1, len(surv)))
+def test_flat_cost_verifies_everything_and_steep_cost_the_least():
+    survivals = np.array([[0.9, 0.5, 0.1, 0.05, 0.0, 0.0, 0.0], [0.3, 0.2, 0.0, 0.0, 0.0, 0.0, 0.0]])
+    assert choose_verify_rows(survivals, 2, (2, 4, 8), StepCostTable([(64, 1.0)])) == 8    # flat: every row pays
+    steep = StepCostTable([(n, float(n)) for n in range(1, 17)])                          # cost ~ rows
+    assert choose_verify_rows(survivals, 2, (2, 4, 8), steep) == 2
 
 
-def test_ties_break_by_position_then_request():
-    survivals = [s(0.5, 0.5), s(0.5, 0.5)]
-    costs = StepCostTable([(1, 1.0), (2, 1.0), (3, 1.0), (4, 1.0), (5, 1.5), (6, 10.0)])
-    assert verify_lengths(survivals, costs) == [2, 2]      # 4 rows at 1.0 beat 5 rows at 1.5
+def test_rate_counts_each_request_up_to_its_own_drafts_and_padded_rows():
+    # Two requests, T = 2 gives 2 + 0.9 + 0.8 = 3.7 tokens, T = 4 gives 2 + 1.7 + 1.4 + 0.5 = 5.6.
+    survivals = np.array([[0.9, 0.8, 0.7], [0.8, 0.6, 0.0]])
+    cheap_long = StepCostTable([(8, 1.0), (16, 1.4)])          # 4 padded requests: 8 or 16 rows
+    assert choose_verify_rows(survivals, 4, (2, 4), cheap_long) == 4       # 5.6 / 1.4 > 3.7 / 1.0
+    dear_long = StepCostTable([(8, 1.0), (16, 1.6)])
+    assert choose_verify_rows(survivals, 4, (2, 4), dear_long) == 2        # 3.7 / 1.0 > 5.6 / 1.6
+    # The draft's fixed cost makes longer verifies pay: (3.7 / 2.0 < 5.6 / 2.6).
+    assert choose_verify_rows(survivals, 4, (2, 4), StepCostTable([(8, 1.0), (16, 1.6)], fixed_s=1.0)) == 4
+
+
+def test_survivals_are_cumulative_products_zero_past_the_drafts():
+    est = AcceptanceEstimator(3)
+    est.w, est.b = [1.0, 0.0, 2.0], [0.0, 1.0, -1.0]
+    surv = survival_matrix(est, [torch.tensor([0.0, 1.0, 0.5]), torch.tensor([2.0])])
+    p = 1 / (1 + np.exp(-np.array([0.0, 1.0, 0.0])))
+    assert np.allclose(surv[0], np.cumprod(p)) and np.allclose(surv[1], [1 / (1 + np.exp(-2.0)), 0, 0])
+    assert torch.allclose(est.probs(s(0.0, 1.0, 0.5)), torch.tensor(p, dtype=torch.float64))
 
 
 def test_estimator_learns_the_margin_slope():
@@ -83,3 +96,21 @@ def test_measured_cost_table_and_pages_returned():
     assert engine.pool.free_pages == 40
     with pytest.raises(ValueError, match="no bucket"):
         measure_step_costs(engine, buckets=(4096,), context=48)
+
+
+def test_graphed_cost_table_times_every_bucket_and_choice():
+    """With graphs (StaticShapeStep on the CPU), the table has a point per request bucket x verify
+    choice, the draft's time as its fixed part, and every page back in the pool."""
+    from batch_helpers import tiny_pair
+    from specpilot.engine.batch import BatchConfig, BatchEngine
+    from specpilot.engine.batch.profile import measure_step_costs
+    from specpilot.engine.graphs import StaticShapeStep
+
+    target, drafter = tiny_pair(10, 4, 3)
+    engine = BatchEngine(target, drafter, BatchConfig(adaptive_verify=True), max_batch=4, kv_pages=40,
+                         graph_step_factory=StaticShapeStep)
+    table = measure_step_costs(engine, context=40, repeats=1)
+    # buckets 1, 2, 4 x rows 1..4: every product of the two
+    assert table.tokens == sorted({r * t for r in (1, 2, 4) for t in (1, 2, 3, 4)})
+    assert table.fixed_s > 0 and all(s > 0 for s in table.seconds)
+    assert engine.pool.free_pages == 40

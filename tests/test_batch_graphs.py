@@ -105,3 +105,25 @@ def test_prefill_chunks_beside_graphed_decode(pair, drafted):
     for i, req in enumerate(requests):
         ref = single(target, drafter, req)
         assert results[i].tokens == ref.tokens and results[i].acceptance_lengths == ref.acceptance_lengths, i
+
+
+def test_adaptive_verify_runs_graphed_at_shorter_rows(pair):
+    """Adaptive verify's steps run the graphed target forward at the chosen T below the block (each a
+    graph warmup captured); greedy tokens equal the single-request engine's. (Sampled, a trimmed verify
+    draws other uniforms than a full one: its law is tested in test_batch_sampling.py.)"""
+    from batch_helpers import EAGER_ADAPTIVE
+
+    target, drafter, seed = pair
+    requests = requests_for(seed)
+    engine = graphed_engine(target, drafter, max_batch=3, config=EAGER_ADAPTIVE)
+    engine.warmup(max(len(r.prompt_ids) + r.max_new_tokens for r in requests))
+    captured = set(engine.graphs.steps)
+    assert {key[2] for key in captured if key[0] == "target"} == set(engine.verify_row_choices) == {1, 2, 3, 4}
+    rows_run = []
+    original = engine.graphs.target
+    engine.graphs.target = lambda *a: rows_run.append(a[-1].shape[1]) or original(*a)
+    results = run_staggered(engine, requests)
+    assert set(engine.graphs.steps) == captured
+    assert min(rows_run) < engine.block_size, f"seed {seed}: adaptive verify never trimmed ({rows_run})"
+    for i, req in enumerate(requests):
+        assert results[i].tokens == single(target, drafter, req).tokens, f"seed {seed}, request {i}"

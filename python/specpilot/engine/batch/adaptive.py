@@ -1,14 +1,15 @@
-"""Adaptive per-request verify length (the third batching mechanism).
+"""Adaptive verify length (the third batching mechanism).
 
-The drafter always drafts its whole block; each request then verifies only a prefix of it:
+The drafter always drafts its whole block; each step then verifies only a prefix of every block:
   p[r, k]  acceptance estimate of draft k given drafts 1..k-1 accepted: sigmoid(w_k * margin + b_k),
            margin = the draft's top-2 logit gap at position k (one logistic per position, fitted
            online by Newton steps on the observed labels, refit every few steps; w = 0, b = 1.5 at start)
   s[r, k]  survival = prod_{j <= k} p[r, j]: the chance draft k is accepted
-  budget   S* = argmax_S (R + sum of the S largest s) / cost(R + S): expected tokens per second of
-           step time, cost from a StepCostTable (R requests each verify their anchor, whose bonus is sure)
-  lengths  the global top-S* (r, k) slots by survival (ties: lower k, then lower r); since s falls
-           with k, each request's admitted slots are a prefix: verify length 1 + n_r
+  T*       the verify rows per request that maximise expected tokens per second of step time:
+           (sum over requests of 1 + s[r, 1] + ... + s[r, T-1]) / cost(R x T), T among
+           verify_row_choices(block), cost from a StepCostTable measured on the card
+One T for the whole step, not one per request: a graphed verify forward is dense (R requests x T
+rows, padded), so a request verifying fewer rows than T would save no work, only lose tokens.
 Lossless: a shorter verify only accepts fewer drafts; every committed token is still the target's
 (greedy: its argmax; sampled: rejection sampling over the verified prefix, exact for any prefix).
 """
@@ -18,6 +19,7 @@ import bisect
 import math
 from collections import deque
 
+import numpy as np
 import torch
 
 KEEP = 4096          # observations kept per position
@@ -96,17 +98,38 @@ def top2_margin(draft_logits: torch.Tensor) -> torch.Tensor:
     return (top[:, 0] - top[:, 1]).cpu()
 
 
-def verify_lengths(survivals: list, costs: StepCostTable) -> list:
-    """survivals: per request a float64 tensor [K_r] (nonincreasing) -> verify lengths 1 + n_r."""
-    requests = len(survivals)
-    slots = sorted(((-float(s[k]), k, r) for r, s in enumerate(survivals) for k in range(len(s))))
-    best_s, best_rate, expected = 0, requests / costs.cost(requests), float(requests)
-    for count, (neg, _, _) in enumerate(slots, start=1):
-        expected -= neg
-        rate = expected / costs.cost(requests + count)
-        if rate > best_rate:
-            best_s, best_rate = count, rate
-    admitted = [0] * requests
-    for _, _, r in slots[:best_s]:
-        admitted[r] += 1
-    return [1 + n for n in admitted]
+def verify_row_choices(block: int) -> tuple:
+    """The verify rows per request a step may choose: the quarters of the block (the block itself
+    always), each a captured CUDA graph."""
+    return tuple(sorted({max(1, round(block * q / 4)) for q in (1, 2, 3, 4)}))
+
+
+def survival_matrix(estimator: AcceptanceEstimator, margins: list) -> np.ndarray:
+    """margins: per request its drafts' top-2 margins [K_r] -> survivals [R, K] (K = the longest;
+    0 past a request's own drafts), float64."""
+    width = max((len(m) for m in margins), default=0)
+    if width == 0:
+        return np.zeros((len(margins), 0))
+    m = np.zeros((len(margins), width))
+    have = np.zeros((len(margins), width), dtype=bool)
+    for r, values in enumerate(margins):
+        m[r, :len(values)] = np.asarray(values, dtype=np.float64)
+        have[r, :len(values)] = True
+    w, b = np.asarray(estimator.w[:width]), np.asarray(estimator.b[:width])
+    p = np.where(have, 1.0 / (1.0 + np.exp(-(w * m + b))), 0.0)
+    return np.cumprod(p, axis=1)
+
+
+def choose_verify_rows(survivals: np.ndarray, padded_requests: int, choices: tuple, costs: StepCostTable) -> int:
+    """T* of the module docstring: survivals [R, K] (0 past each request's drafts), the step's
+    requests padded to its graph bucket (what the forward computes), T among `choices`; ties go to
+    the longer T."""
+    requests = survivals.shape[0]
+    cum = np.concatenate([np.zeros((requests, 1)), np.cumsum(survivals, axis=1)], axis=1)   # [R, K + 1]
+    best, best_rate = None, -1.0
+    for t in sorted(choices):
+        expected = requests + cum[:, min(t - 1, cum.shape[1] - 1)].sum()
+        rate = expected / costs.cost(padded_requests * t)
+        if rate >= best_rate:
+            best, best_rate = t, rate
+    return best

@@ -29,10 +29,10 @@ from specpilot.engine.linear_kernels import cuda_switchable, linear_kernel_for_r
 from specpilot.models.target import Attention
 from specpilot.verify.sampling import sample
 
-from .adaptive import AcceptanceEstimator, StepCostTable, verify_lengths
+from .adaptive import AcceptanceEstimator, StepCostTable, choose_verify_rows, survival_matrix, verify_row_choices
 from .config import BatchConfig
 from .forward import Staging
-from .graphed import DecodeGraphs
+from .graphed import DecodeGraphs, request_bucket
 from .paged import PagedKV, PagePool, pages_for
 from .request import BatchResult, Request, RequestState, request_problem
 
@@ -89,6 +89,10 @@ class BatchEngine:
             self.graphs = DecodeGraphs(self, graph_step_factory)
         self.costs = step_costs or StepCostTable.roofline(config.cost_ridge_tokens)   # profile.measure_step_costs
         self.estimator = AcceptanceEstimator(max(self.block_size - 1, 1))
+        # The verify rows per request a step can run (each a captured graph): the block, or with
+        # adaptive verify its quarters.
+        self.verify_row_choices = (verify_row_choices(self.block_size) if config.adaptive_verify and drafter is not None
+                                   else (self.block_size,))
         self.steps = 0
         self.block_rows = self.verify_rows = 0      # decode rows drafted (anchors included) / verified
         self.second_passes = self.second_pass_requests = 0   # prefix-first: steps / request steps with a pass 2
@@ -226,15 +230,21 @@ class BatchEngine:
             self.estimator.refit()
 
     def _verify_lengths(self, decoding: list, drafts: dict) -> dict:
-        """Request id -> verify rows (anchor included)."""
+        """Request id -> verify rows (anchor included): the whole block, or with adaptive verify at most
+        the step's T* (adaptive.py) once the estimate has had its warm-up steps."""
         full = {s.id: drafts[s.id].rows if s.id in drafts else 1 for s in decoding}
         if not self.config.adaptive_verify or self.steps < self.config.adaptive_warmup_steps or not drafts:
             return full
-        with_drafts = [s for s in decoding if full[s.id] > 1]
-        survivals = [torch.cumprod(self.estimator.probs(drafts[s.id].margins), 0) for s in with_drafts]
-        for state, rows in zip(with_drafts, verify_lengths(survivals, self.costs)):
-            full[state.id] = rows
-        return full
+        survivals = survival_matrix(self.estimator, [drafts[s.id].margins for s in decoding])
+        padded = request_bucket(len(decoding)) if self.graphs is not None else len(decoding)
+        rows = choose_verify_rows(survivals, padded, self.verify_row_choices, self.costs)
+        return {rid: min(n, rows) for rid, n in full.items()}
+
+    def graph_rows(self, lengths: dict) -> int:
+        """The rows per request of the graphed verify forward that holds every request's verify rows:
+        the smallest of verify_row_choices at or above the longest."""
+        need = max(lengths.values())
+        return min(t for t in self.verify_row_choices if t >= need)
 
     def sample_first(self, state: RequestState, logits: torch.Tensor) -> int:
         """The prefill's token: greedy or one draw from the request's generator (logits [1, 1, V])."""

@@ -3,12 +3,13 @@ verify (or AR) forward, captured per (kind, request bucket, rows per request, ke
 
 A graphed forward runs over a padded layout (forward.padded): R requests x T rows, request r's rows at
 [r*T, (r+1)*T), R the next request bucket >= the running count, T the block (1 for AR; prefix-first's
-passes: P and block - P), the attention's key columns the next power of two >= the longest context
-(graphs.kv_bucket). Padding rows and padding
-requests write their K/V to the engine's trash slot and nobody reads it, so a real row's result is the
-eager forward's (same kernels, same shapes per request: tests/test_batch_graphs.py checks tokens
-against the eager engine). What stays eager: the draft context append (its rows vary per request),
-every step with a prefill chunk, adaptive verify, and the mechanisms' ablations.
+passes: P and block - P; adaptive verify's quarters of the block), the attention's key columns the
+next power of two >= the longest context (graphs.kv_bucket). Padding rows and padding requests write
+their K/V to the engine's trash slot and nobody reads it, so a real row's result is the eager
+forward's (same kernels, same shapes per request: tests/test_batch_graphs.py checks tokens against
+the eager engine). What stays eager: the prefill chunks (their own forward beside the graphed decode
+rows), a draft context append whose rows are not the last graphed verify's, and the mechanisms'
+ablations.
 """
 from __future__ import annotations
 
@@ -81,7 +82,7 @@ class DecodeGraphs:
             raise ValueError(f"warmup: max_context={max_context!r} must be an int >= 1 (prompt + max_new_tokens)")
         t, top = self.engine.block_size, request_bucket(self.engine.max_batch)
         prefix = self.engine.config.verify_prefix if self.engine.drafter is not None else 0
-        target_rows = (prefix, t - prefix) if prefix else (t,)      # prefix-first's two passes
+        target_rows = (prefix, t - prefix) if prefix else self.engine.verify_row_choices   # prefix-first's two passes
         keys = sorted({kv_bucket(n, max(self.slots, n)) for n in range(1, max_context + 1)})
         for requests in [b for b in REQUEST_BUCKETS if b <= top] + ([top] if top > REQUEST_BUCKETS[-1] else []):
             for key_count in keys:

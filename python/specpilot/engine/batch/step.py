@@ -160,9 +160,8 @@ def verify_and_accept(engine, decoding: list, drafts: dict, lengths: dict, chunk
     if engine.config.verify_prefix and drafts:
         from . import prefix_first        # it builds on this module's verify and commit
         return prefix_first.verify_and_accept(engine, decoding, drafts, chunks)
-    full = all(lengths[s.id] == (drafts[s.id].rows if s.id in drafts else 1) for s in decoding)
     windows = {s.id: (0, lengths[s.id]) for s in decoding}
-    results, _ = verify(engine, decoding, drafts, windows, chunks, engine.block_size if full else None)
+    results, _ = verify(engine, decoding, drafts, windows, chunks, engine.graph_rows(lengths) if decoding else None)
     for s, logits, features, ids_host, posterior in results:
         _accept(engine, s, drafts.get(s.id), len(ids_host), logits, features, ids_host, posterior)
 
