@@ -76,18 +76,13 @@ def run(argv=None) -> dict:
     prompts = _prompts(args, tokenizer)
     target, drafter, stop_ids = load_models(args, tokenizer)
     c, new = args.concurrency, args.max_new_tokens
-    costs = None
-    if target.device.type == "cuda":           # the adaptive budget's cost table, as bench --concurrency measures it
-        from specpilot.engine.batch.profile import probe_step_costs
-
-        costs = probe_step_costs(target, drafter, c)
-    closed_loop(target, drafter, BatchConfig(), 1, prompts[:1], min(8, new), stop_ids, step_costs=costs)   # warm-up
-    inproc, results = closed_loop(target, drafter, BatchConfig(), c, prompts, new, stop_ids, step_costs=costs)
+    closed_loop(target, drafter, BatchConfig(), 1, prompts[:1], min(8, new), stop_ids)   # warm-up
+    inproc, results = closed_loop(target, drafter, BatchConfig(), c, prompts, new, stop_ids)
     print(f"in process: {inproc['tokens_per_s']:.1f} tokens/s, tau {inproc['tau']}", file=sys.stderr, flush=True)
 
     longest = max(len(p) for p in prompts) + new
     served = make_served(target, drafter, tokenizer, "bench", stop_ids, max_batch=c, max_model_len=longest,
-                         kv_pages=pool_pages(prompts, new, c, BatchConfig().page_size), step_costs=costs,
+                         kv_pages=pool_pages(prompts, new, c, BatchConfig().page_size),
                          block_size=args.block_size)
     with BackgroundServer(served, log_level="warning") as server, tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp) / "load.json"
@@ -97,7 +92,7 @@ def run(argv=None) -> dict:
     identical = sum(text == tokenizer.decode(r.tokens, skip_special_tokens=True)
                     for text, r in zip(http.pop("texts"), results))
     out = {"target": args.target, "device": device_name(target.device), "dtype": args.dtype, "concurrency": c,
-           "prompts": len(prompts), "max_new_tokens": new, "step_costs": "measured" if costs else "roofline",
+           "prompts": len(prompts), "max_new_tokens": new,
            "in_process": inproc, "http": http, "http_over_in_process": http["tokens_per_s"] / inproc["tokens_per_s"],
            "identical_answers": identical}
     Path(args.out).mkdir(parents=True, exist_ok=True)
