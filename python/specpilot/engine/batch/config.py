@@ -20,11 +20,11 @@ class BatchConfig:
     """One draft context-append pass and one block forward per step over every running request's
     rows; off: one context-append and one block forward per request."""
     adaptive_verify: bool = False
-    """Each request verifies only a prefix of its drafted block, chosen by a global token budget from
-    per-position acceptance estimates (an online logistic on the draft's top-2 logit margin) and a
-    step-cost table; off: every request verifies its full block. The drafter always drafts its block.
-    Off by default: on an H100 it made whole runs 3-5x slower at C=8-32 (its per-request host reads
-    and refits cost more than the rows it saves; docs/design.md, "Batched engine")."""
+    """Each step verifies only a prefix of every drafted block, one length T for the step among the
+    block's quarters, chosen from per-position acceptance estimates (an online logistic on the draft's
+    top-2 logit margin) and a step-cost table (adaptive.py); off: every request verifies its full block.
+    The drafter always drafts its block. Off by default until it measures faster on the card at hand
+    (bench --concurrency's with_adaptive_verify row)."""
     verify_prefix: int = 0
     """Prefix-first verification (docs/two_level.md): a first target forward over the first P rows of
     every decoding request's block (anchor + P-1 drafts, which judge drafts 1..P), and a second one
