@@ -2,7 +2,7 @@
 # The GPU check: from a clean tree on a bare machine (no network), build the extension with CUDA
 # (sm_90a), run the GPU tests, run the kernel / engine / agent benchmarks, print a short table last.
 # Logs and JSON go to $OUT (the device tool's folder) or out/gpu_check.
-# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|trees|split12|gemv|skinny|engine|ab|defaults_ab|cost_8b|agents|bench_zoo|bench_8b|scale_8b|five_8b|batch|batch_profile|hybrid|paged|serve|results ...]
+# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|trees|split12|gemv|skinny|engine|ab|defaults_ab|cost_8b|agents|bench_zoo|bench_8b|scale_8b|five_8b|batch|batch_profile|hybrid|gdn_fla|paged|serve|results ...]
 # (GPU_TESTS: the test files the tests step runs, default all)
 # (default: all but prebuilt, in order). `prebuilt` replaces `build` when device time is short: it stages
 # the package in /tmp/sp with the extension that scripts/prebuild_cuda_ext.sh made on a CPU machine
@@ -167,6 +167,11 @@ for packed in glob.glob('_C.*.so.xz'): open('/tmp/sp_tree/specpilot/' + packed[:
     # The hybrid target's AR / verify / commit step times against their floor (Qwen3.5-9B shape).
     hybrid)  run_step hybrid timeout 240 python3 -m specpilot.bench.hybrid_steps --preset qwen3.5-9b \
                --e2e ${HYBRID_E2E:-128} --profile "$OUT/hybrid_profile.txt" --out "$OUT/hybrid_steps.json" ;;
+    # Our GDN chain kernel against fla's Triton kernel, one layer at the Qwen3.5-9B shape (fla-core and
+    # einops from .whl/fla: pip download --no-deps fla-core einops).
+    gdn_fla) python3 -c "import fla" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/fla/*.whl
+             export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/site
+             run_step gdn_fla timeout 200 python3 -m specpilot.bench.gdn_kernels --out "$OUT/gdn_fla.jsonl" ;;
     # The paged decode attention kernel against the batched engine's gather + SDPA, one layer (fp64-checked).
     paged)   run_step paged timeout 200 python3 -m specpilot.bench.paged_attention_kernels --out "$OUT/paged_attention.jsonl" ;;
     # docs/results.md's form of whatever of the engine and bench steps ran in this $OUT.
@@ -180,7 +185,7 @@ done
 
 echo
 echo "== tables"
-for name in trees split12 gemv skinny engine ab defaults_ab agents bench_zoo bench_8b hf_8b five_8b batch_scale batch_zoo; do
+for name in trees split12 gemv skinny engine ab defaults_ab agents bench_zoo bench_8b hf_8b five_8b batch_scale batch_zoo gdn_fla; do
   [ -f "$OUT/$name.log" ] && { echo "-- $name"; grep -E '^\|' "$OUT/$name.log" | tail -25; }
 done
 for name in cost_bf16 cost_split12; do
