@@ -203,22 +203,38 @@ class CostModelEvaluator:
 
     def gaps(self, dep, a: dict) -> dict:
         """family -> seconds per token lost against the same steps with every mechanism at its best
-        modelled value (the ceiling of this model), for ranking which family to try first."""
+        modelled value (the ceiling of this model), for ranking which family to try first. The verify
+        policy (prefix-first, adaptive verify) changes the tokens per step too, so its gap is taken per
+        token apart: what the best policy would save over the assignment's, as spec.linear."""
         best = {"engine.cuda_graphs": True, "engine.fused_kernels": True, "engine.fused_gemv": True,
                 "engine.skinny_gemm": True, "engine.split12_decode_grid": True, "engine.fused_steps": True,
                 "batch.ragged_verify": True, "batch.batched_draft": True,
                 "run.weights": a.get("run.weights", dep.weights), "run.block_size": a.get("run.block_size"),
-                "engine.two_level": "off"}
+                "engine.two_level": "off", "batch.verify_prefix": a.get("batch.verify_prefix", 0),
+                "batch.adaptive_verify": a.get("batch.adaptive_verify", False)}
         now, ceil = self.step_times(dep, a), self.step_times(dep, best)
         tokens = dep.concurrency * (1.0 if dep.drafter == "none" else self.tau)
         lost = {}
         for step in (("draft", "verify") if dep.drafter != "none" else ("decode",)):
             for fam, s in now[step].items():
                 lost[fam] = lost.get(fam, 0.0) + max(0.0, s - ceil[step].get(fam, 0.0)) / tokens
+        if dep.drafter != "none" and dep.concurrency > 1:
+            lost["spec.linear"] = lost.get("spec.linear", 0.0) + self._verify_policy_gap(dep, a)
         if dep.weights == "split12":   # what split12 would save on top of the assignment as it is
             lost["weights"] = max(0.0, self.seconds_per_token(dep, a)
                                   - self.seconds_per_token(dep, {**a, "run.weights": "split12"}))
         return lost
+
+    def _verify_policy_gap(self, dep, a: dict) -> float:
+        """Seconds per token the best verify policy of the registry's candidates would save over a's."""
+        from specpilot.agents.mechanisms import by_name
+
+        block = self._block(dep, a)
+        policies = [{"batch.verify_prefix": p, "batch.adaptive_verify": False}
+                    for p in by_name()["batch.verify_prefix"].values if p < block]
+        policies.append({"batch.verify_prefix": 0, "batch.adaptive_verify": True})
+        now = self.seconds_per_token(dep, a)
+        return max(0.0, now - min(self.seconds_per_token(dep, {**a, **p}) for p in policies))
 
 
 def _family(comp) -> str:
