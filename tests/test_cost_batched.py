@@ -160,3 +160,19 @@ def test_evaluator_models_the_batched_verify_policies(qwen):
         ev(c1, {"batch.verify_prefix": 4, "run.block_size": 4})
     with pytest.raises(ValueError, match="both trim"):
         ev(c1, {"batch.verify_prefix": 2, "batch.adaptive_verify": True})
+
+
+def test_gap_ranking_sees_the_verify_policy():
+    """A batched deployment's gap table charges spec.linear with what the best verify policy of the
+    registry's candidates saves per token over the assignment's; one request has no such gap."""
+    ev = CostModelEvaluator(context=512, tau=3.0)
+    for c in (32, 128):
+        dep = Deployment("qwen3-8b", "dflash-b16", "H100", c, "bf16")
+        a = {"run.weights": "bf16"}
+        policies = [{"batch.verify_prefix": p} for p in by_name()["batch.verify_prefix"].values] + \
+            [{"batch.adaptive_verify": True}]
+        best = min(ev.seconds_per_token(dep, {**a, **p}) for p in policies)
+        gap = ev.gaps(dep, a)["spec.linear"]
+        assert gap == pytest.approx(max(0.0, ev.seconds_per_token(dep, a) - best), rel=1e-9) and gap > 0
+    c1 = Deployment("qwen3-8b", "dflash-b16", "H100", 1, "bf16")
+    assert ev.gaps(c1, {"run.weights": "bf16"}).get("spec.linear", 0.0) == 0.0
