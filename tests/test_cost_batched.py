@@ -137,6 +137,8 @@ def test_cost_cli_concurrency(tmp_path, capsys, qwen):
     assert "give one" in capsys.readouterr().err
     assert cli.main(["cost", "--target", "qwen3-8b", "--concurrency", "4", "--card", "A100"]) == 2
     assert "--card 'A100'" in capsys.readouterr().err
+    assert cli.main(["cost", "--target", str(t), "--verify-prefix", "4"]) == 2
+    assert "--verify-prefix go with --concurrency" in capsys.readouterr().err
 
 
 def test_evaluator_models_the_batched_verify_policies(qwen):

@@ -28,6 +28,15 @@ def add_arguments(parser) -> None:
     g.add_argument("--draft-layers", type=int, default=5, help="the preset target's DFlash drafter layers")
 
 
+def refuse_without_concurrency(args) -> None:
+    """The batched model's options mean nothing to the single-request gap table: name the one given."""
+    given = [flag for flag, on in (("--verify-prefix", args.verify_prefix), ("--verify-len", args.verify_len),
+                                   ("--trace", args.trace), ("--matmul", args.matmul is not None),
+                                   ("--card", args.card != "H100")) if on]
+    if given:
+        raise ValueError(f"{', '.join(given)} go with --concurrency C (the batched step model)")
+
+
 def _shapes(args) -> tuple:
     """(target, drafter, feature layers, block size) from folders or a preset."""
     from specpilot.cost.shapes import ModelShape, drafter_target_layers
