@@ -8,24 +8,27 @@ What it models: the weight format (bytes per weight), the block size (components
 from a geometric acceptance fitted to the stated tau at the drafter's block), the certified head
 (two_level, at the measured fallback rate), ragged verify and batched draft (off: one forward per
 request, so the weights are read C times), CUDA graphs (off: a host launch per kernel), fused
-kernels, the fused GEMV, the skinny GEMM, the split12 decode grid and fused steps. What it does not
-(`models()` is False, the search skips them and says so): attention choices, PDL, early launch,
-step kernels, compile, adaptive verify, page size, prefill chunk, draft_vocab (its tau cost is
-pair-specific: docs/two_level.md).
+kernels, the fused GEMV, the skinny GEMM, the split12 decode grid and fused steps, and the batched
+verify policies (cost/batched.py): prefix-first (batch.verify_prefix: pass 1 over P rows per request,
+the expected pass 2 over Binomial(C, q) requests, each forward padded to the graphed engine's request
+bucket) and adaptive verify (modelled as the verify length L with the most tokens per second under the
+geometric acceptance, which is what its budget picks when every request has the same survival curve,
+run eager as the engine runs it; its per-request host reads and refits, and what the draft margin tells
+it per request, are not modelled). What it does not (`models()` is False, the search skips them and
+says so): attention choices, PDL, early launch, step kernels, compile, page size, prefill chunk,
+draft_vocab (its tau cost is pair-specific: docs/two_level.md).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from specpilot.cost.batched import CARDS, Acceptance, geometric_alpha, padded_requests
 from specpilot.cost.ceilings import Ceilings
 from specpilot.cost.gaps import ceiling_of, work
 from specpilot.cost.shapes import step_components
 from specpilot.cost.two_level import preset_shapes
 
-# Measured copy bandwidths (docs/design.md: H200 4.17 TB/s, H100 3.03 TB/s), dense bf16 nominal rate,
-# the 1.04 us graph launch floor (docs/design.md section 3's timings).
-CARDS = {"H100": Ceilings("cuda", "H100 (stated)", 3.03e12, 9.89e14, 1.04e-6, "bfloat16"),
-         "H200": Ceilings("cuda", "H200 (stated)", 4.17e12, 9.89e14, 1.04e-6, "bfloat16")}
 EAGER_LAUNCH_S = 4e-6        # host cost of one eager kernel launch (an assumption, not measured here)
 FUSED_STEPS_HOST_S = 1e-4    # host glue between separate draft and verify calls (design.md: ~0.1 ms)
 # Measured step ratios from EngineConfig's docstrings (the mechanism off / on):
@@ -37,19 +40,13 @@ TAU_AT_DRAFTER_BLOCK = 6.49  # DFlash's published tau for the Qwen3-8B pair at b
 FALLBACK_RATE = 1.0          # the certified head's measured fallback rate (docs/two_level.md)
 MODELLED = {"engine.cuda_graphs", "engine.fused_kernels", "engine.fused_gemv", "engine.skinny_gemm",
             "engine.split12_decode_grid", "engine.fused_steps", "engine.two_level", "batch.ragged_verify",
-            "batch.batched_draft", "run.block_size", "run.weights"}
+            "batch.batched_draft", "batch.verify_prefix", "batch.adaptive_verify", "run.block_size", "run.weights"}
 
 
 def geometric_tau(block: int, tau_ref: float, block_ref: int) -> float:
     """Tokens per verify step (bonus included) at `block`, with a per-position acceptance a fitted so
     that (1 - a^block_ref) / (1 - a) = tau_ref."""
-    if not 1.0 <= tau_ref <= block_ref:
-        raise ValueError(f"tau {tau_ref} must lie in [1, {block_ref}]")
-    lo, hi = 0.0, 1.0
-    for _ in range(100):
-        a = (lo + hi) / 2
-        t = sum(a ** i for i in range(block_ref))
-        lo, hi = (a, hi) if t < tau_ref else (lo, a)
+    a = geometric_alpha(tau_ref, block_ref)
     return sum(a ** i for i in range(block))
 
 
@@ -80,51 +77,124 @@ class CostModelEvaluator:
             raise ValueError(f"cost-model evaluator: no stated ceilings for card {dep.card!r}; known {sorted(CARDS)}")
         return CARDS[dep.card]
 
-    def step_times(self, dep, a: dict) -> dict:
-        """{step: {family: seconds}} of one step at concurrency C under assignment `a`."""
+    def step_times(self, dep, a: dict, policy: tuple | None = None) -> dict:
+        """{step: {family: seconds}} of one step at concurrency C under assignment `a` (verify: the
+        expected seconds under the verify policy, prefix-first's pass 2 included; `policy` overrides
+        the one `a` gives: ("len", L) is an eager verify of L rows per request)."""
         ceil = self._ceil(dep)
         target, drafter = preset_shapes(dep.target, self.drafter_layers)
         spec = dep.drafter != "none"
-        block = int(a.get("run.block_size") or self.drafter_block) if spec else 1
+        block = self._block(dep, a)
         weights = a.get("run.weights", dep.weights)
-        fused = a.get("engine.fused_kernels", True)
         certified = (target.hidden // 8, FALLBACK_RATE) if a.get("engine.two_level") == "certified-head" else None
         c = dep.concurrency
         per_request = {"verify": not a.get("batch.ragged_verify", True) and c > 1,
                        "draft": not a.get("batch.batched_draft", True) and c > 1}
+        policy = policy or (self._verify_policy(dep, a, block) if spec else ("full", block))
         out = {"decode": {}, "draft": {}, "verify": {}}
+
+        def add(step_batch, rows, scale, keep, eager=False):
+            comps = step_components(target, drafter if spec else None, self.drafter_layers, step_batch, rows,
+                                    self.context, weights, 0, certified)
+            self._accumulate(out, [comp for comp in comps if keep(comp)], ceil, target, drafter, step_batch,
+                             weights, a, scale, eager)
+
         for one_per_request in (False, True):   # the batched pass, then the per-request forwards (x C)
             if one_per_request and not any(per_request.values()):
                 continue
             step_batch, repeat = (1, c) if one_per_request else (c, 1)
-            comps = step_components(target, drafter if spec else None, self.drafter_layers, step_batch, block,
-                                    self.context, weights, 0, certified)
-            for comp in comps:
-                if per_request.get(comp.step, False) != one_per_request:
-                    continue
-                nbytes, flops = work(comp, ceil.device, target, drafter, step_batch, self.context, weights)
-                fam = _family(comp)
-                if comp.kind == "launches":
-                    kernels = comp.extra[0] * (1 if fused else UNFUSED_KERNELS)
-                    seconds = kernels * ceil.launch_s
-                else:
-                    seconds = ceiling_of(nbytes, flops, ceil)[0] * _linear_factor(comp, a, fused, weights)
-                    kernels = 1
-                if not a.get("engine.cuda_graphs", True):
-                    out[comp.step]["launches"] = out[comp.step].get("launches", 0.0) + \
-                        kernels * EAGER_LAUNCH_S * comp.count * repeat
-                out[comp.step][fam] = out[comp.step].get(fam, 0.0) + seconds * comp.count * repeat
+            add(step_batch, block, repeat, lambda comp: per_request.get(comp.step, False) == one_per_request
+                and (comp.step != "verify" or policy[0] == "full"))
+        if policy[0] != "full":
+            self._policy_verify(add, policy, c, block, per_request["verify"], a)
         if spec and not a.get("engine.fused_steps", True):
             out["verify"]["launches"] = out["verify"].get("launches", 0.0) + FUSED_STEPS_HOST_S
         return out
+
+    def _block(self, dep, a: dict) -> int:
+        return int(a.get("run.block_size") or self.drafter_block) if dep.drafter != "none" else 1
+
+    def acceptance(self, block: int) -> Acceptance:
+        """The acceptance law at `block`: geometric, fitted to the stated tau at the drafter's block."""
+        return Acceptance.geometric(self.tau, block, self.drafter_block)
+
+    def _verify_policy(self, dep, a: dict, block: int) -> tuple:
+        """("full", block) | ("prefix", P) | ("len", L): how many rows a request verifies."""
+        prefix, adaptive = int(a.get("batch.verify_prefix", 0)), bool(a.get("batch.adaptive_verify", False))
+        if prefix and adaptive:
+            raise ValueError("batch.verify_prefix and batch.adaptive_verify both trim the verify rows (BatchConfig "
+                             "refuses both)")
+        if prefix and prefix >= block:
+            raise ValueError(f"batch.verify_prefix={prefix} must be below the block size {block} (the batched "
+                             f"engine refuses it)")
+        if prefix:
+            return ("prefix", prefix)
+        if adaptive:
+            return ("len", self._adaptive_len(dep, a, block))
+        return ("full", block)
+
+    def _adaptive_len(self, dep, a: dict, block: int) -> int:
+        """The verify length with the most tokens per step per second (the full block wins ties)."""
+        acc = self.acceptance(block)
+        rate = {}
+        for n in range(block, 0, -1):
+            t = self.step_times(dep, a, policy=("len", n))
+            rate[n] = acc.mean(n) / (sum(t["draft"].values()) + sum(t["verify"].values()))
+        return max(rate, key=lambda n: (rate[n], n))
+
+    def _policy_verify(self, add, policy: tuple, c: int, block: int, per_request: bool, a: dict) -> None:
+        """Adds the verify step's families under prefix-first or a verify length: one forward over every
+        request (ragged, padded to the request bucket when graphed) or one per request (ragged off)."""
+        graphed = a.get("engine.cuda_graphs", True)
+        verify = lambda comp: comp.step == "verify"  # noqa: E731
+        kind, rows = policy
+        if kind == "len":     # adaptive verify runs the eager varlen forward (engine/batch/graphed.py)
+            if per_request:
+                add(1, rows, c, verify, eager=True)
+            else:
+                add(c, rows, 1, verify, eager=True)
+            return
+        rest = block - rows
+        q = self.acceptance(block).survival(rows + 1)
+        if per_request:
+            add(1, rows, c, verify)
+            add(1, rest, c * q, verify)
+            return
+        add(padded_requests(c, graphed), rows, 1, verify)
+        for k in range(1, c + 1):        # pass 2 over the k requests that accepted all P, k ~ Binomial(c, q)
+            weight = math.comb(c, k) * q ** k * (1 - q) ** (c - k)
+            if weight > 0:
+                add(padded_requests(k, graphed), rest, weight, verify)
+
+    def _accumulate(self, out, comps, ceil, target, drafter, step_batch, weights, a, scale, eager) -> None:
+        fused = a.get("engine.fused_kernels", True)
+        for comp in comps:
+            nbytes, flops = work(comp, ceil.device, target, drafter, step_batch, self.context, weights)
+            fam = _family(comp)
+            if comp.kind == "launches":
+                kernels = comp.extra[0] * (1 if fused else UNFUSED_KERNELS)
+                seconds = kernels * ceil.launch_s
+            else:
+                seconds = ceiling_of(nbytes, flops, ceil)[0] * _linear_factor(comp, a, fused, weights)
+                kernels = 1
+            if eager or not a.get("engine.cuda_graphs", True):
+                out[comp.step]["launches"] = out[comp.step].get("launches", 0.0) + \
+                    kernels * EAGER_LAUNCH_S * comp.count * scale
+            out[comp.step][fam] = out[comp.step].get(fam, 0.0) + seconds * comp.count * scale
+
+    def tokens_per_step(self, dep, a: dict) -> float:
+        """Expected tokens a step commits over all C requests (prefix-first: as the full block)."""
+        if dep.drafter == "none":
+            return float(dep.concurrency)
+        block = self._block(dep, a)
+        kind, rows = self._verify_policy(dep, a, block)
+        return dep.concurrency * self.acceptance(block).mean(rows if kind == "len" else block)
 
     def seconds_per_token(self, dep, a: dict) -> float:
         t = {step: sum(f.values()) for step, f in self.step_times(dep, a).items()}
         if dep.drafter == "none":
             return t["decode"] / dep.concurrency
-        block = int(a.get("run.block_size") or self.drafter_block)
-        tau = geometric_tau(block, self.tau, self.drafter_block)
-        return (t["draft"] + t["verify"]) / (dep.concurrency * tau)
+        return (t["draft"] + t["verify"]) / self.tokens_per_step(dep, a)
 
     def __call__(self, dep, a: dict) -> Estimate:
         return Estimate(1.0 / self.seconds_per_token(dep, a), None,
@@ -133,22 +203,38 @@ class CostModelEvaluator:
 
     def gaps(self, dep, a: dict) -> dict:
         """family -> seconds per token lost against the same steps with every mechanism at its best
-        modelled value (the ceiling of this model), for ranking which family to try first."""
+        modelled value (the ceiling of this model), for ranking which family to try first. The verify
+        policy (prefix-first, adaptive verify) changes the tokens per step too, so its gap is taken per
+        token apart: what the best policy would save over the assignment's, as spec.linear."""
         best = {"engine.cuda_graphs": True, "engine.fused_kernels": True, "engine.fused_gemv": True,
                 "engine.skinny_gemm": True, "engine.split12_decode_grid": True, "engine.fused_steps": True,
                 "batch.ragged_verify": True, "batch.batched_draft": True,
                 "run.weights": a.get("run.weights", dep.weights), "run.block_size": a.get("run.block_size"),
-                "engine.two_level": "off"}
+                "engine.two_level": "off", "batch.verify_prefix": a.get("batch.verify_prefix", 0),
+                "batch.adaptive_verify": a.get("batch.adaptive_verify", False)}
         now, ceil = self.step_times(dep, a), self.step_times(dep, best)
         tokens = dep.concurrency * (1.0 if dep.drafter == "none" else self.tau)
         lost = {}
         for step in (("draft", "verify") if dep.drafter != "none" else ("decode",)):
             for fam, s in now[step].items():
                 lost[fam] = lost.get(fam, 0.0) + max(0.0, s - ceil[step].get(fam, 0.0)) / tokens
+        if dep.drafter != "none" and dep.concurrency > 1:
+            lost["spec.linear"] = lost.get("spec.linear", 0.0) + self._verify_policy_gap(dep, a)
         if dep.weights == "split12":   # what split12 would save on top of the assignment as it is
             lost["weights"] = max(0.0, self.seconds_per_token(dep, a)
                                   - self.seconds_per_token(dep, {**a, "run.weights": "split12"}))
         return lost
+
+    def _verify_policy_gap(self, dep, a: dict) -> float:
+        """Seconds per token the best verify policy of the registry's candidates would save over a's."""
+        from specpilot.agents.mechanisms import by_name
+
+        block = self._block(dep, a)
+        policies = [{"batch.verify_prefix": p, "batch.adaptive_verify": False}
+                    for p in by_name()["batch.verify_prefix"].values if p < block]
+        policies.append({"batch.verify_prefix": 0, "batch.adaptive_verify": True})
+        now = self.seconds_per_token(dep, a)
+        return max(0.0, now - min(self.seconds_per_token(dep, {**a, **p}) for p in policies))
 
 
 def _family(comp) -> str:

@@ -24,6 +24,9 @@ def configure(parser):
                         help="share of verify steps that need the exact LM head (bench/certified_head_rate.py)")
     parser.add_argument("--plot", default=None, metavar="FILE.png",
                         help="also draw each step's components, timed alone and at their ceilings")
+    from specpilot.cost import batched_cli
+
+    batched_cli.add_arguments(parser)
 
 
 def run(args) -> int:
@@ -31,6 +34,11 @@ def run(args) -> int:
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda but no CUDA device is visible")
+    from specpilot.cost import batched_cli
+
+    if args.concurrency is not None:
+        return batched_cli.run(args)
+    batched_cli.refuse_without_concurrency(args)
     if args.draft_vocab < 0 or not 0.0 <= args.fallback_rate <= 1.0:
         raise ValueError("--draft-vocab must be >= 0 and --fallback-rate in [0, 1]")
     certified = None
