@@ -11,10 +11,10 @@ request, so the weights are read C times), CUDA graphs (off: a host launch per k
 kernels, the fused GEMV, the skinny GEMM, the split12 decode grid and fused steps, and the batched
 verify policies (cost/batched.py): prefix-first (batch.verify_prefix: pass 1 over P rows per request,
 the expected pass 2 over Binomial(C, q) requests, each forward padded to the graphed engine's request
-bucket) and adaptive verify (modelled as the verify length L with the most tokens per second under the
-geometric acceptance, which is what its budget picks when every request has the same survival curve,
-run eager as the engine runs it; its per-request host reads and refits, and what the draft margin tells
-it per request, are not modelled). What it does not (`models()` is False, the search skips them and
+bucket) and adaptive verify (modelled as the verify length L among the block's quarters with the most
+tokens per second under the geometric acceptance, which is what its step-wide choice picks when every
+request has the same survival curve, graphed as the engine runs it; its margin read-back and refits,
+and what the draft margin tells it per request, are not modelled). What it does not (`models()` is False, the search skips them and
 says so): attention choices, PDL, early launch, step kernels, compile, page size, prefill chunk,
 draft_vocab (its tau cost is pair-specific: docs/two_level.md).
 """
@@ -134,10 +134,13 @@ class CostModelEvaluator:
         return ("full", block)
 
     def _adaptive_len(self, dep, a: dict, block: int) -> int:
-        """The verify length with the most tokens per step per second (the full block wins ties)."""
+        """The verify length among the engine's choices (the block's quarters) with the most tokens per
+        step per second (the full block wins ties)."""
+        from specpilot.engine.batch.adaptive import verify_row_choices
+
         acc = self.acceptance(block)
         rate = {}
-        for n in range(block, 0, -1):
+        for n in verify_row_choices(block):
             t = self.step_times(dep, a, policy=("len", n))
             rate[n] = acc.mean(n) / (sum(t["draft"].values()) + sum(t["verify"].values()))
         return max(rate, key=lambda n: (rate[n], n))
@@ -148,11 +151,11 @@ class CostModelEvaluator:
         graphed = a.get("engine.cuda_graphs", True)
         verify = lambda comp: comp.step == "verify"  # noqa: E731
         kind, rows = policy
-        if kind == "len":     # adaptive verify runs the eager varlen forward (engine/batch/graphed.py)
+        if kind == "len":     # adaptive verify: the graphed forward of R x L rows (engine/batch/graphed.py)
             if per_request:
-                add(1, rows, c, verify, eager=True)
+                add(1, rows, c, verify, eager=not graphed)
             else:
-                add(c, rows, 1, verify, eager=True)
+                add(padded_requests(c, graphed), rows, 1, verify, eager=not graphed)
             return
         rest = block - rows
         q = self.acceptance(block).survival(rows + 1)
