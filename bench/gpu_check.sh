@@ -171,7 +171,7 @@ for packed in glob.glob('_C.*.so.xz'): open('/tmp/sp_tree/specpilot/' + packed[:
     # einops from .whl/fla: pip download --no-deps fla-core einops).
     gdn_fla) python3 -c "import fla" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/fla/*.whl
              export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/site
-             run_step gdn_fla timeout 200 python3 -m specpilot.bench.gdn_kernels --out "$OUT/gdn_fla.jsonl" ;;
+             run_step gdn_fla timeout 200 python3 -m specpilot.bench.gdn_fla --out "$OUT/gdn_fla.jsonl" ;;
     # The paged decode attention kernel against the batched engine's gather + SDPA, one layer (fp64-checked).
     paged)   run_step paged timeout 200 python3 -m specpilot.bench.paged_attention_kernels --out "$OUT/paged_attention.jsonl" ;;
     # docs/results.md's form of whatever of the engine and bench steps ran in this $OUT.

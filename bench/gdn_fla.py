@@ -1,6 +1,6 @@
 """Our Gated DeltaNet chain kernel against fla's Triton kernel on the same card and inputs (GPU):
 
-    python -m specpilot.bench.gdn_kernels [--value-heads 32 --key-heads 16 --head-dim 128] [--out F.jsonl]
+    python -m specpilot.bench.gdn_fla [--value-heads 32 --key-heads 16 --head-dim 128] [--out F.jsonl]
 
 One layer's recurrence at the Qwen3.5-9B shape for T = 1 (decode), 4 and 16 (verify) tokens from a
 committed state: ours (csrc/cuda/gdn_chain.cu, the state after every token written: the snapshots a
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
-        raise SystemExit("gdn_kernels times CUDA kernels: no GPU here")
+        raise SystemExit("gdn_fla times CUDA kernels: no GPU here")
     from specpilot.bench.hybrid_steps import copy_bandwidth
     from specpilot.bench.step_times import _event_ms
     from specpilot.kernels import gdn_chain
