@@ -16,7 +16,7 @@ from conftest import requires_gpu
 from test_engine_helpers import fresh_seed
 from specpilot.engine.tree.build import DraftTree
 from specpilot.engine.tree.layout import TreeLayout
-from specpilot.models import gdn, gdn_tree
+from specpilot.models import gdn_tree
 
 pytestmark = requires_gpu
 
