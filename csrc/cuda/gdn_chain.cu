@@ -58,21 +58,34 @@ __device__ __forceinline__ void prepare(Prepared<DK>& in, const __nv_bfloat16* _
                                         float scale) {
   constexpr int kWarps = DK / 32;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int r = warp; r < n; r += kWarps) {  // a warp per token: its q and k norms
+  static_assert(kChunk % kWarps == 0, "a chunk's tokens split evenly over the warps");
+  constexpr int kPerWarp = kChunk / kWarps;  // tokens per warp: its q and k norms
+  float q[kPerWarp][DK / 32], k[kPerWarp][DK / 32];
+#pragma unroll
+  for (int i = 0; i < kPerWarp; ++i) {  // every load issued before the first is used: one round trip
+    const int r = warp + i * kWarps;
     const __nv_bfloat16* row = mixed + (int64_t)(t0 + r) * row_stride;
-    float q[DK / 32], k[DK / 32], qq = 0.f, kk = 0.f;
 #pragma unroll
     for (int m = 0; m < DK / 32; ++m) {
-      q[m] = __bfloat162float(row[key_head * DK + lane + 32 * m]);
-      k[m] = __bfloat162float(row[key_dim + key_head * DK + lane + 32 * m]);
-      qq = fmaf(q[m], q[m], qq);
-      kk = fmaf(k[m], k[m], kk);
+      q[i][m] = r < n ? __bfloat162float(row[key_head * DK + lane + 32 * m]) : 0.f;
+      k[i][m] = r < n ? __bfloat162float(row[key_dim + key_head * DK + lane + 32 * m]) : 0.f;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kPerWarp; ++i) {
+    const int r = warp + i * kWarps;
+    if (r >= n) break;  // uniform across the warp
+    float qq = 0.f, kk = 0.f;
+#pragma unroll
+    for (int m = 0; m < DK / 32; ++m) {
+      qq = fmaf(q[i][m], q[i][m], qq);
+      kk = fmaf(k[i][m], k[i][m], kk);
     }
     const float q_factor = rsqrtf(warp_sum(qq) + 1e-6f) * scale, k_factor = rsqrtf(warp_sum(kk) + 1e-6f);
 #pragma unroll
     for (int m = 0; m < DK / 32; ++m) {
-      in.q[r][lane + 32 * m] = q[m] * q_factor;
-      in.k[r][lane + 32 * m] = k[m] * k_factor;
+      in.q[r][lane + 32 * m] = q[i][m] * q_factor;
+      in.k[r][lane + 32 * m] = k[i][m] * k_factor;
     }
   }
   for (int e = threadIdx.x; e < n * kCols; e += DK) {
