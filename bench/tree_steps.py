@@ -7,9 +7,12 @@ target: the tree step at most 1.1x the chain step), random weights at a target's
 The tree is built best-first (engine/tree/build.py) from random draft logits over 15 depths, so its
 shape is a bushy one. Reported per N: chain_ms (eager, as the hybrid loop and the tree loop run) and,
 for dense targets on CUDA, chain_graphed_ms (the graphed verify the chain loop uses), tree_ms (the
-tree forward, eager: SDPA with the ancestor mask, and the torch per-depth GDN reference on hybrids),
-commit_ms (K/V compaction + hybrid state gather of a mid-depth path), tree_over_chain. CUDA events on
-the GPU; on the CPU (tiny presets, a smoke run) wall-clock.
+tree forward, eager: SDPA with the ancestor mask, and on hybrids the GDN tree path below),
+commit_ms (K/V compaction + hybrid state gather of a mid-depth path), tree_over_chain. On hybrids with
+EngineConfig.fused_kernels on, both run the GDN CUDA kernels: the chain the recurrence kernel
+(kernels/gdn_chain.py), the tree its parent-indexed form and the tree conv (kernels/gdn_tree.py);
+gdn_tree_kernels says whether the tree forward ran them (false: the torch per-depth reference). CUDA
+events on the GPU; on the CPU (tiny presets, a smoke run) wall-clock.
 """
 from __future__ import annotations
 
@@ -29,6 +32,19 @@ def timed_ms(fn, iters: int) -> float:
     for _ in range(iters):
         fn()
     return (time.perf_counter() - t0) / iters * 1e3
+
+
+def ran_tree_kernels(forward) -> bool:
+    """Whether one call of `forward` ran the GDN tree recurrence kernel."""
+    from specpilot.kernels import gdn_tree
+
+    real, calls = gdn_tree.tree_recurrence, []
+    gdn_tree.tree_recurrence = lambda *a: calls.append(1) or real(*a)
+    try:
+        forward()
+    finally:
+        gdn_tree.tree_recurrence = real
+    return bool(calls)
 
 
 @torch.inference_mode()
@@ -51,7 +67,7 @@ def tree_step_times(engine, context: int, nodes: int, iters: int, seed: int = 0)
         with runner.kernel_ctx(len(tree)):
             target(ids, layout.slots, cache, context + len(tree), (), tree=layout)
 
-    out = {"nodes": nodes, "tree_depth": max(tree.depth),
+    out = {"nodes": nodes, "tree_depth": max(tree.depth), "gdn_tree_kernels": ran_tree_kernels(tree_forward),
            "chain_ms": timed_ms(lambda: runner.target_step(block, context, with_features=False, graphed=False), iters),
            "tree_ms": timed_ms(tree_forward, iters)}
     if engine.use_graphs:

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specpilot.kernels import gdn_chain
+from specpilot.kernels import gdn_tree as gdn_tree_kernels
 from specpilot.ops import linear
 from specpilot.ops.attention import attend, attention_mask
 
@@ -113,14 +114,15 @@ class GatedDeltaNet(nn.Module):
         # the cache's reserved buffers for this T (graphed steps write at fixed addresses), or None
         window_out, states_out = (cache.buffers(self.layer, t) if tree is None and every_position else None) \
             or (None, None)
+        if tree is not None and gdn_tree_kernels.takes(qkv, self.conv_weight, self.dk, self.dv):
+            return self._tree_kernels(qkv, z, beta_in, a, conv_state, state, cache, tree)
         if tree is not None:
             mixed, window = gdn_tree.tree_conv(qkv, conv_state, self.conv_weight,
                                                tree.conv_window_index(self.conv_weight.shape[1]))
         else:
             window = torch.cat([conv_state, qkv.transpose(1, 2)], dim=-1, out=window_out)   # [B, C, K-1+T]
             mixed = gdn.causal_conv(window, self.conv_weight).transpose(1, 2)   # [B, T, C]
-        beta = beta_in.sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)   # log decay <= 0, fp32
+        beta, g = self._gates(beta_in, a)
         if tree is None and every_position and gdn_chain.takes(mixed, self.dk, self.dv):       # one CUDA kernel per layer
             out, snapshots = gdn_chain.gdn_chain(mixed[0].contiguous(), self.nk, self.dk, g[0], beta[0].float(),
                                                  state[0], None if states_out is None else states_out[0])
@@ -141,6 +143,22 @@ class GatedDeltaNet(nn.Module):
             snapshots = final[:, None]
         cache.stash(self.layer, window, snapshots)
         return self._output(out, z, b, t)
+
+    def _gates(self, beta_in, a):
+        """-> (beta in the model dtype, g: the log decay <= 0, fp32)."""
+        return beta_in.sigmoid(), -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+
+    def _tree_kernels(self, qkv, z, beta_in, a, conv_state, state, cache, tree):
+        """The tree forward in two CUDA launches (kernels/gdn_tree.py): the conv over each node's
+        ancestor window, then the recurrence from each node's parent state."""
+        b, t = qkv.shape[:2]
+        mixed, window = gdn_tree_kernels.tree_conv(qkv[0], conv_state[0], self.conv_weight,
+                                                   tree.conv_window_index(self.conv_weight.shape[1]))
+        beta, g = self._gates(beta_in[0], a[0])
+        out, snapshots = gdn_tree_kernels.tree_recurrence(mixed, self.nk, self.dk, g, beta.float(), state[0],
+                                                          tree.parents)
+        cache.stash(self.layer, window[None], snapshots[None])
+        return self._output(out[None], z, b, t)
 
     def _output(self, out, z, b: int, t: int):
         """out [B, T, H, Dv] of the delta rule -> gated RMSNorm -> output projection."""

@@ -17,6 +17,10 @@ from .build import DraftTree
 class TreeLayout:
     def __init__(self, tree: DraftTree, start: int, device):
         n = len(tree)
+        for i, p in enumerate(tree.parents):                    # the per-node kernels rely on this order
+            if not (p == -1 if i == 0 else 0 <= p < i):
+                raise ValueError(f"tree node {i} has parent {p}: node 0 is the root (parent -1) and every "
+                                 f"other node's parent must come before it")
         self.tree, self.start, self.size = tree, start, n
         self.parents = torch.tensor(tree.parents, dtype=torch.long, device=device)
         self.slots = torch.arange(start, start + n, device=device)
