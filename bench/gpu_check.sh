@@ -2,7 +2,7 @@
 # The GPU check: from a clean tree on a bare machine (no network), build the extension with CUDA
 # (sm_90a), run the GPU tests, run the kernel / engine / agent benchmarks, print a short table last.
 # Logs and JSON go to $OUT (the device tool's folder) or out/gpu_check.
-# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|trees|split12|gemv|skinny|engine|ab|defaults_ab|cost_8b|agents|bench_zoo|bench_8b|scale_8b|five_8b|batch|batch_profile|hybrid|gdn_fla|paged|serve|results ...]
+# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|trees|split12|gemv|skinny|engine|ab|defaults_ab|cost_8b|agents|bench_zoo|bench_8b|scale_8b|five_8b|batch|batch_profile|hybrid|gdn_trees|gdn_fla|embedded_pair|paged|serve|results ...]
 # (GPU_TESTS: the test files the tests step runs, default all)
 # (default: all but prebuilt, in order). `prebuilt` replaces `build` when device time is short: it stages
 # the package in /tmp/sp with the extension that scripts/prebuild_cuda_ext.sh made on a CPU machine
@@ -167,6 +167,21 @@ for packed in glob.glob('_C.*.so.xz'): open('/tmp/sp_tree/specpilot/' + packed[:
     # The hybrid target's AR / verify / commit step times against their floor (Qwen3.5-9B shape).
     hybrid)  run_step hybrid timeout 240 python3 -m specpilot.bench.hybrid_steps --preset qwen3.5-9b \
                --e2e ${HYBRID_E2E:-128} --profile "$OUT/hybrid_profile.txt" --out "$OUT/hybrid_steps.json" ;;
+    # The GDN recurrence kernels alone (chain and tree, snapshot write rate) and tree vs chain verify steps
+    # on both scale shapes, after their GPU tests.
+    gdn_trees) run_step gdn_tests timeout 200 python3 -m pytest -q -m gpu tests/test_gdn_gpu.py tests/test_gdn_tree_gpu.py \
+                 tests/test_tree_gpu.py tests/test_hybrid_graphs_gpu.py
+               tail -1 "$OUT/gdn_tests.log" | tee -a "$summary"
+               run_step gdn_kernels timeout 100 python3 -m specpilot.bench.gdn_kernels --out "$OUT/gdn_kernels.json"
+               for preset in qwen3.5-9b qwen3-8b; do
+                 run_step tree_$preset timeout 120 python3 -m specpilot.bench.tree_steps --preset $preset \
+                   --nodes 16,32,64 --out "$OUT/tree_steps_$preset.json"
+               done ;;
+    # The embedded pair (python/specpilot/data/pair) retrained on this GPU (scripts/embedded_pair/build.sh,
+    # PAIR_PCT percent of its CPU stage budgets), packed as $OUT/pair.tgz; needs the zoo target + recipe.
+    embedded_pair) run_step embedded_pair env DEVICE=cuda TIME_PCT=${PAIR_PCT:-10} TARGET_BATCH=64 PY=python3 \
+                     ZOO=$SPECPILOT_ZOO WORK=/tmp/pair DEST=/tmp/pair_dest timeout ${PAIR_S:-420} bash scripts/embedded_pair/build.sh
+                   tar czf "$OUT/pair.tgz" -C /tmp pair_dest && tail -3 "$OUT/embedded_pair.log" | tee -a "$summary" ;;
     # Our GDN chain kernel against fla's Triton kernel, one layer at the Qwen3.5-9B shape (fla-core and
     # einops from .whl/fla: pip download --no-deps fla-core einops).
     gdn_fla) python3 -c "import fla" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/fla/*.whl
