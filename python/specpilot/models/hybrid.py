@@ -17,10 +17,9 @@ recurrent form (as its decode), keeping the state after every token.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from specpilot.kernels import gdn_chain
+from specpilot.kernels import gdn_chain, gdn_fused
 from specpilot.ops import linear
 from specpilot.ops.attention import attend, attention_mask
 
@@ -113,14 +112,22 @@ class GatedDeltaNet(nn.Module):
         # the cache's reserved buffers for this T (graphed steps write at fixed addresses), or None
         window_out, states_out = (cache.buffers(self.layer, t) if tree is None and every_position else None) \
             or (None, None)
+        if (tree is None and every_position and gdn_chain.takes(qkv, self.dk, self.dv)
+                and gdn_fused.takes_prologue(qkv, conv_state, self.conv_weight, (self.A_log, self.dt_bias))):
+            # two CUDA kernels per layer: the prologue (conv window, conv, SiLU, gates), then the chain
+            mixed, window, g, beta = gdn_fused.prologue(qkv, beta_in, a, conv_state, self.conv_weight, self.A_log,
+                                                        self.dt_bias, window_out)
+            out, snapshots = gdn_chain.gdn_chain(mixed, self.nk, self.dk, g, beta, state[0],
+                                                 None if states_out is None else states_out[0])
+            cache.stash(self.layer, window, snapshots[None])
+            return self._output(out[None], z, b, t)
         if tree is not None:
             mixed, window = gdn_tree.tree_conv(qkv, conv_state, self.conv_weight,
                                                tree.conv_window_index(self.conv_weight.shape[1]))
         else:
             window = torch.cat([conv_state, qkv.transpose(1, 2)], dim=-1, out=window_out)   # [B, C, K-1+T]
             mixed = gdn.causal_conv(window, self.conv_weight).transpose(1, 2)   # [B, T, C]
-        beta = beta_in.sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)   # log decay <= 0, fp32
+        beta, g = gdn.gates(beta_in, a, self.A_log, self.dt_bias)
         if tree is None and every_position and gdn_chain.takes(mixed, self.dk, self.dv):       # one CUDA kernel per layer
             out, snapshots = gdn_chain.gdn_chain(mixed[0].contiguous(), self.nk, self.dk, g[0], beta[0].float(),
                                                  state[0], None if states_out is None else states_out[0])
@@ -144,7 +151,11 @@ class GatedDeltaNet(nn.Module):
 
     def _output(self, out, z, b: int, t: int):
         """out [B, T, H, Dv] of the delta rule -> gated RMSNorm -> output projection."""
-        out = gdn.gated_rms_norm(out, z.reshape(b, t, self.nv, self.dv), self.norm_weight, self.eps)
+        z = z.reshape(b, t, self.nv, self.dv)
+        if gdn_fused.takes_gated_norm(out, z, self.norm_weight):
+            out = gdn_fused.gated_norm(out, z, self.norm_weight, self.eps)
+        else:
+            out = gdn.gated_rms_norm(out, z, self.norm_weight, self.eps)
         return linear.linear(self.out_proj, out.reshape(b, t, self.value_dim))
 
 
