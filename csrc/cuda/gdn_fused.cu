@@ -10,7 +10,7 @@ namespace specpilot {
 namespace gdn {
 namespace {
 
-constexpr int kPrologueThreads = 256;
+constexpr int kPrologueThreads = 128;  // small CTAs: 8192 channels still spread over 64 SMs
 constexpr int kNormWarps = 8;  // rows (token, head) per CTA of the epilogue, one warp each
 
 __device__ __forceinline__ float bf(__nv_bfloat16 x) { return __bfloat162float(x); }
