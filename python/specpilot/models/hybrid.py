@@ -8,7 +8,8 @@ the engine's step runner and loops drive it unchanged. Positions must be consecu
 state only moves forward.
 
 Exactness: per-row arithmetic as transformers' Qwen3_5ForCausalLM torch path: zero-centred RMSNorms
-((1 + w) in fp32), the GDN layer's conv / gates / recurrence / gated norm (models/gdn.py), gated
+((1 + w) in fp32), the GDN layer's conv / gates / recurrence / gated norm (models/gdn.py; on bf16
+CUDA the kernels of kernels/gdn_fused.py and gdn_chain.py, within bf16 rounding of it), gated
 attention with partial RoPE and q/k norms; projections fused ([qkv; z; b; a] for GDN, [q|gate; k; v]
 for attention, [gate; up] for the MLP), which changes only GEMM rounding. Prefills of more than
 MAX_SNAPSHOT_T tokens run the chunked GDN form (as transformers' prefill), shorter calls the
