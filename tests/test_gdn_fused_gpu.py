@@ -19,50 +19,11 @@ import pytest
 import torch
 
 from conftest import refused_in_subprocess, requires_gpu
+from gdn_fused_checks import check_gated_norm, check_prologue, gdn_block, norm_inputs
 from test_engine_helpers import fresh_seed
 from specpilot.kernels import gdn_fused
-from specpilot.models import gdn
 
 pytestmark = requires_gpu
-MAX_DIFFERING = 0.01
-
-
-def ordered(x: torch.Tensor) -> torch.Tensor:
-    """bf16 values -> integers in value order, consecutive bf16 values one apart (+0 and -0 both 0)."""
-    bits = x.to(torch.bfloat16).contiguous().view(torch.int16).to(torch.int32)
-    return torch.where(bits < 0, -(bits & 0x7FFF), bits)
-
-
-def assert_bf16_close(actual, expected, max_ulps: int, what: str):
-    assert actual.shape == expected.shape, f"{what}: shape {list(actual.shape)} != {list(expected.shape)}"
-    assert not actual.float().isnan().any(), f"{what}: NaN (an element was not written)"
-    assert torch.equal(actual.float().to(torch.bfloat16).float(), actual.float()), f"{what}: not bf16 values"
-    ulps = (ordered(actual) - ordered(expected)).abs()
-    assert int(ulps.max()) <= max_ulps, f"{what}: {int(ulps.max())} bf16 ulps apart (at most {max_ulps})"
-    share = float((ulps > 0).float().mean())
-    assert share <= MAX_DIFFERING, f"{what}: {share:.2%} of the elements differ (at most {MAX_DIFFERING:.0%})"
-
-
-def gdn_block(t, c, hv, width, param_dtype, gen):
-    """qkv, b, a [1, T, .] as column slices of one projection (as in_proj's split), conv state and
-    weight, A_log and dt_bias (random_hybrid's laws); a spans both sides of softplus's threshold."""
-    proj = torch.randn(1, t, c + 64 + 2 * hv, generator=gen, device="cuda")
-    proj[..., -hv:] *= 12
-    proj[..., -1] = 25.0                                          # past the threshold (20) for any dt_bias here
-    qkv, _, b, a = proj.to(torch.bfloat16).split((c, 64, hv, hv), dim=-1)
-    conv_state = torch.randn(1, c, width - 1, generator=gen, device="cuda").to(torch.bfloat16)
-    conv_weight = (torch.randn(c, width, generator=gen, device="cuda") / width ** 0.5).to(torch.bfloat16)
-    A_log = (torch.rand(hv, generator=gen, device="cuda") * 7 + 1).log().to(param_dtype)
-    dt_bias = torch.randn(hv, generator=gen, device="cuda").to(param_dtype)
-    return qkv, b, a, conv_state, conv_weight, A_log, dt_bias
-
-
-def torch_prologue(qkv, b, a, conv_state, conv_weight, A_log, dt_bias):
-    """models/hybrid.py GatedDeltaNet.forward's torch path up to the recurrence."""
-    window = torch.cat([conv_state, qkv.transpose(1, 2)], dim=-1)
-    mixed = gdn.causal_conv(window, conv_weight).transpose(1, 2)
-    beta, g = gdn.gates(b, a, A_log, dt_bias)
-    return mixed[0], window, g[0], beta[0].float()
 
 
 @pytest.mark.parametrize("t", [1, 4, 16, 64])
@@ -74,7 +35,7 @@ def torch_prologue(qkv, b, a, conv_state, conv_weight, A_log, dt_bias):
 def test_prologue_equals_torch_path(t, nk, hv, dk, dv, width, param_dtype):
     gen = torch.Generator(device="cuda").manual_seed(fresh_seed())
     c = 2 * nk * dk + hv * dv
-    inputs = gdn_block(t, c, hv, width, param_dtype, gen)
+    inputs = gdn_block(t, c, hv, width, param_dtype, gen, "cuda")
     qkv, b, a, conv_state, conv_weight, A_log, dt_bias = inputs
     assert gdn_fused.takes_prologue(qkv, conv_state, conv_weight, (A_log, dt_bias))
     window = torch.full((c, width - 1 + t), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -82,27 +43,17 @@ def test_prologue_equals_torch_path(t, nk, hv, dk, dv, width, param_dtype):
     g, beta = (torch.full((t, hv), float("nan"), device="cuda") for _ in range(2))
     torch.ops.specpilot.gdn_prologue(qkv[0], b[0], a[0], conv_state[0], conv_weight, A_log, dt_bias, window, mixed,
                                      g, beta)
-    ref_mixed, ref_window, ref_g, ref_beta = torch_prologue(*inputs)
-    assert torch.equal(window, ref_window[0])
-    assert_bf16_close(mixed, ref_mixed, 2, "mixed")
-    assert_bf16_close(beta, ref_beta, 1, "beta")
-    torch.testing.assert_close(g, ref_g, rtol=1e-6, atol=0)
-    assert bool(((a.float() + dt_bias) > 20).any()), "no gate reached softplus's linear branch"
+    check_prologue((window, mixed, g, beta), inputs)
 
 
 @pytest.mark.parametrize("rows, hv, dv", [(1, 32, 128), (4, 32, 128), (16, 32, 128), (6, 4, 64), (3, 2, 80)])
 @pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32])
 def test_gated_norm_equals_torch_path(rows, hv, dv, weight_dtype):
     gen = torch.Generator(device="cuda").manual_seed(fresh_seed())
-    x = (torch.randn(rows, hv, dv, generator=gen, device="cuda")
-         * torch.rand(rows, hv, 1, generator=gen, device="cuda") * 4).to(torch.bfloat16)
-    proj = torch.randn(rows, hv * dv + 40, generator=gen, device="cuda").to(torch.bfloat16)
-    z = proj[:, 24:24 + hv * dv]                                  # a strided column slice, as in_proj's z
-    weight = (1 + 0.2 * torch.randn(dv, generator=gen, device="cuda")).to(weight_dtype)
+    x, z, weight = norm_inputs(rows, hv, dv, weight_dtype, gen, "cuda")
     out = torch.full((rows, hv * dv), float("nan"), device="cuda", dtype=torch.bfloat16)
     torch.ops.specpilot.gdn_gated_norm(x.view(rows, hv * dv), z, weight, 1e-6, out)
-    ref = gdn.gated_rms_norm(x, z.reshape(rows, hv, dv), weight, 1e-6)
-    assert_bf16_close(out.view(rows, hv, dv), ref, 3, "gated norm")
+    check_gated_norm(out, x, z, weight, 1e-6)
     wrapped = gdn_fused.gated_norm(x[None], z.reshape(1, rows, hv, dv), weight, 1e-6)
     assert torch.equal(wrapped[0], out.view(rows, hv, dv))
 
