@@ -89,3 +89,77 @@ def test_cpu_forward_runs_the_torch_path(monkeypatch):
     ids = torch.arange(5, 13)[None]
     logits, _ = target(ids, torch.arange(8), cache, 8)
     assert logits.shape == (1, 8, target.config.vocab_size) and bool(torch.isfinite(logits.float()).all())
+
+
+class TorchOps:
+    """Stand-ins for torch.ops.specpilot's GDN ops, computing each op's contract with the torch path
+    (models/gdn.py) on its flat layouts, so that a CPU forward exercises GatedDeltaNet's fused wiring
+    (slices, layouts, the cache's buffers and records) against the plain torch path."""
+
+    calls = 0
+
+    def gdn_prologue(self, qkv, b, a, conv_state, conv_weight, A_log, dt_bias, window, mixed, g, beta):
+        TorchOps.calls += 1
+        window.copy_(torch.cat([conv_state, qkv.t()], dim=-1))
+        mixed.copy_(gdn.causal_conv(window[None], conv_weight)[0].t())
+        beta_, g_ = gdn.gates(b, a, A_log, dt_bias)
+        g.copy_(g_)
+        beta.copy_(beta_.float())
+
+    def gdn_chain(self, mixed, nk, dk, g, beta, state, states_out, out):
+        t, hv, dv = mixed.shape[0], state.shape[0], state.shape[2]
+        q, k, v = mixed[None].split((nk * dk, nk * dk, hv * dv), dim=-1)
+        q, k = (y.reshape(1, t, nk, dk).repeat_interleave(hv // nk, dim=2) for y in (q, k))
+        o, _, states = gdn.recurrent_gated_delta_rule(q, k, v.reshape(1, t, hv, dv), g[None], beta[None],
+                                                      state[None], keep_states=True)
+        out.copy_(o[0])
+        states_out.copy_(states[0])
+
+    def gdn_gated_norm(self, x, z, weight, eps, out):
+        TorchOps.calls += 1
+        rows, dv = x.shape[0], weight.shape[0]
+        ref = gdn.gated_rms_norm(x.reshape(rows, -1, dv), z.reshape(rows, -1, dv), weight, eps)
+        out.copy_(ref.reshape(rows, -1))
+
+
+def test_fused_wiring_equals_the_torch_path_on_cpu(monkeypatch):
+    """GatedDeltaNet's fused branch, with the ops replaced by their torch contracts: prefill, a verify
+    block, a partial commit and an AR step give the torch path's logits and committed states. bf16, as
+    the kernels take (the chain's output is bf16): the chain's contract normalises q, k in fp32 where
+    the torch path does in bf16, so logits and states agree to bf16 rounding; the first GDN layer's
+    conv state (a copy of identical inputs) exactly."""
+    from specpilot import _ext
+    from specpilot.engine.recurrent_state import hybrid_cache
+    from specpilot.kernels import gdn_chain
+    from specpilot.models.random_ckpt import HYBRID_PRESETS, random_target
+
+    target = random_target(HYBRID_PRESETS["tiny-qwen3.5"], "cpu", torch.bfloat16, seed=11)
+    target.ensure_rope(128)
+    ids = torch.randint(0, target.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(5))
+
+    def run(fused: bool):
+        with monkeypatch.context() as m:
+            if fused:
+                m.setattr(_ext, "ops", lambda: TorchOps())
+                m.setattr(gdn_chain, "takes", lambda *a: True)
+                for name in ("takes_prologue", "takes_gated_norm"):
+                    m.setattr(gdn_fused, name, lambda *a: True)
+                for name in ("why_not_prologue", "why_not_gated_norm"):
+                    m.setattr(gdn_fused, name, lambda *a: None)
+            cache = hybrid_cache(target, 1, 128)
+            cache.reserve(16)                                   # the verify block writes the reserved buffers
+            outs = [target(ids[:, :24], torch.arange(24), cache, 24)[0],
+                    target(ids[:, 24:40], torch.arange(24, 40), cache, 40)[0],      # verify block, 16 tokens
+                    target(ids[:, 30:31], torch.arange(30, 31), cache, 31)[0]]      # commits 30, then AR
+            cache.commit(31)
+            return outs, [c.clone() for c in cache.conv], [s.clone() for s in cache.state]
+
+    TorchOps.calls = 0
+    fused_outs, fused_conv, fused_state = run(True)
+    assert TorchOps.calls == 2 * 3 * 3, "the fused branch was not taken in every GDN layer of every forward"
+    ref_outs, ref_conv, ref_state = run(False)
+    for ours, ref in zip(fused_outs, ref_outs):
+        torch.testing.assert_close(ours.float(), ref.float(), atol=0.05 * float(ref.abs().amax()), rtol=0.02)
+    assert torch.equal(fused_conv[0], ref_conv[0])
+    for ours, ref in zip(fused_conv + fused_state, ref_conv + ref_state):
+        torch.testing.assert_close(ours.float(), ref.float(), atol=0.02 * float(ref.abs().amax()), rtol=0.02)
