@@ -45,6 +45,7 @@ __global__ void __launch_bounds__(kPrologueThreads)
       record[j] = v;
       x[j] = bf(v);
     }
+#pragma unroll 4  // overlaps the tokens' independent loads of a verify block
     for (int t = 0; t < tokens; ++t) {
       const __nv_bfloat16 v = qkv[(int64_t)t * qkv_stride + c];
       record[K - 1 + t] = v;
