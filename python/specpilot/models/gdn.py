@@ -111,6 +111,12 @@ def causal_conv(window: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.silu(out).to(window.dtype)
 
 
+def gates(b: torch.Tensor, a: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor):
+    """The GDN gates from the projection's b, a [..., H] and the per-head parameters: (beta =
+    sigmoid(b) in b's dtype, log decay g = -exp(A_log) * softplus(a + dt_bias) <= 0 in fp32)."""
+    return b.sigmoid(), -A_log.float().exp() * F.softplus(a.float() + dt_bias)
+
+
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim (fp32 statistics, cast back, times weight) then times silu(gate) in
     fp32, cast back (transformers' Qwen3NextRMSNormGated arithmetic)."""

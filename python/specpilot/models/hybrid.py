@@ -8,7 +8,8 @@ the engine's step runner and loops drive it unchanged. Positions must be consecu
 state only moves forward.
 
 Exactness: per-row arithmetic as transformers' Qwen3_5ForCausalLM torch path: zero-centred RMSNorms
-((1 + w) in fp32), the GDN layer's conv / gates / recurrence / gated norm (models/gdn.py), gated
+((1 + w) in fp32), the GDN layer's conv / gates / recurrence / gated norm (models/gdn.py; on bf16
+CUDA the kernels of kernels/gdn_fused.py and gdn_chain.py, within bf16 rounding of it), gated
 attention with partial RoPE and q/k norms; projections fused ([qkv; z; b; a] for GDN, [q|gate; k; v]
 for attention, [gate; up] for the MLP), which changes only GEMM rounding. Prefills of more than
 MAX_SNAPSHOT_T tokens run the chunked GDN form (as transformers' prefill), shorter calls the
@@ -17,10 +18,9 @@ recurrent form (as its decode), keeping the state after every token.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from specpilot.kernels import gdn_chain
+from specpilot.kernels import gdn_chain, gdn_fused
 from specpilot.kernels import gdn_tree as gdn_tree_kernels
 from specpilot.ops import linear
 from specpilot.ops.attention import attend, attention_mask
@@ -116,13 +116,22 @@ class GatedDeltaNet(nn.Module):
             or (None, None)
         if tree is not None and gdn_tree_kernels.takes(qkv, self.conv_weight, self.dk, self.dv):
             return self._tree_kernels(qkv, z, beta_in, a, conv_state, state, cache, tree)
+        if (tree is None and every_position and gdn_chain.takes(qkv, self.dk, self.dv)
+                and gdn_fused.takes_prologue(qkv, conv_state, self.conv_weight, (self.A_log, self.dt_bias))):
+            # two CUDA kernels per layer: the prologue (conv window, conv, SiLU, gates), then the chain
+            mixed, window, g, beta = gdn_fused.prologue(qkv, beta_in, a, conv_state, self.conv_weight, self.A_log,
+                                                        self.dt_bias, window_out)
+            out, snapshots = gdn_chain.gdn_chain(mixed, self.nk, self.dk, g, beta, state[0],
+                                                 None if states_out is None else states_out[0])
+            cache.stash(self.layer, window, snapshots[None])
+            return self._output(out[None], z, b, t)
         if tree is not None:
             mixed, window = gdn_tree.tree_conv(qkv, conv_state, self.conv_weight,
                                                tree.conv_window_index(self.conv_weight.shape[1]))
         else:
             window = torch.cat([conv_state, qkv.transpose(1, 2)], dim=-1, out=window_out)   # [B, C, K-1+T]
             mixed = gdn.causal_conv(window, self.conv_weight).transpose(1, 2)   # [B, T, C]
-        beta, g = self._gates(beta_in, a)
+        beta, g = gdn.gates(beta_in, a, self.A_log, self.dt_bias)
         if tree is None and every_position and gdn_chain.takes(mixed, self.dk, self.dv):       # one CUDA kernel per layer
             out, snapshots = gdn_chain.gdn_chain(mixed[0].contiguous(), self.nk, self.dk, g[0], beta[0].float(),
                                                  state[0], None if states_out is None else states_out[0])
@@ -144,17 +153,13 @@ class GatedDeltaNet(nn.Module):
         cache.stash(self.layer, window, snapshots)
         return self._output(out, z, b, t)
 
-    def _gates(self, beta_in, a):
-        """-> (beta in the model dtype, g: the log decay <= 0, fp32)."""
-        return beta_in.sigmoid(), -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
-
     def _tree_kernels(self, qkv, z, beta_in, a, conv_state, state, cache, tree):
         """The tree forward in two CUDA launches (kernels/gdn_tree.py): the conv over each node's
         ancestor window, then the recurrence from each node's parent state."""
         b, t = qkv.shape[:2]
         mixed, window = gdn_tree_kernels.tree_conv(qkv[0], conv_state[0], self.conv_weight,
                                                    tree.conv_window_index(self.conv_weight.shape[1]))
-        beta, g = self._gates(beta_in[0], a[0])
+        beta, g = gdn.gates(beta_in[0], a[0], self.A_log, self.dt_bias)
         out, snapshots = gdn_tree_kernels.tree_recurrence(mixed, self.nk, self.dk, g, beta.float(), state[0],
                                                           tree.parents)
         cache.stash(self.layer, window[None], snapshots[None])
@@ -162,7 +167,11 @@ class GatedDeltaNet(nn.Module):
 
     def _output(self, out, z, b: int, t: int):
         """out [B, T, H, Dv] of the delta rule -> gated RMSNorm -> output projection."""
-        out = gdn.gated_rms_norm(out, z.reshape(b, t, self.nv, self.dv), self.norm_weight, self.eps)
+        z = z.reshape(b, t, self.nv, self.dv)
+        if gdn_fused.takes_gated_norm(out, z, self.norm_weight):
+            out = gdn_fused.gated_norm(out, z, self.norm_weight, self.eps)
+        else:
+            out = gdn.gated_rms_norm(out, z, self.norm_weight, self.eps)
         return linear.linear(self.out_proj, out.reshape(b, t, self.value_dim))
 
 
