@@ -85,6 +85,7 @@ class BatchEngine:
         self.block_size = block_size if drafter is not None else 1
         self.graphs = None
         self.graph_features = None                  # the last graphed verify's features output, each request's first row
+        self.ar_in_flight = None                    # AR: the step launched ahead of the host (ar_lookahead.py)
         if graph_step_factory is not None or (self.device.type == "cuda" and engine_config.cuda_graphs):
             self.graphs = DecodeGraphs(self, graph_step_factory)
         self.costs = step_costs or StepCostTable.roofline(config.cost_ridge_tokens)   # profile.measure_step_costs
@@ -209,25 +210,40 @@ class BatchEngine:
         return linear_kernel_for_rows(self._switchable, rows)
 
     def _iterate(self) -> None:
+        from . import ar_lookahead
         from .step import draft_all, verify_and_accept
 
         decoding = [s for s in self.running if s.decoding]
-        drafts = draft_all(self, decoding) if self.drafter is not None else {}
-        lengths = self._verify_lengths(decoding, drafts)
-        self.block_rows += sum(drafts[s.id].rows if s.id in drafts else 1 for s in decoding)
-        self.verify_rows += sum(lengths.values())
-        chunks, budget = [], self.config.prefill_chunk
-        for state in self.running:
-            if not state.decoding and budget > 0:
-                rows = min(budget, state.prompt_len - state.prefilled)
-                chunks.append((state, rows))
-                budget -= rows
-        verify_and_accept(self, decoding, drafts, lengths, chunks)
+        if ar_lookahead.applies(self, decoding):
+            ar_lookahead.step(self, decoding)
+            self.block_rows += len(decoding)
+            self.verify_rows += len(decoding)
+        else:
+            if self.ar_in_flight is not None:        # its tokens first, then the ordinary step
+                ar_lookahead.drain(self)
+                self._finish_done()
+                decoding = [s for s in self.running if s.decoding]
+            drafts = draft_all(self, decoding) if self.drafter is not None else {}
+            lengths = self._verify_lengths(decoding, drafts)
+            self.block_rows += sum(drafts[s.id].rows if s.id in drafts else 1 for s in decoding)
+            self.verify_rows += sum(lengths.values())
+            chunks, budget = [], self.config.prefill_chunk
+            for state in self.running:
+                if not state.decoding and budget > 0:
+                    rows = min(budget, state.prompt_len - state.prefilled)
+                    chunks.append((state, rows))
+                    budget -= rows
+            verify_and_accept(self, decoding, drafts, lengths, chunks)
+        self._finish_done()
+        if not self.running:
+            self.ar_in_flight = None                 # nobody left to read it: its rows were all wasted
+        if self.config.adaptive_verify and self.steps % self.config.adaptive_refit_every == 0:
+            self.estimator.refit()
+
+    def _finish_done(self) -> None:
         for state in [s for s in self.running if s.done]:
             self.running.remove(state)
             self._finish(state)
-        if self.config.adaptive_verify and self.steps % self.config.adaptive_refit_every == 0:
-            self.estimator.refit()
 
     def _verify_lengths(self, decoding: list, drafts: dict) -> dict:
         """Request id -> verify rows (anchor included): the whole block, or with adaptive verify at most
