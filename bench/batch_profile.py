@@ -55,14 +55,18 @@ def engine_at(target, drafter, concurrency: int, context: int, steps: int):
     return engine
 
 
-def time_steps(engine, steps: int) -> list:
+def time_steps(engine, steps: int, rounds: int = 3) -> list:
+    """Seconds per step, each of `rounds` timings over `steps` back-to-back steps (the device synced
+    only around each round: a step launched ahead of the host, as batched AR does, overlaps as in a
+    run)."""
     out = []
-    for _ in range(steps):
+    for _ in range(rounds):
         _sync(engine.device)
         t0 = time.perf_counter()
-        engine.step()
+        for _ in range(steps):
+            engine.step()
         _sync(engine.device)
-        out.append(time.perf_counter() - t0)
+        out.append((time.perf_counter() - t0) / steps)
     return out
 
 
@@ -152,7 +156,7 @@ def main(argv=None) -> int:
     for c in [int(x) for x in args.concurrency.split(",")]:
         for mode in ("ar", "spec"):
             engine = engine_at(target, drafter if mode == "spec" else None, c, args.context, args.steps)
-            time_steps(engine, 3)                                        # warm-up
+            time_steps(engine, 3, rounds=1)                              # warm-up
             wall = statistics.median(time_steps(engine, args.steps))
             row = {"mode": mode, "concurrency": c, "context": args.context, "step_ms": wall * 1e3,
                    **floor_ms(target, drafter, args.context, c, bandwidth)}

@@ -84,7 +84,17 @@ def test_engine_with_the_kernel_equals_the_reference(tmp_path):
         out, _ = engine.runner.target_step(ids[:, :16], len(prompt), with_features=False)
         logits.append(out.float())
     torch.testing.assert_close(logits[0], logits[1], atol=0.05 * float(logits[1].abs().amax()), rtol=0.02)
-    assert on.generate_ar(prompt, 24).tokens[:8] == off.generate_ar(prompt, 24).tokens[:8]
+    # Greedy tokens agree, or part at a near-tie: random weights give flat logits, and the kernels round
+    # differently from torch (fp32 sums in another order), so a flip is allowed only where the two
+    # tokens' logits are within 2x the largest logit difference the two paths showed above.
+    a, b = on.generate_ar(prompt, 24).tokens[:8], off.generate_ar(prompt, 24).tokens[:8]
+    if a != b:
+        k = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+        fresh = Engine(target, None, max_seq_len=256, config=EngineConfig(fused_kernels=False))
+        last, _ = fresh.runner.prefill(torch.tensor([prompt + a[:k]], device="cuda"), with_features=False)
+        margin = abs(float(last[0, -1, a[k]]) - float(last[0, -1, b[k]]))
+        delta = float((logits[0] - logits[1]).abs().amax())
+        assert margin <= 2 * delta, f"tokens part at {k} ({a[k]} vs {b[k]}) with a margin {margin:.4f} > 2 x {delta:.4f}"
 
 
 def test_zoo_hybrid_pair_passes_the_verdict_in_bf16():
