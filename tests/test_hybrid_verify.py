@@ -19,15 +19,17 @@ def pair(tmp_path_factory):
 
 
 def test_verify_cli_forces_against_the_target_greedy(pair, tmp_path, capsys):
+    """4 prompts x 32 tokens: the precision rule compares fp32 RMS logit errors of about 1e-6, and over
+    2 x 20 positions their ratio to stock's is noise enough to fail an honest engine (seed 754590648)."""
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"id": i, "prompt": p}) for i, p in
-                                 enumerate(["def f(x):\n", "import os"])) + "\n")
+                                 enumerate(["def f(x):\n", "import os", "class A:\n", "for i in"])) + "\n")
     rc = main(["verify", "--target", str(pair.target_dir), "--drafter", str(pair.drafter_dir), "--prompts",
-               str(prompts), "--max-new-tokens", "20", "--device", "cpu", "--dtype", "fp32"])
+               str(prompts), "--max-new-tokens", "32", "--device", "cpu", "--dtype", "fp32"])
     printed = capsys.readouterr().out
     out = json.loads(printed.strip().splitlines()[-1])
     assert rc == 0 and out["passed"] is True, printed[-3000:]
-    assert out["reference"] == TARGET_GREEDY and 2 <= out["tokens"] <= 40 and out["spec_identical"] == 2  # eos may stop
+    assert out["reference"] == TARGET_GREEDY and 4 <= out["tokens"] <= 128 and out["spec_identical"] == 4  # eos may stop
     assert printed.startswith(f"reference: {TARGET_GREEDY}")
     assert "identical to the target's greedy AR" in printed
 
