@@ -42,6 +42,26 @@ def test_fp32_cuda_batched_equals_single(name):
 
 
 @requires_gpu
+def test_fp32_cuda_batched_ar_equals_single():
+    """Batched AR on CUDA runs its graphed steps launched ahead of the host (ar_lookahead.py: pinned
+    copies, events): tokens equal the single-request engine's, with a request stopping on a stop id
+    mid-run and others at their lengths."""
+    target, _ = _to_cuda(*tiny_pair(10, 4, 11))
+    prompts = random_prompts(10, (5, 19, 9, 30), 12)
+    engine = Engine(target, None, max_seq_len=128)
+    requests = [Request(tuple(p), m) for p, m in zip(prompts, (25, 9, 40, 17))]
+    stop = engine.generate_ar(requests[2].prompt_ids, 40).tokens[10]
+    requests[2] = Request(requests[2].prompt_ids, 40, stop_ids=(stop,))
+    refs = [engine.generate_ar(r.prompt_ids, r.max_new_tokens, r.stop_ids) for r in requests]
+    batch = BatchEngine(target, None, BatchConfig(), max_batch=4, kv_pages=64)
+    ids = [batch.submit(r) for r in requests]
+    results = {r.request_id: r for r in batch.run_until_done()}
+    for i, ref in zip(ids, refs):
+        assert results[i].error is None and results[i].tokens == ref.tokens
+    assert batch.graphs is not None and batch.ar_in_flight is None
+
+
+@requires_gpu
 def test_memory_fraction_sizes_the_pool():
     target, drafter = _to_cuda(*tiny_pair(10, 4, 12))
     free, _ = torch.cuda.mem_get_info()
