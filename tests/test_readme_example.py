@@ -107,3 +107,9 @@ def test_public_api_names_load_lazily():
     code = "import sys, specpilot; print(specpilot.__version__, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == [specpilot.__version__, "False"]
+
+
+def test_readme_config_tables_are_current():
+    """README.md's EngineConfig and BatchConfig tables are the ones the dataclasses' docstrings give
+    (a changed field doc without `python docs/gen_config_table.py --write` fails here)."""
+    assert _gen_config_table().main(["--check"]) == 0
