@@ -72,8 +72,8 @@ def test_estimator_refuses_a_negative_slope_and_censors_labels():
     est2 = AcceptanceEstimator(3)
     est2.observe([1.0, 2.0, 3.0], admitted=3, accepted=1)     # draft 2 rejected: draft 3 unobserved
     est2.observe([1.0, 2.0, 3.0], admitted=1, accepted=1)     # only draft 1 verified
-    assert [len(o) for o in est2.obs] == [2, 1, 0]
-    assert est2.obs[1][0][1] == 0.0
+    assert [len(est2.observations(k)[0]) for k in range(3)] == [2, 1, 0]
+    assert est2.observations(1)[1][0] == 0.0
 
 
 def test_top2_margin_and_cost_table():
