@@ -111,8 +111,4 @@ def probe_step_costs(target, drafter, max_batch: int, context: int = 512) -> Ste
     config = BatchConfig(adaptive_verify=drafter is not None)
     block = drafter.block_size if drafter is not None else 1
     pages = request_bucket(max_batch) * -(-(context + block) // config.page_size)
-    probe = BatchEngine(target, drafter, config, max_batch=max_batch, kv_pages=pages)
-    try:
-        return measure_step_costs(probe, context=context)
-    finally:
-        del probe
+    return measure_step_costs(BatchEngine(target, drafter, config, max_batch=max_batch, kv_pages=pages), context=context)
