@@ -179,9 +179,12 @@ for packed in glob.glob('_C.*.so.xz'): open('/tmp/sp_tree/specpilot/' + packed[:
                done ;;
     # The embedded pair (python/specpilot/data/pair) retrained on this GPU (scripts/embedded_pair/build.sh,
     # PAIR_PCT percent of its CPU stage budgets), packed as $OUT/pair.tgz; needs the zoo target + recipe.
-    embedded_pair) run_step embedded_pair env DEVICE=cuda TIME_PCT=${PAIR_PCT:-10} TARGET_BATCH=64 PY=python3 \
-                     ZOO=$SPECPILOT_ZOO WORK=/tmp/pair DEST=/tmp/pair_dest timeout ${PAIR_S:-420} bash scripts/embedded_pair/build.sh
-                   tar czf "$OUT/pair.tgz" -C /tmp pair_dest && tail -3 "$OUT/embedded_pair.log" | tee -a "$summary" ;;
+    # (the stages' own outputs travel too, for a run cut short by its timeout)
+    embedded_pair) run_step embedded_pair env DEVICE=cuda TIME_PCT=${PAIR_PCT:-10} TARGET_BATCH=128 DRAFT_BATCH=128 \
+                     PY=python3 ZOO=$SPECPILOT_ZOO WORK=/tmp/pair DEST=/tmp/pair_dest timeout ${PAIR_S:-500} \
+                     bash scripts/embedded_pair/build.sh
+                   tar czf "$OUT/pair.tgz" -C /tmp $(cd /tmp && ls -d pair_dest pair/target pair/drafter* pair/measure.json 2>/dev/null)
+                   tail -3 "$OUT/embedded_pair.log" | tee -a "$summary" ;;
     # Our GDN chain kernel against fla's Triton kernel, one layer at the Qwen3.5-9B shape (fla-core and
     # einops from .whl/fla: pip download --no-deps fla-core einops).
     gdn_fla) python3 -c "import fla" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/fla/*.whl

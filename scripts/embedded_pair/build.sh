@@ -4,8 +4,8 @@
 # (embedding started from the zoo target's principal directions), its DFlash drafter, the held-out
 # measurement. Needs the zoo (shared/zoo: its recipe, tokenizer and target) and `dflash` installed.
 #   ZOO=../shared/zoo WORK=/tmp/pair bash scripts/embedded_pair/build.sh
-# On a GPU: DEVICE=cuda TIME_PCT=15 TARGET_BATCH=64 (every stage's seconds cut to TIME_PCT percent of the
-# CPU budgets below; the GPU takes far more steps in them, with larger target batches).
+# On a GPU: DEVICE=cuda TIME_PCT=10 TARGET_BATCH=128 DRAFT_BATCH=128 (every stage's seconds cut to TIME_PCT
+# percent of the CPU budgets below; the GPU takes far more steps in them, with larger batches).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ZOO=${ZOO:-../shared/zoo}
@@ -14,6 +14,7 @@ DEST=${DEST:-python/specpilot/data/pair}
 DEVICE=${DEVICE:-cpu}
 PY=${PY:-python}
 TARGET_BATCH=${TARGET_BATCH:-16}
+DRAFT_BATCH=${DRAFT_BATCH:-32}   # the first drafter run's; the two that continue it take half
 secs() { echo $(( $1 * ${TIME_PCT:-100} / 100 )); }
 export OMP_NUM_THREADS=1 SPECPILOT_ZOO_RECIPE="$ZOO/recipe"   # one thread: on a shared CPU, two spin-wait
 mkdir -p "$WORK"
@@ -27,11 +28,11 @@ nice $PY scripts/embedded_pair/train_target_pca.py --zoo-target "$ZOO/code-tiny"
 DRAFT="--layer-ids 1,2,3 --target $WORK/target --data $WORK/data --device $DEVICE --gen-batch 256 --gen-new 128 \
     --prompt-lens 32,64 --anchors 16 --reserve 20"
 nice $PY scripts/embedded_pair/train_drafter_layers.py $DRAFT --out "$WORK/drafter1" --seconds $(secs 480) \
-    --gen-seconds $(secs 120) --batch 32
+    --gen-seconds $(secs 120) --batch $DRAFT_BATCH
 nice $PY scripts/embedded_pair/train_drafter_layers.py $DRAFT --init "$WORK/drafter1" --out "$WORK/drafter2" \
-    --seconds $(secs 560) --gen-seconds $(secs 100) --batch 16 --lr 1e-3 --warmup-frac 0.01
+    --seconds $(secs 560) --gen-seconds $(secs 100) --batch $((DRAFT_BATCH / 2)) --lr 1e-3 --warmup-frac 0.01
 nice $PY scripts/embedded_pair/train_drafter_layers.py $DRAFT --init "$WORK/drafter2" --out "$WORK/drafter" \
-    --seconds $(secs 400) --gen-seconds $(secs 60) --batch 16 --lr 7e-4 --warmup-frac 0.01 --gen-batch 128 --gen-new 96 \
+    --seconds $(secs 400) --gen-seconds $(secs 60) --batch $((DRAFT_BATCH / 2)) --lr 7e-4 --warmup-frac 0.01 --gen-batch 128 --gen-new 96 \
     --prompt-lens 128,160
 nice $PY scripts/embedded_pair/measure.py --target "$WORK/target" --drafter "$WORK/drafter" \
     --prompts "$WORK/data/prompts/pystdlib.jsonl" --strip-final-newline --out "$WORK/measure.json"
