@@ -79,10 +79,38 @@ def test_sign_test_and_agreement():
 
 
 def test_precision_check_keeps_a_lossy_path_out_of_the_noise():
-    error = {"stock": {"rms_error": 0.02}, "prefill": {"rms_error": 0.021}, "decode": {"rms_error": 0.05}}
+    error = {"stock": {"rms_error": 0.02}, "prefill": {"rms_error": 0.021, "typical_ratio": 1.1},
+             "decode": {"rms_error": 0.05, "typical_ratio": 2.5}}
     noise, imprecise = noise_and_imprecise(error)
-    assert noise == 0.021 and imprecise == {"decode": pytest.approx(2.5)}
-    assert noise_and_imprecise({"stock": {"rms_error": 0.0}, "verify": {"rms_error": 0.0}}) == (0.0, {})
+    assert noise == 0.021 and imprecise == {"decode": 2.5}
+    # a precise path whose RMS a few positions inflate widens the noise by at most PRECISION_FACTOR
+    error = {"stock": {"rms_error": 0.02}, "verify": {"rms_error": 0.09, "typical_ratio": 0.9}}
+    assert noise_and_imprecise(error) == (pytest.approx(0.04), {})
+    assert noise_and_imprecise({"stock": {"rms_error": 0.0}, "verify": {"rms_error": 0.0, "typical_ratio": 1.0}}) \
+        == (0.0, {})
+
+
+def test_typical_ratio_is_the_median_of_per_position_ratios():
+    """One sensitive position rules both RMS errors; the typical ratio sees the other positions."""
+    from specpilot.verify.arbiter_error import ArbiterErrorTally
+
+    reference = torch.zeros(5, 4, dtype=torch.float64)
+    stock_err = torch.tensor([1.0, 1.0, 1.0, 1.0, 100.0])
+    tally = ArbiterErrorTally()
+    tally.add("stock", reference + stock_err[:, None], reference)
+    tally.add("honest", reference + torch.tensor([0.8, 1.2, 0.9, 1.1, 250.0])[:, None], reference)
+    tally.add("lossy", reference + 2.5 * stock_err[:, None], reference)
+    tally.add("exact", reference, reference)
+    out = tally.summary()
+    assert out["honest"]["rms_error"] / out["stock"]["rms_error"] > 2.4       # the RMS ratio alone would fail it
+    assert out["honest"]["typical_ratio"] == pytest.approx(1.1)            # median of 0.8, 0.9, 1.1, 1.2, 2.5
+    assert out["lossy"]["typical_ratio"] == pytest.approx(2.5) and out["exact"]["typical_ratio"] == 0.0
+    assert "typical_ratio" not in out["stock"]
+    noise, imprecise = noise_and_imprecise(out)
+    assert imprecise == {"lossy": pytest.approx(2.5)} and noise == pytest.approx(2 * out["stock"]["rms_error"])
+    tally.add("short", reference[:2], reference[:2])
+    with pytest.raises(ValueError, match="short: 2 positions vs stock's 5"):
+        tally.summary()
 
 
 def test_forks_of_our_speculative_output():

@@ -14,7 +14,7 @@ excused only under verdict.py's rule (margin below k x the run's measured noise,
 the referee also scores every forced position of stock and of each of our paths (arbiter_error.py:
 RMS logit error, which is the noise; verdict.AgreementTally: how often each argmax is the referee's).
 passed = no unexcused forced-path mismatch, no unexcused speculative-output disagreement, excused
-positions within the cap, every path's referee agreement not worse than stock's and its RMS error
+positions within the cap, every path's referee agreement not worse than stock's and its typical error
 within verdict.PRECISION_FACTOR of stock's, and (fp32 runs) stock's acceptance lengths wherever our
 output is stock's.
 For a hybrid recurrent target the transcript forced against is the target's own greedy AR instead of
@@ -237,8 +237,8 @@ def _decide(report: ForcingReport, run_dtype, tally, agreement, forced_items, sp
             reasons.append(f"{path} path agrees with the referee less often than stock ({a['ours_agree']} vs "
                            f"{a['stock_agree']} of {a['positions']}; sign test p={a['p']:.2g})")
     for path, ratio in imprecise.items():
-        reasons.append(f"{path} path's RMS logit error against the referee is {ratio:.3g}x stock's "
-                       f"(> {PRECISION_FACTOR:g}x: lost precision, not rounding)")
+        reasons.append(f"{path} path's logit error against the referee is typically {ratio:.3g}x stock's "
+                       f"(median over positions > {PRECISION_FACTOR:g}x: lost precision, not rounding)")
     if not report.prompts:
         reasons.append("no prompts were verified")
     report.reasons, report.passed = reasons, not reasons
