@@ -11,10 +11,11 @@ request, so the weights are read C times), CUDA graphs (off: a host launch per k
 kernels, the fused GEMV, the skinny GEMM, the split12 decode grid and fused steps, and the batched
 verify policies (cost/batched.py): prefix-first (batch.verify_prefix: pass 1 over P rows per request,
 the expected pass 2 over Binomial(C, q) requests, each forward padded to the graphed engine's request
-bucket) and adaptive verify (modelled as the verify length L among the block's quarters with the most
-tokens per second under the geometric acceptance, which is what its step-wide choice picks when every
-request has the same survival curve, graphed as the engine runs it; its margin read-back and refits,
-and what the draft margin tells it per request, are not modelled). What it does not (`models()` is False, the search skips them and
+bucket) and adaptive verify (the verify length L among the block's quarters with the most tokens per
+second under the geometric acceptance, which is what its step-wide choice picks once its pooled
+per-position rates have converged: the engine's estimate is one survival curve for every request;
+graphed as the engine runs it, with its whole-block probe step every BatchConfig.adaptive_probe_every
+steps mixed in; the estimate's few steps of learning are not modelled). What it does not (`models()` is False, the search skips them and
 says so): attention choices, PDL, early launch, step kernels, compile, page size, prefill chunk,
 draft_vocab (its tau cost is pair-specific: docs/two_level.md).
 """
@@ -119,7 +120,8 @@ class CostModelEvaluator:
         return Acceptance.geometric(self.tau, block, self.drafter_block)
 
     def _verify_policy(self, dep, a: dict, block: int) -> tuple:
-        """("full", block) | ("prefix", P) | ("len", L): how many rows a request verifies."""
+        """("full", block) | ("prefix", P) | ("len", L) | ("adaptive", L): how many rows a request
+        verifies (adaptive: L, and the whole block on the probe steps)."""
         prefix, adaptive = int(a.get("batch.verify_prefix", 0)), bool(a.get("batch.adaptive_verify", False))
         if prefix and adaptive:
             raise ValueError("batch.verify_prefix and batch.adaptive_verify both trim the verify rows (BatchConfig "
@@ -130,7 +132,7 @@ class CostModelEvaluator:
         if prefix:
             return ("prefix", prefix)
         if adaptive:
-            return ("len", self._adaptive_len(dep, a, block))
+            return ("adaptive", self._adaptive_len(dep, a, block))
         return ("full", block)
 
     def _adaptive_len(self, dep, a: dict, block: int) -> int:
@@ -151,7 +153,13 @@ class CostModelEvaluator:
         graphed = a.get("engine.cuda_graphs", True)
         verify = lambda comp: comp.step == "verify"  # noqa: E731
         kind, rows = policy
-        if kind == "len":     # adaptive verify: the graphed forward of R x L rows (engine/batch/graphed.py)
+        if kind == "adaptive":    # L rows, the whole block on the probe steps (a share 1 / probe_every)
+            share = _probe_share()
+            self._policy_verify(_scaled(add, 1 - share), ("len", rows), c, block, per_request, a)
+            if share:
+                self._policy_verify(_scaled(add, share), ("len", block), c, block, per_request, a)
+            return
+        if kind == "len":     # a verify length: the graphed forward of R x L rows (engine/batch/graphed.py)
             if per_request:
                 add(1, rows, c, verify, eager=not graphed)
             else:
@@ -191,7 +199,11 @@ class CostModelEvaluator:
             return float(dep.concurrency)
         block = self._block(dep, a)
         kind, rows = self._verify_policy(dep, a, block)
-        return dep.concurrency * self.acceptance(block).mean(rows if kind == "len" else block)
+        acc = self.acceptance(block)
+        if kind == "adaptive":
+            share = _probe_share()
+            return dep.concurrency * ((1 - share) * acc.mean(rows) + share * acc.mean(block))
+        return dep.concurrency * acc.mean(rows if kind == "len" else block)
 
     def seconds_per_token(self, dep, a: dict) -> float:
         t = {step: sum(f.values()) for step, f in self.step_times(dep, a).items()}
@@ -238,6 +250,21 @@ class CostModelEvaluator:
         policies.append({"batch.verify_prefix": 0, "batch.adaptive_verify": True})
         now = self.seconds_per_token(dep, a)
         return max(0.0, now - min(self.seconds_per_token(dep, {**a, **p}) for p in policies))
+
+
+def _scaled(add, factor: float):
+    """step_times' `add` with every scale multiplied by `factor` (a share of the steps)."""
+    def scaled(step_batch, rows, scale, keep, eager=False):
+        add(step_batch, rows, scale * factor, keep, eager)
+    return scaled
+
+
+def _probe_share() -> float:
+    """The share of adaptive verify's steps that verify whole blocks (BatchConfig.adaptive_probe_every)."""
+    from specpilot.engine.batch.config import BatchConfig
+
+    every = BatchConfig().adaptive_probe_every
+    return 1.0 / every if every else 0.0
 
 
 def _family(comp) -> str:

@@ -180,3 +180,21 @@ def test_gap_ranking_sees_the_verify_policy():
         assert gap == pytest.approx(max(0.0, ev.seconds_per_token(dep, a) - best), rel=1e-9) and gap > 0
     c1 = Deployment("qwen3-8b", "dflash-b16", "H100", 1, "bf16")
     assert ev.gaps(c1, {"run.weights": "bf16"}).get("spec.linear", 0.0) == 0.0
+
+
+def test_evaluator_mixes_adaptive_verifys_probe_steps():
+    """Adaptive verify's whole-block probe steps (BatchConfig.adaptive_probe_every) are in its tokens
+    and its verify time: a share 1 / probe_every of the steps at the block, the rest at the chosen L."""
+    from specpilot.engine.batch.config import BatchConfig
+
+    ev = CostModelEvaluator(context=512)
+    dep = Deployment("qwen3-8b", "dflash-b16", "H100", 64, "bf16")
+    a = {"run.weights": "bf16", "batch.adaptive_verify": True}
+    kind, length = ev._verify_policy(dep, a, 16)
+    assert kind == "adaptive" and length < 16                      # 1024 rows: trimming pays
+    share = 1 / BatchConfig().adaptive_probe_every
+    acc = ev.acceptance(16)
+    assert ev.tokens_per_step(dep, a) == pytest.approx(64 * ((1 - share) * acc.mean(length) + share * acc.mean(16)))
+    verify = {n: sum(ev.step_times(dep, a, policy=("len", n))["verify"].values()) for n in (length, 16)}
+    mixed = sum(ev.step_times(dep, a)["verify"].values())
+    assert mixed == pytest.approx((1 - share) * verify[length] + share * verify[16], rel=1e-9)
