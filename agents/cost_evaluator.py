@@ -14,9 +14,10 @@ the expected pass 2 over Binomial(C, q) requests, each forward padded to the gra
 bucket) and adaptive verify (the verify length L among the block's quarters with the most tokens per
 second under the geometric acceptance, which is what its step-wide choice picks once its pooled
 per-position rates have converged: the engine's estimate is one survival curve for every request;
-graphed as the engine runs it, with its whole-block probe step every BatchConfig.adaptive_probe_every
-steps mixed in; the estimate's few steps of learning are not modelled). What it does not (`models()` is False, the search skips them and
-says so): attention choices, PDL, early launch, step kernels, compile, page size, prefill chunk,
+graphed as the engine runs it, with its probe step every BatchConfig.adaptive_probe_every steps mixed
+in: the length chosen with every draft past L surely accepted; the estimate's few steps of learning
+are not modelled). What it does not
+(`models()` is False, the search skips them and says so): attention choices, PDL, early launch, step kernels, compile, page size, prefill chunk,
 draft_vocab (its tau cost is pair-specific: docs/two_level.md).
 """
 from __future__ import annotations
@@ -107,7 +108,7 @@ class CostModelEvaluator:
             add(step_batch, block, repeat, lambda comp: per_request.get(comp.step, False) == one_per_request
                 and (comp.step != "verify" or policy[0] == "full"))
         if policy[0] != "full":
-            self._policy_verify(add, policy, c, block, per_request["verify"], a)
+            self._policy_verify(add, policy, c, block, per_request["verify"], a, dep)
         if spec and not a.get("engine.fused_steps", True):
             out["verify"]["launches"] = out["verify"].get("launches", 0.0) + FUSED_STEPS_HOST_S
         return out
@@ -121,7 +122,7 @@ class CostModelEvaluator:
 
     def _verify_policy(self, dep, a: dict, block: int) -> tuple:
         """("full", block) | ("prefix", P) | ("len", L) | ("adaptive", L): how many rows a request
-        verifies (adaptive: L, and the whole block on the probe steps)."""
+        verifies (adaptive: L, and _probe_len's on the probe steps)."""
         prefix, adaptive = int(a.get("batch.verify_prefix", 0)), bool(a.get("batch.adaptive_verify", False))
         if prefix and adaptive:
             raise ValueError("batch.verify_prefix and batch.adaptive_verify both trim the verify rows (BatchConfig "
@@ -147,17 +148,31 @@ class CostModelEvaluator:
             rate[n] = acc.mean(n) / (sum(t["draft"].values()) + sum(t["verify"].values()))
         return max(rate, key=lambda n: (rate[n], n))
 
-    def _policy_verify(self, add, policy: tuple, c: int, block: int, per_request: bool, a: dict) -> None:
+    def _probe_len(self, dep, a: dict, block: int, length: int) -> int:
+        """Adaptive verify's probe-step length: its choice again with every draft past the first
+        length - 1 surely accepted (tokens past `length`: one each with the chance P(a >= length))."""
+        from specpilot.engine.batch.adaptive import verify_row_choices
+
+        acc = self.acceptance(block)
+        rate = {}
+        for n in verify_row_choices(block):
+            tokens = acc.mean(n) if n <= length else acc.mean(length) + (n - length) * acc.survival(length)
+            t = self.step_times(dep, a, policy=("len", n))
+            rate[n] = tokens / (sum(t["draft"].values()) + sum(t["verify"].values()))
+        return max(rate, key=lambda n: (rate[n], n))
+
+    def _policy_verify(self, add, policy: tuple, c: int, block: int, per_request: bool, a: dict, dep) -> None:
         """Adds the verify step's families under prefix-first or a verify length: one forward over every
         request (ragged, padded to the request bucket when graphed) or one per request (ragged off)."""
         graphed = a.get("engine.cuda_graphs", True)
         verify = lambda comp: comp.step == "verify"  # noqa: E731
         kind, rows = policy
-        if kind == "adaptive":    # L rows, the whole block on the probe steps (a share 1 / probe_every)
+        if kind == "adaptive":    # L rows, the probe's length on a share 1 / probe_every of the steps
             share = _probe_share()
-            self._policy_verify(_scaled(add, 1 - share), ("len", rows), c, block, per_request, a)
+            self._policy_verify(_scaled(add, 1 - share), ("len", rows), c, block, per_request, a, dep)
             if share:
-                self._policy_verify(_scaled(add, share), ("len", block), c, block, per_request, a)
+                probe = self._probe_len(dep, a, block, rows)
+                self._policy_verify(_scaled(add, share), ("len", probe), c, block, per_request, a, dep)
             return
         if kind == "len":     # a verify length: the graphed forward of R x L rows (engine/batch/graphed.py)
             if per_request:
@@ -202,7 +217,8 @@ class CostModelEvaluator:
         acc = self.acceptance(block)
         if kind == "adaptive":
             share = _probe_share()
-            return dep.concurrency * ((1 - share) * acc.mean(rows) + share * acc.mean(block))
+            probe = self._probe_len(dep, a, block, rows) if share else rows
+            return dep.concurrency * ((1 - share) * acc.mean(rows) + share * acc.mean(probe))
         return dep.concurrency * acc.mean(rows if kind == "len" else block)
 
     def seconds_per_token(self, dep, a: dict) -> float:

@@ -1,11 +1,11 @@
 """The adaptive verify length's parts: the step's choice, the pooled acceptance estimate, the cost table."""
 import numpy as np
 import pytest
-import torch
 
 from test_engine_helpers import fresh_seed
 from specpilot.engine.batch.adaptive import (HALF_LIFE_STEPS, PRIOR_MEAN, PRIOR_STRENGTH, AcceptanceEstimator,
-                                             StepCostTable, choose_verify_rows, survival_matrix, verify_row_choices)
+                                             StepCostTable, choose_step_rows, choose_verify_rows, survival_matrix,
+                                             verify_row_choices)
 
 
 def test_row_choices_are_the_block_quarters():
@@ -79,10 +79,10 @@ def _planted_step(rates, g, admitted_rows: int) -> int:
 
 
 def test_rates_converge_on_a_planted_law_under_their_own_trimming():
-    """The engine's loop on the host: each step's T from the estimate so far (a cost table that makes
-    trimming pay), whole blocks every 16th step, labels from a planted conditional law. The rates end
-    within a few standard errors (of their own discounted counts) of the planted ones, the survival
-    curve too, and the choice trims once the law says so."""
+    """The engine's loop on the host: each step's T from the estimate so far (choose_step_rows, a cost
+    table that makes trimming pay, a probe every 16th step), labels from a planted conditional law. The
+    rates end within a few standard errors (of their own discounted counts) of the planted ones, the
+    survival curve too, and the choice trims once the law says so."""
     seed = fresh_seed()
     g = np.random.default_rng(seed)
     planted = np.array([0.95, 0.9, 0.85, 0.8, 0.5, 0.3, 0.2])
@@ -90,7 +90,7 @@ def test_rates_converge_on_a_planted_law_under_their_own_trimming():
     costs = StepCostTable([(16 * t, 1.0 + 0.08 * t) for t in (2, 4, 6, 8)])
     chosen = []
     for step in range(600):
-        t = 8 if step % 16 == 0 else choose_verify_rows(survival_matrix(est, [7] * 16), 16, (2, 4, 6, 8), costs)
+        t = choose_step_rows(est, [7] * 16, 16, (2, 4, 6, 8), costs, probe=step % 16 == 0)
         chosen.append(t)
         for _ in range(16):
             est.observe(t - 1, _planted_step(planted, g, t - 1))
@@ -108,7 +108,7 @@ def test_trimming_starts_within_a_few_steps_and_follows_a_change_of_law():
     g = np.random.default_rng(seed)
     est = AcceptanceEstimator(15)
     costs = StepCostTable([(32 * t, 1.0 + 0.03 * t) for t in (4, 8, 12, 16)])
-    choose = lambda: choose_verify_rows(survival_matrix(est, [15] * 32), 32, (4, 8, 12, 16), costs)  # noqa: E731
+    choose = lambda probe=False: choose_step_rows(est, [15] * 32, 32, (4, 8, 12, 16), costs, probe)  # noqa: E731
     assert choose() == 16                           # the optimistic prior: whole blocks first
     low = np.full(15, 0.4)
     first_trim = None
@@ -122,11 +122,31 @@ def test_trimming_starts_within_a_few_steps_and_follows_a_change_of_law():
     assert choose() == 4
     high = np.full(15, 0.97)                        # the running mix changes: the rates follow it
     for step in range(6 * HALF_LIFE_STEPS):
-        t = 16 if step % 16 == 0 else choose()
+        t = choose(probe=step % 16 == 0)
         for _ in range(32):
             est.observe(t - 1, _planted_step(high, g, t - 1))
         est.end_step()
     assert abs(est.rates[0] - 0.97) < 0.03 and choose() == 16, f"seed {seed}: {est.rates}"
+
+
+def test_a_probe_step_looks_past_t_only_where_the_drafts_could_pay():
+    """On a probe step the choice is remade with every draft past the first T surely accepted: it
+    verifies further when a surviving prefix leaves that bound worth its cost, and stays at T when the
+    estimate is sure the prefix is rejected (nothing past it can be accepted)."""
+    costs = StepCostTable([(32 * t, 1.0 + 0.05 * t) for t in (4, 8, 12, 16)])
+    choices = (4, 8, 12, 16)
+    doubtful = AcceptanceEstimator(15, half_life_steps=1e9)       # draft 3 accepted half the time, 4.. unknown
+    sure_reject = AcceptanceEstimator(15, half_life_steps=1e9)    # draft 3 never accepted
+    for est, third in ((doubtful, 0.5), (sure_reject, 0.0)):
+        for i in range(2000):
+            est.observe(3, 2 + int(i < third * 2000))
+        est.end_step()
+    assert choose_step_rows(doubtful, [15] * 32, 32, choices, costs) == 4
+    assert choose_step_rows(doubtful, [15] * 32, 32, choices, costs, probe=True) == 16
+    assert choose_step_rows(sure_reject, [15] * 32, 32, choices, costs) == 4
+    assert choose_step_rows(sure_reject, [15] * 32, 32, choices, costs, probe=True) == 4
+    bound = survival_matrix(doubtful, [15, 2], sure_after=3)
+    assert np.allclose(bound[0, 3:], doubtful.survival[2]) and np.allclose(bound[1], [*doubtful.survival[:2], *[0] * 13])
 
 
 def test_bad_estimator_arguments():

@@ -23,8 +23,10 @@ Prior: position 1's rate starts at PRIOR_MEAN (optimistic: the first steps verif
 labels are uncensored) and position k's prior mean is position k-1's rate, each of strength
 PRIOR_STRENGTH pseudo-observations: a position with few labels (early on, or past the verified
 prefix, where the discounting lets old labels fade) borrows its neighbour's rate instead of a
-fixed guess, so trimming starts after a few steps. Every BatchConfig.adaptive_probe_every-th
-step verifies whole blocks so the positions past T keep getting labels.
+fixed guess, so trimming starts after a few steps. Exploration: every
+BatchConfig.adaptive_probe_every-th step chooses T again with every draft past the first choice's
+taken as surely accepted (an upper bound on what they could add), so the positions past T get fresh
+labels whenever they could pay, and never when even the bound does not (a prefix rejected for sure).
 One T for the whole step, not one per request: a graphed verify forward is dense (R requests x T
 rows, padded), so a request verifying fewer rows than T would save no work, only lose tokens.
 Lossless: a shorter verify only accepts fewer drafts; every committed token is still the target's
@@ -125,17 +127,22 @@ def verify_row_choices(block: int) -> tuple:
     return tuple(sorted({max(1, round(block * q / 4)) for q in (1, 2, 3, 4)}))
 
 
-def survival_matrix(estimator: AcceptanceEstimator, drafts: list) -> np.ndarray:
+def survival_matrix(estimator: AcceptanceEstimator, drafts: list, sure_after: int | None = None) -> np.ndarray:
     """drafts: per request its draft count (block rows - 1) -> survivals [R, K] (K = the most drafts;
-    the pooled curve, 0 past a request's own drafts), float64."""
+    the pooled curve, 0 past a request's own drafts), float64. sure_after = n: every draft past the
+    first n taken as accepted for sure (rate 1), the most the unverified positions could add."""
     width = max(drafts, default=0)
     if width > estimator.positions:
         raise ValueError(f"survival_matrix: a request drafted {width} tokens, the estimator knows "
                          f"{estimator.positions} positions")
     if width == 0:
         return np.zeros((len(drafts), 0))
+    curve = estimator.survival[:width]
+    if sure_after is not None and sure_after < width:
+        curve = curve.copy()
+        curve[sure_after:] = curve[sure_after - 1] if sure_after > 0 else 1.0
     have = np.arange(width)[None, :] < np.asarray(drafts)[:, None]
-    return np.where(have, estimator.survival[None, :width], 0.0)
+    return np.where(have, curve[None, :], 0.0)
 
 
 def choose_verify_rows(survivals: np.ndarray, padded_requests: int, choices: tuple, costs: StepCostTable) -> int:
@@ -151,3 +158,14 @@ def choose_verify_rows(survivals: np.ndarray, padded_requests: int, choices: tup
         if rate >= best_rate:
             best, best_rate = t, rate
     return best
+
+
+def choose_step_rows(estimator: AcceptanceEstimator, drafts: list, padded_requests: int, choices: tuple,
+                     costs: StepCostTable, probe: bool = False) -> int:
+    """The step's verify rows per request from host state alone: T* of the estimate over requests with
+    `drafts` drafts each; on a probe step, T* again with every draft past that T* surely accepted."""
+    rows = choose_verify_rows(survival_matrix(estimator, drafts), padded_requests, choices, costs)
+    if probe:
+        bound = survival_matrix(estimator, drafts, sure_after=rows - 1)
+        rows = choose_verify_rows(bound, padded_requests, choices, costs)
+    return rows

@@ -37,9 +37,10 @@ class BatchConfig:
     """Prompt tokens prefilled per step over all newcomers together, so that a long prompt delays the
     running requests' next step by at most one chunk's forward."""
     adaptive_probe_every: int = 16
-    """With adaptive verify, every this-many-th step verifies whole blocks, so that the draft positions
-    past the chosen length keep getting acceptance labels; 0: never (those positions then borrow
-    their predecessor's rate)."""
+    """With adaptive verify, every this-many-th step chooses its verify length as if every draft past
+    the length first chosen were surely accepted (an upper bound on what they could add), so that those
+    draft positions get acceptance labels whenever they could pay; 0: never (they then borrow their
+    predecessor's rate)."""
     cost_ridge_tokens: int = 256
     """Without a profiled StepCostTable (BatchEngine(step_costs=...)), the adaptive budget assumes a
     verify forward costs the same up to this many rows and grows linearly past it (a GPU's ridge)."""

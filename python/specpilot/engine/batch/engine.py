@@ -30,7 +30,7 @@ from specpilot.engine.linear_kernels import cuda_switchable, linear_kernel_for_r
 from specpilot.models.target import Attention
 from specpilot.verify.sampling import sample
 
-from .adaptive import AcceptanceEstimator, StepCostTable, choose_verify_rows, survival_matrix, verify_row_choices
+from .adaptive import AcceptanceEstimator, StepCostTable, choose_step_rows, verify_row_choices
 from .config import BatchConfig
 from .forward import Staging
 from .graphed import DecodeGraphs, request_bucket
@@ -249,14 +249,14 @@ class BatchEngine:
     def _verify_lengths(self, decoding: list, drafts: dict) -> dict:
         """Request id -> verify rows (anchor included): the whole block, or with adaptive verify at most
         the step's T* (adaptive.py), from host state only (no read-back between draft and verify); every
-        adaptive_probe_every-th step verifies whole blocks (labels for the positions past T)."""
+        adaptive_probe_every-th step the T* of the optimistic bound past the first T* (exploration)."""
         full = {s.id: drafts[s.id].rows if s.id in drafts else 1 for s in decoding}
-        probe = self.config.adaptive_probe_every
-        if not self.config.adaptive_verify or not drafts or (probe and self.steps % probe == 0):
+        if not self.config.adaptive_verify or not drafts:
             return full
-        survivals = survival_matrix(self.estimator, [full[s.id] - 1 for s in decoding])
         padded = request_bucket(len(decoding)) if self.graphs is not None else len(decoding)
-        rows = choose_verify_rows(survivals, padded, self.verify_row_choices, self.costs)
+        every = self.config.adaptive_probe_every
+        rows = choose_step_rows(self.estimator, [full[s.id] - 1 for s in decoding], padded, self.verify_row_choices,
+                                self.costs, probe=bool(every) and self.steps % every == 0)
         return {rid: min(n, rows) for rid, n in full.items()}
 
     def graph_rows(self, lengths: dict) -> int:
