@@ -18,7 +18,8 @@ e.g. its logit margins, would stall the GPU every step):
 The labels come from the accepted counts, which the step's one read-back brings to the host anyway;
 the counts fold into the rates once per step after the accept loop (O(block), no refit). Censoring:
 a trimmed step labels only the drafts it verified; its T depends on earlier steps only, never on
-this step's outcome, so the censoring is independent and the estimate stays unbiased.
+this step's outcome, so the censoring is independent of the outcome (Kaplan-Meier's condition for
+a consistent estimate; the choice from this step's own margins would not have been).
 Prior: position 1's rate starts at PRIOR_MEAN (optimistic: the first steps verify whole blocks, whose
 labels are uncensored) and position k's prior mean is position k-1's rate, each of strength
 PRIOR_STRENGTH pseudo-observations: a position with few labels (early on, or past the verified
