@@ -11,11 +11,13 @@ request, so the weights are read C times), CUDA graphs (off: a host launch per k
 kernels, the fused GEMV, the skinny GEMM, the split12 decode grid and fused steps, and the batched
 verify policies (cost/batched.py): prefix-first (batch.verify_prefix: pass 1 over P rows per request,
 the expected pass 2 over Binomial(C, q) requests, each forward padded to the graphed engine's request
-bucket) and adaptive verify (modelled as the verify length L among the block's quarters with the most
-tokens per second under the geometric acceptance, which is what its step-wide choice picks when every
-request has the same survival curve, graphed as the engine runs it; its margin read-back and refits,
-and what the draft margin tells it per request, are not modelled). What it does not (`models()` is False, the search skips them and
-says so): attention choices, PDL, early launch, step kernels, compile, page size, prefill chunk,
+bucket) and adaptive verify (the verify length L among the block's quarters with the most tokens per
+second under the geometric acceptance, which is what its step-wide choice picks once its pooled
+per-position rates have converged: the engine's estimate is one survival curve for every request;
+graphed as the engine runs it, with its probe step every BatchConfig.adaptive_probe_every steps mixed
+in: the length chosen with every draft past L surely accepted; the estimate's few steps of learning
+are not modelled). What it does not
+(`models()` is False, the search skips them and says so): attention choices, PDL, early launch, step kernels, compile, page size, prefill chunk,
 draft_vocab (its tau cost is pair-specific: docs/two_level.md).
 """
 from __future__ import annotations
@@ -106,7 +108,7 @@ class CostModelEvaluator:
             add(step_batch, block, repeat, lambda comp: per_request.get(comp.step, False) == one_per_request
                 and (comp.step != "verify" or policy[0] == "full"))
         if policy[0] != "full":
-            self._policy_verify(add, policy, c, block, per_request["verify"], a)
+            self._policy_verify(add, policy, c, block, per_request["verify"], a, dep)
         if spec and not a.get("engine.fused_steps", True):
             out["verify"]["launches"] = out["verify"].get("launches", 0.0) + FUSED_STEPS_HOST_S
         return out
@@ -119,7 +121,8 @@ class CostModelEvaluator:
         return Acceptance.geometric(self.tau, block, self.drafter_block)
 
     def _verify_policy(self, dep, a: dict, block: int) -> tuple:
-        """("full", block) | ("prefix", P) | ("len", L): how many rows a request verifies."""
+        """("full", block) | ("prefix", P) | ("len", L) | ("adaptive", L): how many rows a request
+        verifies (adaptive: L, and _probe_len's on the probe steps)."""
         prefix, adaptive = int(a.get("batch.verify_prefix", 0)), bool(a.get("batch.adaptive_verify", False))
         if prefix and adaptive:
             raise ValueError("batch.verify_prefix and batch.adaptive_verify both trim the verify rows (BatchConfig "
@@ -130,7 +133,7 @@ class CostModelEvaluator:
         if prefix:
             return ("prefix", prefix)
         if adaptive:
-            return ("len", self._adaptive_len(dep, a, block))
+            return ("adaptive", self._adaptive_len(dep, a, block))
         return ("full", block)
 
     def _adaptive_len(self, dep, a: dict, block: int) -> int:
@@ -145,13 +148,33 @@ class CostModelEvaluator:
             rate[n] = acc.mean(n) / (sum(t["draft"].values()) + sum(t["verify"].values()))
         return max(rate, key=lambda n: (rate[n], n))
 
-    def _policy_verify(self, add, policy: tuple, c: int, block: int, per_request: bool, a: dict) -> None:
+    def _probe_len(self, dep, a: dict, block: int, length: int) -> int:
+        """Adaptive verify's probe-step length: its choice again with every draft past the first
+        length - 1 surely accepted (tokens past `length`: one each with the chance P(a >= length))."""
+        from specpilot.engine.batch.adaptive import verify_row_choices
+
+        acc = self.acceptance(block)
+        rate = {}
+        for n in verify_row_choices(block):
+            tokens = acc.mean(n) if n <= length else acc.mean(length) + (n - length) * acc.survival(length)
+            t = self.step_times(dep, a, policy=("len", n))
+            rate[n] = tokens / (sum(t["draft"].values()) + sum(t["verify"].values()))
+        return max(rate, key=lambda n: (rate[n], n))
+
+    def _policy_verify(self, add, policy: tuple, c: int, block: int, per_request: bool, a: dict, dep) -> None:
         """Adds the verify step's families under prefix-first or a verify length: one forward over every
         request (ragged, padded to the request bucket when graphed) or one per request (ragged off)."""
         graphed = a.get("engine.cuda_graphs", True)
         verify = lambda comp: comp.step == "verify"  # noqa: E731
         kind, rows = policy
-        if kind == "len":     # adaptive verify: the graphed forward of R x L rows (engine/batch/graphed.py)
+        if kind == "adaptive":    # L rows, the probe's length on a share 1 / probe_every of the steps
+            share = _probe_share()
+            self._policy_verify(_scaled(add, 1 - share), ("len", rows), c, block, per_request, a, dep)
+            if share:
+                probe = self._probe_len(dep, a, block, rows)
+                self._policy_verify(_scaled(add, share), ("len", probe), c, block, per_request, a, dep)
+            return
+        if kind == "len":     # a verify length: the graphed forward of R x L rows (engine/batch/graphed.py)
             if per_request:
                 add(1, rows, c, verify, eager=not graphed)
             else:
@@ -191,7 +214,12 @@ class CostModelEvaluator:
             return float(dep.concurrency)
         block = self._block(dep, a)
         kind, rows = self._verify_policy(dep, a, block)
-        return dep.concurrency * self.acceptance(block).mean(rows if kind == "len" else block)
+        acc = self.acceptance(block)
+        if kind == "adaptive":
+            share = _probe_share()
+            probe = self._probe_len(dep, a, block, rows) if share else rows
+            return dep.concurrency * ((1 - share) * acc.mean(rows) + share * acc.mean(probe))
+        return dep.concurrency * acc.mean(rows if kind == "len" else block)
 
     def seconds_per_token(self, dep, a: dict) -> float:
         t = {step: sum(f.values()) for step, f in self.step_times(dep, a).items()}
@@ -238,6 +266,21 @@ class CostModelEvaluator:
         policies.append({"batch.verify_prefix": 0, "batch.adaptive_verify": True})
         now = self.seconds_per_token(dep, a)
         return max(0.0, now - min(self.seconds_per_token(dep, {**a, **p}) for p in policies))
+
+
+def _scaled(add, factor: float):
+    """step_times' `add` with every scale multiplied by `factor` (a share of the steps)."""
+    def scaled(step_batch, rows, scale, keep, eager=False):
+        add(step_batch, rows, scale * factor, keep, eager)
+    return scaled
+
+
+def _probe_share() -> float:
+    """The share of adaptive verify's steps that verify whole blocks (BatchConfig.adaptive_probe_every)."""
+    from specpilot.engine.batch.config import BatchConfig
+
+    every = BatchConfig().adaptive_probe_every
+    return 1.0 / every if every else 0.0
 
 
 def _family(comp) -> str:

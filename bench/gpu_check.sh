@@ -138,7 +138,7 @@ for packed in glob.glob('_C.*.so.xz'): open('/tmp/sp_tree/specpilot/' + packed[:
                --tree this=/tmp/sp --rounds ${TREES_ROUNDS:-2} --out "$OUT/trees.jsonl" ;;
     # The batched engine (engine/batch): its GPU tests, per-request forcing at C=8 on the zoo pair, the
     # scale tier under closed-loop clients (tau 6.49 replayed per request) and the real tier at C=16.
-    batch)   run_step batch_tests timeout 120 python3 -m pytest -q -m gpu tests/test_batch_gpu.py
+    batch)   run_step batch_tests timeout 120 python3 -m pytest -q -m gpu tests/test_batch_gpu.py tests/test_batch_adaptive_gpu.py
              tail -1 "$OUT/batch_tests.log" | tee -a "$summary"
              run_step batch_force timeout 150 python3 -m specpilot verify --target "$SPECPILOT_ZOO/code-tiny" \
                --drafter "$SPECPILOT_ZOO/code-tiny-dflash-b16" --prompts "$SPECPILOT_ZOO/prompts/humaneval.jsonl" \

@@ -15,9 +15,8 @@ CONFIGS = {
     "full-verify": BatchConfig(adaptive_verify=False),
     "all-off": BatchConfig(ragged_verify=False, batched_draft=False, adaptive_verify=False),
 }
-# Adaptive on from the first steps, with a budget that really trims (a ridge of a few rows).
-EAGER_ADAPTIVE = BatchConfig(adaptive_verify=True, adaptive_warmup_steps=1, adaptive_refit_every=2,
-                             cost_ridge_tokens=6)
+# Adaptive verify with a budget that really trims (a ridge of a few rows).
+EAGER_ADAPTIVE = BatchConfig(adaptive_verify=True, cost_ridge_tokens=6)
 
 
 def tiny_pair(vocab: int, block_size: int, seed: int, preset: str = "tiny-llama"):

@@ -1,15 +1,11 @@
-"""The adaptive verify length's parts: the budget and allocation, the online logistic, the cost table."""
+"""The adaptive verify length's parts: the step's choice, the pooled acceptance estimate, the cost table."""
 import numpy as np
 import pytest
-import torch
 
 from test_engine_helpers import fresh_seed
-from specpilot.engine.batch.adaptive import (AcceptanceEstimator, StepCostTable, choose_verify_rows, survival_matrix,
-                                             top2_margin, verify_row_choices)
-
-
-def s(*values):
-    return torch.tensor(values, dtype=torch.float64)
+from specpilot.engine.batch.adaptive import (HALF_LIFE_STEPS, PRIOR_MEAN, PRIOR_STRENGTH, AcceptanceEstimator,
+                                             StepCostTable, choose_step_rows, choose_verify_rows, survival_matrix,
+                                             verify_row_choices)
 
 
 def test_row_choices_are_the_block_quarters():
@@ -36,48 +32,131 @@ def test_rate_counts_each_request_up_to_its_own_drafts_and_padded_rows():
     assert choose_verify_rows(survivals, 4, (2, 4), StepCostTable([(8, 1.0), (16, 1.6)], fixed_s=1.0)) == 4
 
 
-def test_survivals_are_cumulative_products_zero_past_the_drafts():
+def test_survivals_are_the_pooled_curve_zero_past_each_requests_drafts():
     est = AcceptanceEstimator(3)
-    est.w, est.b = [1.0, 0.0, 2.0], [0.0, 1.0, -1.0]
-    surv = survival_matrix(est, [torch.tensor([0.0, 1.0, 0.5]), torch.tensor([2.0])])
-    p = 1 / (1 + np.exp(-np.array([0.0, 1.0, 0.0])))
-    assert np.allclose(surv[0], np.cumprod(p)) and np.allclose(surv[1], [1 / (1 + np.exp(-2.0)), 0, 0])
-    assert torch.allclose(est.probs(s(0.0, 1.0, 0.5)), torch.tensor(p, dtype=torch.float64))
+    est.observe(3, 3)
+    est.observe(3, 1)
+    est.end_step()
+    surv = survival_matrix(est, [3, 1, 0])
+    assert np.allclose(surv[0], np.cumprod(est.rates)) and np.allclose(surv[1], [est.rates[0], 0, 0])
+    assert not surv[2].any() and survival_matrix(est, []).shape == (0, 0)
+    with pytest.raises(ValueError, match="drafted 4 tokens"):
+        survival_matrix(est, [4])
 
 
-def test_estimator_learns_the_margin_slope():
+def test_prior_before_labels_and_the_chain_for_unlabelled_positions():
+    est = AcceptanceEstimator(4)
+    assert np.allclose(est.rates, PRIOR_MEAN)                      # no label yet: whole blocks verified
+    for _ in range(5):                                            # only draft 1 verified, mostly rejected
+        for i in range(8):
+            est.observe(1, int(i == 0))
+        est.end_step()
+    assert est.rates[0] < 0.35
+    # positions 2..4 have no label: each borrows its predecessor's rate
+    assert np.allclose(est.rates[1:], est.rates[0]) and np.all(est.at_risk[1:] == 0)
+
+
+def test_labels_are_censored_at_the_first_rejection_and_the_verified_prefix():
+    est = AcceptanceEstimator(4, half_life_steps=1e9)             # no discounting: exact counts
+    est.observe(4, 1)     # draft 1 accepted, draft 2 rejected, 3 and 4 unobserved
+    est.observe(2, 2)     # drafts 1 and 2 verified and accepted, 3 and 4 not verified
+    est.observe(4, 4)
+    est.observe(4, 0)
+    est.end_step()
+    assert np.allclose(est.at_risk, [4, 3, 1, 1]) and np.allclose(est.accepted, [3, 2, 1, 1])
+    with pytest.raises(ValueError, match="accepted"):
+        est.observe(2, 3)
+    with pytest.raises(ValueError, match="positions"):
+        est.observe(5, 0)
+
+
+def _planted_step(rates, g, admitted_rows: int) -> int:
+    """Accepted drafts of one request under conditional rates `rates`, verifying admitted_rows drafts."""
+    accepted = 0
+    while accepted < admitted_rows and g.random() < rates[accepted]:
+        accepted += 1
+    return accepted
+
+
+def test_rates_converge_on_a_planted_law_under_their_own_trimming():
+    """The engine's loop on the host: each step's T from the estimate so far (choose_step_rows, a cost
+    table that makes trimming pay, a probe every 16th step), labels from a planted conditional law. The
+    rates end within a few standard errors (of their own discounted counts) of the planted ones, the
+    survival curve too, and the choice trims once the law says so."""
     seed = fresh_seed()
-    g = torch.Generator().manual_seed(seed)
-    est = AcceptanceEstimator(2)
-    for _ in range(3000):
-        m = torch.rand(2, generator=g) * 6
-        p = torch.sigmoid(1.5 * m - 3)
-        accepted = 0
-        while accepted < 2 and torch.rand(1, generator=g).item() < p[accepted].item():
-            accepted += 1
-        est.observe(m.tolist(), admitted=2, accepted=accepted)
-    est.refit()
-    assert abs(est.w[0] - 1.5) < 0.3 and abs(est.b[0] + 3) < 0.6, f"seed {seed}: {est.w}, {est.b}"
-    assert abs(est.w[1] - 1.5) < 0.5, f"seed {seed}: position 2 sees only rows whose first draft was accepted"
-    probs = est.probs(s(0.0, 6.0))
-    assert probs[0] < 0.2 and probs[1] > 0.9
+    g = np.random.default_rng(seed)
+    planted = np.array([0.95, 0.9, 0.85, 0.8, 0.5, 0.3, 0.2])
+    est = AcceptanceEstimator(len(planted))
+    costs = StepCostTable([(16 * t, 1.0 + 0.08 * t) for t in (2, 4, 6, 8)])
+    chosen = []
+    for step in range(600):
+        t = choose_step_rows(est, [7] * 16, 16, (2, 4, 6, 8), costs, probe=step % 16 == 0)
+        chosen.append(t)
+        for _ in range(16):
+            est.observe(t - 1, _planted_step(planted, g, t - 1))
+        est.end_step()
+    tolerance = 5 * np.sqrt(planted * (1 - planted) / est.at_risk) + PRIOR_STRENGTH / est.at_risk
+    assert np.all(np.abs(est.rates - planted) < tolerance), f"seed {seed}: {est.rates} vs {planted} +- {tolerance}"
+    assert np.allclose(est.survival, np.cumprod(planted), atol=0.05), f"seed {seed}: {est.survival}"
+    best = choose_verify_rows(np.cumprod(planted)[None].repeat(16, 0), 16, (2, 4, 6, 8), costs)
+    last = [t for step, t in enumerate(chosen) if step % 16][-15:]            # the probe steps left out
+    assert best < 8 and last == [best] * 15, f"seed {seed}: the planted law's best T {best}, chose {last}"
 
 
-def test_estimator_refuses_a_negative_slope_and_censors_labels():
-    est = AcceptanceEstimator(1)
-    for i in range(200):
-        est.observe([float(i % 5)], admitted=1, accepted=int(i % 5 == 0))   # larger margin, fewer accepted
-    est.refit()
-    assert (est.w[0], est.b[0]) == (0.0, 1.5)
-    est2 = AcceptanceEstimator(3)
-    est2.observe([1.0, 2.0, 3.0], admitted=3, accepted=1)     # draft 2 rejected: draft 3 unobserved
-    est2.observe([1.0, 2.0, 3.0], admitted=1, accepted=1)     # only draft 1 verified
-    assert [len(est2.observations(k)[0]) for k in range(3)] == [2, 1, 0]
-    assert est2.observations(1)[1][0] == 0.0
+def test_trimming_starts_within_a_few_steps_and_follows_a_change_of_law():
+    seed = fresh_seed()
+    g = np.random.default_rng(seed)
+    est = AcceptanceEstimator(15)
+    costs = StepCostTable([(32 * t, 1.0 + 0.03 * t) for t in (4, 8, 12, 16)])
+    choose = lambda probe=False: choose_step_rows(est, [15] * 32, 32, (4, 8, 12, 16), costs, probe)  # noqa: E731
+    assert choose() == 16                           # the optimistic prior: whole blocks first
+    low = np.full(15, 0.4)
+    first_trim = None
+    for step in range(40):
+        t = choose()
+        first_trim = step if first_trim is None and t < 16 else first_trim
+        for _ in range(32):
+            est.observe(t - 1, _planted_step(low, g, t - 1))
+        est.end_step()
+    assert first_trim is not None and first_trim <= 2, f"seed {seed}: first trimmed step {first_trim}"
+    assert choose() == 4
+    high = np.full(15, 0.97)                        # the running mix changes: the rates follow it
+    for step in range(6 * HALF_LIFE_STEPS):
+        t = choose(probe=step % 16 == 0)
+        for _ in range(32):
+            est.observe(t - 1, _planted_step(high, g, t - 1))
+        est.end_step()
+    assert abs(est.rates[0] - 0.97) < 0.03 and choose() == 16, f"seed {seed}: {est.rates}"
 
 
-def test_top2_margin_and_cost_table():
-    assert torch.equal(top2_margin(torch.tensor([[1.0, 4.0, 2.0], [0.0, 0.0, -1.0]])), torch.tensor([2.0, 0.0]))
+def test_a_probe_step_looks_past_t_only_where_the_drafts_could_pay():
+    """On a probe step the choice is remade with every draft past the first T surely accepted: it
+    verifies further when a surviving prefix leaves that bound worth its cost, and stays at T when the
+    estimate is sure the prefix is rejected (nothing past it can be accepted)."""
+    costs = StepCostTable([(32 * t, 1.0 + 0.05 * t) for t in (4, 8, 12, 16)])
+    choices = (4, 8, 12, 16)
+    doubtful = AcceptanceEstimator(15, half_life_steps=1e9)       # draft 3 accepted half the time, 4.. unknown
+    sure_reject = AcceptanceEstimator(15, half_life_steps=1e9)    # draft 3 never accepted
+    for est, third in ((doubtful, 0.5), (sure_reject, 0.0)):
+        for i in range(2000):
+            est.observe(3, 2 + int(i < third * 2000))
+        est.end_step()
+    assert choose_step_rows(doubtful, [15] * 32, 32, choices, costs) == 4
+    assert choose_step_rows(doubtful, [15] * 32, 32, choices, costs, probe=True) == 16
+    assert choose_step_rows(sure_reject, [15] * 32, 32, choices, costs) == 4
+    assert choose_step_rows(sure_reject, [15] * 32, 32, choices, costs, probe=True) == 4
+    bound = survival_matrix(doubtful, [15, 2], sure_after=3)
+    assert np.allclose(bound[0, 3:], doubtful.survival[2]) and np.allclose(bound[1], [*doubtful.survival[:2], *[0] * 13])
+
+
+def test_bad_estimator_arguments():
+    with pytest.raises(ValueError, match="positions=0"):
+        AcceptanceEstimator(0)
+    with pytest.raises(ValueError, match="prior_mean"):
+        AcceptanceEstimator(3, prior_mean=1.5)
+
+
+def test_cost_table():
     table = StepCostTable([(16, 2.0), (64, 3.0)], fixed_s=0.5)
     assert [table.cost(n) for n in (1, 16, 17, 64, 128)] == [2.5, 2.5, 3.5, 3.5, 6.5]
     with pytest.raises(ValueError, match="step-cost table needs"):

@@ -89,7 +89,7 @@ def test_bad_engine_arguments(pair, kwargs, message):
     ({"ragged_verify": 1}, "ragged_verify must be True or False"),
     ({"page_size": 0}, "page_size=0"),
     ({"prefill_chunk": 2.5}, "prefill_chunk must be an int"),
-    ({"adaptive_warmup_steps": -1}, "adaptive_warmup_steps=-1 must be >= 0"),
+    ({"adaptive_probe_every": -1}, "adaptive_probe_every=-1 must be >= 0"),
 ])
 def test_bad_batch_config(changes, message):
     with pytest.raises(ValueError, match=message):

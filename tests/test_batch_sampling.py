@@ -15,7 +15,7 @@ from specpilot.verify.sampling import sampling_probs
 
 VOCAB, NEW, DRAWS = 6, 3, 3000
 # 64 requests at a time, a budget flat up to 96 verify rows: about half the drafts get verified.
-PARTLY_TRIMMED = BatchConfig(adaptive_verify=True, adaptive_warmup_steps=1, adaptive_refit_every=2, cost_ridge_tokens=96)
+PARTLY_TRIMMED = BatchConfig(adaptive_verify=True, cost_ridge_tokens=96)
 
 
 def chi2_threshold(dof: int, z: float = 3.719) -> float:

@@ -180,3 +180,24 @@ def test_gap_ranking_sees_the_verify_policy():
         assert gap == pytest.approx(max(0.0, ev.seconds_per_token(dep, a) - best), rel=1e-9) and gap > 0
     c1 = Deployment("qwen3-8b", "dflash-b16", "H100", 1, "bf16")
     assert ev.gaps(c1, {"run.weights": "bf16"}).get("spec.linear", 0.0) == 0.0
+
+
+def test_evaluator_mixes_adaptive_verifys_probe_steps():
+    """Adaptive verify's probe steps (a share 1 / BatchConfig.adaptive_probe_every) are in its tokens and
+    its verify time, at the length chosen with every draft past L surely accepted: longer than L where
+    the drafts past L survive often enough to pay for the bound."""
+    from specpilot.engine.batch.config import BatchConfig
+
+    ev = CostModelEvaluator(context=512, tau=3.0)
+    dep = Deployment("qwen3-8b", "dflash-b16", "H100", 64, "bf16")
+    a = {"run.weights": "bf16", "batch.adaptive_verify": True}
+    kind, length = ev._verify_policy(dep, a, 16)
+    probe = ev._probe_len(dep, a, 16, length)
+    assert kind == "adaptive" and length < probe <= 16            # 1024 rows: trimming pays, the bound looks past it
+    assert ev._probe_len(dep, a, 16, 16) == length                 # no bound past the block: the plain choice
+    share = 1 / BatchConfig().adaptive_probe_every
+    acc = ev.acceptance(16)
+    assert ev.tokens_per_step(dep, a) == pytest.approx(64 * ((1 - share) * acc.mean(length) + share * acc.mean(probe)))
+    verify = {n: sum(ev.step_times(dep, a, policy=("len", n))["verify"].values()) for n in (length, probe)}
+    mixed = sum(ev.step_times(dep, a)["verify"].values())
+    assert mixed == pytest.approx((1 - share) * verify[length] + share * verify[probe], rel=1e-9)

@@ -1,13 +1,33 @@
 """Adaptive verify length (the third batching mechanism).
 
-The drafter always drafts its whole block; each step then verifies only a prefix of every block:
-  p[r, k]  acceptance estimate of draft k given drafts 1..k-1 accepted: sigmoid(w_k * margin + b_k),
-           margin = the draft's top-2 logit gap at position k (one logistic per position, fitted
-           online by Newton steps on the observed labels, refit every few steps; w = 0, b = 1.5 at start)
-  s[r, k]  survival = prod_{j <= k} p[r, j]: the chance draft k is accepted
-  T*       the verify rows per request that maximise expected tokens per second of step time:
-           (sum over requests of 1 + s[r, 1] + ... + s[r, T-1]) / cost(R x T), T among
-           verify_row_choices(block), cost from a StepCostTable measured on the card
+The drafter always drafts its whole block; each step then verifies only a prefix of every block, one
+length T for the whole step, chosen BEFORE the verify forward from what the host already knows, so the
+verify is launched right after the draft with no read-back between them (a read of this step's draft,
+e.g. its logit margins, would stall the GPU every step):
+  p[k]  the conditional acceptance rate of draft k (1-based) given drafts 1..k-1 accepted, pooled over
+        every request: the posterior mean of a Beta-Bernoulli per position over the steps' labels
+        (draft k is "at risk" when it was verified and drafts 1..k-1 were accepted; a success when it
+        was accepted too), counts discounted by HALF_LIFE_STEPS so the rate follows the running mix
+  S[k]  survival = p[1] * ... * p[k]: the chance a step accepts draft k. The product of the pooled
+        conditional rates is the Kaplan-Meier estimate of the mean survival over the requests; the
+        step's objective sums survivals over its requests, so this mean is what it needs (a per-request
+        curve would only help to tell this step's requests from the pool's)
+  T*    the verify rows per request that maximise expected tokens per second of step time:
+        (sum over requests r of 1 + S[1] + ... + S[min(T, rows_r) - 1]) / cost(R x T), T among
+        verify_row_choices(block), cost from a StepCostTable measured on the card (profile.py)
+The labels come from the accepted counts, which the step's one read-back brings to the host anyway;
+the counts fold into the rates once per step after the accept loop (O(block), no refit). Censoring:
+a trimmed step labels only the drafts it verified; its T depends on earlier steps only, never on
+this step's outcome, so the censoring is independent of the outcome (Kaplan-Meier's condition for
+a consistent estimate; the choice from this step's own margins would not have been).
+Prior: position 1's rate starts at PRIOR_MEAN (optimistic: the first steps verify whole blocks, whose
+labels are uncensored) and position k's prior mean is position k-1's rate, each of strength
+PRIOR_STRENGTH pseudo-observations: a position with few labels (early on, or past the verified
+prefix, where the discounting lets old labels fade) borrows its neighbour's rate instead of a
+fixed guess, so trimming starts after a few steps. Exploration: every
+BatchConfig.adaptive_probe_every-th step chooses T again with every draft past the first choice's
+taken as surely accepted (an upper bound on what they could add), so the positions past T get fresh
+labels whenever they could pay, and never when even the bound does not (a prefix rejected for sure).
 One T for the whole step, not one per request: a graphed verify forward is dense (R requests x T
 rows, padded), so a request verifying fewer rows than T would save no work, only lose tokens.
 Lossless: a shorter verify only accepts fewer drafts; every committed token is still the target's
@@ -16,14 +36,12 @@ Lossless: a shorter verify only accepts fewer drafts; every committed token is s
 from __future__ import annotations
 
 import bisect
-import math
 
 import numpy as np
-import torch
 
-KEEP = 4096          # observations kept per position
-MIN_OBSERVATIONS = 50
-RIDGE = 1e-3
+PRIOR_MEAN = 0.9          # position 1's rate before any label (optimistic: whole blocks first)
+PRIOR_STRENGTH = 4.0      # pseudo-observations of each position's prior
+HALF_LIFE_STEPS = 32      # steps after which a label weighs half (about a request's life at tau ~6)
 
 
 class StepCostTable:
@@ -54,66 +72,54 @@ class StepCostTable:
 
 
 class AcceptanceEstimator:
-    def __init__(self, positions: int):
-        self.w = [0.0] * positions                       # position k = index k - 1
-        self.b = [1.5] * positions
-        # the last KEEP (margin, label) observations per position, in ring buffers
-        self._margins, self._labels = np.zeros((positions, KEEP)), np.zeros((positions, KEEP))
-        self._count, self._next = np.zeros(positions, dtype=np.int64), np.zeros(positions, dtype=np.int64)
+    """The pooled per-position acceptance rates of the module docstring. `observe` records one verified
+    request of the current step (host ints, O(1)); `end_step` folds the step's labels into the
+    discounted counts and recomputes the rates; `survival` is what a step's choice reads."""
 
-    def observations(self, k: int) -> tuple:
-        """(margins, labels) kept for position k + 1 (0-based k), oldest first."""
-        n, at = int(self._count[k]), int(self._next[k])
-        order = np.arange(at - n, at) % KEEP
-        return self._margins[k, order], self._labels[k, order]
+    def __init__(self, positions: int, prior_mean: float = PRIOR_MEAN, prior_strength: float = PRIOR_STRENGTH,
+                 half_life_steps: float = HALF_LIFE_STEPS):
+        if isinstance(positions, bool) or not isinstance(positions, int) or positions < 1:
+            raise ValueError(f"AcceptanceEstimator positions={positions!r} must be an int >= 1")
+        if not 0.0 < prior_mean <= 1.0 or prior_strength <= 0 or half_life_steps <= 0:
+            raise ValueError(f"AcceptanceEstimator needs 0 < prior_mean <= 1, prior_strength > 0 and "
+                             f"half_life_steps > 0, got {prior_mean}, {prior_strength}, {half_life_steps}")
+        self.positions = positions
+        self.prior_mean, self.prior_strength = float(prior_mean), float(prior_strength)
+        self.decay = 0.5 ** (1.0 / half_life_steps)
+        self.at_risk = np.zeros(positions)           # discounted count of labels per position
+        self.accepted = np.zeros(positions)          # ... of which accepted
+        self._pending = []                           # this step's (verified drafts, accepted drafts)
+        self._rates()
 
-    def probs(self, margins: torch.Tensor) -> torch.Tensor:
-        """margins [K] (positions 1..K) -> p [K]."""
-        k = margins.shape[0]
-        w = torch.tensor(self.w[:k], dtype=torch.float64)
-        b = torch.tensor(self.b[:k], dtype=torch.float64)
-        return torch.sigmoid(w * margins.double().cpu() + b)
+    def observe(self, admitted: int, accepted: int) -> None:
+        """One request of this step verified `admitted` drafts and accepted the first `accepted`: drafts
+        1..min(accepted + 1, admitted) were at risk, 1..accepted accepted (a later draft unobserved)."""
+        if not 0 <= accepted <= admitted <= self.positions:
+            raise ValueError(f"observe: need 0 <= accepted ({accepted}) <= admitted ({admitted}) <= "
+                             f"{self.positions} positions")
+        self._pending.append((min(accepted + 1, admitted), accepted))
 
-    def observe(self, margins: list, admitted: int, accepted: int) -> None:
-        """Labels of one verified request: draft k (1-based) accepted iff k <= accepted, observed while
-        its predecessors were all accepted and it was verified (k <= min(accepted + 1, admitted))."""
-        for k in range(1, min(accepted + 1, admitted) + 1):
-            i, at = k - 1, int(self._next[k - 1])
-            self._margins[i, at], self._labels[i, at] = float(margins[k - 1]), 1.0 if k <= accepted else 0.0
-            self._next[i], self._count[i] = (at + 1) % KEEP, min(self._count[i] + 1, KEEP)
+    def end_step(self) -> None:
+        """Folds this step's labels into the counts (older labels discounted by one step) and the rates."""
+        self.at_risk *= self.decay
+        self.accepted *= self.decay
+        if self._pending:
+            labels = np.asarray(self._pending, dtype=np.int64)
+            self._pending = []
+            # a request at risk up to position n counts once at each of 1..n: a reversed cumulative sum
+            # of how many requests stop at each n
+            size = self.positions + 1
+            self.at_risk += np.cumsum(np.bincount(labels[:, 0], minlength=size)[::-1])[::-1][1:]
+            self.accepted += np.cumsum(np.bincount(labels[:, 1], minlength=size)[::-1])[::-1][1:]
+        self._rates()
 
-    def refit(self) -> None:
-        """A few Newton (IRLS) steps per position with a small ridge, every position at once (a refit
-        runs inside a step: a per-position loop over the observations as Python tuples took ~30 ms on
-        a host at 15 positions x 4096 observations); a fit whose slope comes out negative (a larger
-        margin meaning less acceptance) is refused and the old one kept."""
-        ks = [k for k in range(len(self.w)) if self._count[k] >= MIN_OBSERVATIONS]
-        if not ks:
-            return
-        m, y = self._margins[ks], self._labels[ks]                 # the ring buffers (order does not matter)
-        seen = (np.arange(KEEP)[None, :] < self._count[ks][:, None]).astype(np.float64)
-        w, b = np.array([self.w[k] for k in ks]), np.array([self.b[k] for k in ks])
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            for _ in range(8):
-                p = 1.0 / (1.0 + np.exp(-(w[:, None] * m + b[:, None])))
-                r, s = (p - y) * seen, p * (1 - p) * seen
-                g_w, g_b = (r * m).sum(1) + RIDGE * w, r.sum(1) + RIDGE * b
-                h_ww, h_wb, h_bb = (s * m * m).sum(1) + RIDGE, (s * m).sum(1), s.sum(1) + RIDGE
-                det = h_ww * h_bb - h_wb * h_wb                     # the 2 x 2 Hessian per position, solved
-                step_w, step_b = (h_bb * g_w - h_wb * g_b) / det, (h_ww * g_b - h_wb * g_w) / det
-                w, b = w - step_w, b - step_b
-                if np.all(np.abs(step_w) < 1e-9) and np.all(np.abs(step_b) < 1e-9):
-                    break                                           # converged (it starts from the last fit)
-        for i, k in enumerate(ks):
-            if math.isfinite(w[i]) and math.isfinite(b[i]) and w[i] >= 0:
-                self.w[k], self.b[k] = float(w[i]), float(b[i])
-
-
-def top2_margin(draft_logits: torch.Tensor) -> torch.Tensor:
-    """draft logits [K, V] -> the top-2 gap per row [K] (fp32, on the host). The top two are taken in
-    the logits' own dtype (exact values; no fp32 copy of all the logits), their gap in fp32."""
-    top = torch.topk(draft_logits, 2, dim=-1).values.float()
-    return (top[:, 0] - top[:, 1]).cpu()
+    def _rates(self) -> None:
+        rates, prior = np.empty(self.positions), self.prior_mean
+        for k in range(self.positions):           # a chain: each position's prior is its predecessor's rate
+            prior = (self.accepted[k] + self.prior_strength * prior) / (self.at_risk[k] + self.prior_strength)
+            rates[k] = prior
+        self.rates = rates
+        self.survival = np.cumprod(rates)
 
 
 def verify_row_choices(block: int) -> tuple:
@@ -122,20 +128,22 @@ def verify_row_choices(block: int) -> tuple:
     return tuple(sorted({max(1, round(block * q / 4)) for q in (1, 2, 3, 4)}))
 
 
-def survival_matrix(estimator: AcceptanceEstimator, margins: list) -> np.ndarray:
-    """margins: per request its drafts' top-2 margins [K_r] -> survivals [R, K] (K = the longest;
-    0 past a request's own drafts), float64."""
-    width = max((len(m) for m in margins), default=0)
+def survival_matrix(estimator: AcceptanceEstimator, drafts: list, sure_after: int | None = None) -> np.ndarray:
+    """drafts: per request its draft count (block rows - 1) -> survivals [R, K] (K = the most drafts;
+    the pooled curve, 0 past a request's own drafts), float64. sure_after = n: every draft past the
+    first n taken as accepted for sure (rate 1), the most the unverified positions could add."""
+    width = max(drafts, default=0)
+    if width > estimator.positions:
+        raise ValueError(f"survival_matrix: a request drafted {width} tokens, the estimator knows "
+                         f"{estimator.positions} positions")
     if width == 0:
-        return np.zeros((len(margins), 0))
-    m = np.zeros((len(margins), width))
-    have = np.zeros((len(margins), width), dtype=bool)
-    for r, values in enumerate(margins):
-        m[r, :len(values)] = np.asarray(values, dtype=np.float64)
-        have[r, :len(values)] = True
-    w, b = np.asarray(estimator.w[:width]), np.asarray(estimator.b[:width])
-    p = np.where(have, 1.0 / (1.0 + np.exp(-(w * m + b))), 0.0)
-    return np.cumprod(p, axis=1)
+        return np.zeros((len(drafts), 0))
+    curve = estimator.survival[:width]
+    if sure_after is not None and sure_after < width:
+        curve = curve.copy()
+        curve[sure_after:] = curve[sure_after - 1] if sure_after > 0 else 1.0
+    have = np.arange(width)[None, :] < np.asarray(drafts)[:, None]
+    return np.where(have, curve[None, :], 0.0)
 
 
 def choose_verify_rows(survivals: np.ndarray, padded_requests: int, choices: tuple, costs: StepCostTable) -> int:
@@ -151,3 +159,14 @@ def choose_verify_rows(survivals: np.ndarray, padded_requests: int, choices: tup
         if rate >= best_rate:
             best, best_rate = t, rate
     return best
+
+
+def choose_step_rows(estimator: AcceptanceEstimator, drafts: list, padded_requests: int, choices: tuple,
+                     costs: StepCostTable, probe: bool = False) -> int:
+    """The step's verify rows per request from host state alone: T* of the estimate over requests with
+    `drafts` drafts each; on a probe step, T* again with every draft past that T* surely accepted."""
+    rows = choose_verify_rows(survival_matrix(estimator, drafts), padded_requests, choices, costs)
+    if probe:
+        bound = survival_matrix(estimator, drafts, sure_after=rows - 1)
+        rows = choose_verify_rows(bound, padded_requests, choices, costs)
+    return rows

@@ -21,10 +21,11 @@ class BatchConfig:
     rows; off: one context-append and one block forward per request."""
     adaptive_verify: bool = False
     """Each step verifies only a prefix of every drafted block, one length T for the step among the
-    block's quarters, chosen from per-position acceptance estimates (an online logistic on the draft's
-    top-2 logit margin) and a step-cost table (adaptive.py); off: every request verifies its full block.
-    The drafter always drafts its block. Off by default until it measures faster on the card at hand
-    (bench --concurrency's with_adaptive_verify row)."""
+    block's quarters, chosen before the verify forward (no read-back of the step's draft) from pooled
+    per-position acceptance rates of earlier steps (Beta-Bernoulli counts) and a step-cost table
+    (adaptive.py); off: every request verifies its full block. The drafter always drafts its block.
+    Off by default until it measures faster on the card at hand (bench --concurrency's
+    with_adaptive_verify row)."""
     verify_prefix: int = 0
     """Prefix-first verification (docs/two_level.md): a first target forward over the first P rows of
     every decoding request's block (anchor + P-1 drafts, which judge drafts 1..P), and a second one
@@ -35,11 +36,11 @@ class BatchConfig:
     prefill_chunk: int = 256
     """Prompt tokens prefilled per step over all newcomers together, so that a long prompt delays the
     running requests' next step by at most one chunk's forward."""
-    adaptive_warmup_steps: int = 32
-    """Steps that verify full blocks while the acceptance estimate learns (its labels are not yet
-    censored by its own trimming)."""
-    adaptive_refit_every: int = 16
-    """Steps between refits of the acceptance logistic (Newton steps on the observations kept)."""
+    adaptive_probe_every: int = 16
+    """With adaptive verify, every this-many-th step chooses its verify length as if every draft past
+    the length first chosen were surely accepted (an upper bound on what they could add), so that those
+    draft positions get acceptance labels whenever they could pay; 0: never (they then borrow their
+    predecessor's rate)."""
     cost_ridge_tokens: int = 256
     """Without a profiled StepCostTable (BatchEngine(step_costs=...)), the adaptive budget assumes a
     verify forward costs the same up to this many rows and grows linearly past it (a GPU's ridge)."""
@@ -51,14 +52,13 @@ class BatchConfig:
                 raise ValueError(f"BatchConfig.{f.name} must be True or False, got {value!r}")
             if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ValueError(f"BatchConfig.{f.name} must be an int, got {value!r}")
-        if min(self.page_size, self.prefill_chunk, self.adaptive_refit_every, self.cost_ridge_tokens) < 1:
-            raise ValueError(f"BatchConfig page_size={self.page_size}, prefill_chunk={self.prefill_chunk}, "
-                             f"adaptive_refit_every={self.adaptive_refit_every} and "
+        if min(self.page_size, self.prefill_chunk, self.cost_ridge_tokens) < 1:
+            raise ValueError(f"BatchConfig page_size={self.page_size}, prefill_chunk={self.prefill_chunk} and "
                              f"cost_ridge_tokens={self.cost_ridge_tokens} must be >= 1")
         if self.verify_prefix < 0:
             raise ValueError(f"BatchConfig.verify_prefix={self.verify_prefix} must be >= 0 (0: off)")
         if self.verify_prefix and self.adaptive_verify:
             raise ValueError("BatchConfig.verify_prefix (prefix-first) and adaptive_verify both trim the verify "
                              "rows: turn one of them off")
-        if self.adaptive_warmup_steps < 0:
-            raise ValueError(f"BatchConfig.adaptive_warmup_steps={self.adaptive_warmup_steps} must be >= 0")
+        if self.adaptive_probe_every < 0:
+            raise ValueError(f"BatchConfig.adaptive_probe_every={self.adaptive_probe_every} must be >= 0 (0: never)")

@@ -7,7 +7,8 @@ A step:
   draft     every decoding request drafts its block [anchor, mask ...] (the drafter's block, or the
             tail left before max_length): context append of its rows committed since, then the block
             forward (one pass over all requests, or one per request: BatchConfig.batched_draft)
-  lengths   the verify length per request: the whole block, or the adaptive prefix (adaptive.py)
+  lengths   the verify length per request: the whole block, or the adaptive prefix (adaptive.py),
+            chosen from the host's estimate of earlier steps (nothing of this step is read back first)
   verify    one target forward over every decoding request's verify rows and the newcomers' prefill
             chunks (at most BatchConfig.prefill_chunk prompt rows a step), or one per request; with
             BatchConfig.verify_prefix, two passes: the blocks' prefixes, then the rest of the blocks
@@ -29,7 +30,7 @@ from specpilot.engine.linear_kernels import cuda_switchable, linear_kernel_for_r
 from specpilot.models.target import Attention
 from specpilot.verify.sampling import sample
 
-from .adaptive import AcceptanceEstimator, StepCostTable, choose_verify_rows, survival_matrix, verify_row_choices
+from .adaptive import AcceptanceEstimator, StepCostTable, choose_step_rows, verify_row_choices
 from .config import BatchConfig
 from .forward import Staging
 from .graphed import DecodeGraphs, request_bucket
@@ -237,8 +238,8 @@ class BatchEngine:
         self._finish_done()
         if not self.running:
             self.ar_in_flight = None                 # nobody left to read it: its rows were all wasted
-        if self.config.adaptive_verify and self.steps % self.config.adaptive_refit_every == 0:
-            self.estimator.refit()
+        if self.config.adaptive_verify:
+            self.estimator.end_step()               # this step's labels into the rates, O(block)
 
     def _finish_done(self) -> None:
         for state in [s for s in self.running if s.done]:
@@ -247,13 +248,15 @@ class BatchEngine:
 
     def _verify_lengths(self, decoding: list, drafts: dict) -> dict:
         """Request id -> verify rows (anchor included): the whole block, or with adaptive verify at most
-        the step's T* (adaptive.py) once the estimate has had its warm-up steps."""
+        the step's T* (adaptive.py), from host state only (no read-back between draft and verify); every
+        adaptive_probe_every-th step the T* of the optimistic bound past the first T* (exploration)."""
         full = {s.id: drafts[s.id].rows if s.id in drafts else 1 for s in decoding}
-        if not self.config.adaptive_verify or self.steps < self.config.adaptive_warmup_steps or not drafts:
+        if not self.config.adaptive_verify or not drafts:
             return full
-        survivals = survival_matrix(self.estimator, [drafts[s.id].margins for s in decoding])
         padded = request_bucket(len(decoding)) if self.graphs is not None else len(decoding)
-        rows = choose_verify_rows(survivals, padded, self.verify_row_choices, self.costs)
+        every = self.config.adaptive_probe_every
+        rows = choose_step_rows(self.estimator, [full[s.id] - 1 for s in decoding], padded, self.verify_row_choices,
+                                self.costs, probe=bool(every) and self.steps % every == 0)
         return {rid: min(n, rows) for rid, n in full.items()}
 
     def graph_rows(self, lengths: dict) -> int:

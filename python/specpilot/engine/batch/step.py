@@ -11,7 +11,6 @@ from specpilot.engine.accept import commit, matched_drafts, new_tokens
 from specpilot.verify.sampling import rejection_sample, sample_probs, sampling_probs
 
 from . import forward, graphed
-from .adaptive import top2_margin
 from .paged import slots_of
 
 
@@ -21,7 +20,6 @@ class Draft:
     offset: int
     rows: int
     probs: torch.Tensor | None        # [rows - 1, V] draft sampling probabilities (temperature > 0)
-    margins: torch.Tensor | None      # [rows - 1] top-2 logit gaps (adaptive verify)
 
     @property
     def block(self) -> torch.Tensor:  # the anchor, then the drafts
@@ -84,15 +82,13 @@ def draft_all(engine, decoding: list) -> dict:
             with engine.kernels(block_ids.shape[0]):
                 logits = forward.draft_block(drafter, engine.draft_cache, layout, block_ids, keep)
         blocks = torch.cat([host_tokens, torch.argmax(logits, dim=-1)])[source]
-        margins = top2_margin(logits) if engine.config.adaptive_verify else None   # one host transfer
         for s, seg, offset, row in zip(group, segments, offsets, draft_rows):
             k = seg.rows - 1
             probs = None
             if s.req.temperature > 0:
                 probs = sampling_probs(logits[None, row:row + k], s.req.temperature, s.req.top_p)[0]
                 blocks[offset + 1:offset + seg.rows] = sample_probs(probs[None], s.generator)[0]
-            drafts[s.id] = Draft(blocks=blocks, offset=offset, rows=seg.rows, probs=probs,
-                                 margins=margins[row:row + k] if margins is not None else None)
+            drafts[s.id] = Draft(blocks=blocks, offset=offset, rows=seg.rows, probs=probs)
     return drafts
 
 
@@ -322,5 +318,5 @@ def commit_step(engine, s, draft, rows: int, accepted: int, new: list, features)
         s.ctx.append((features[:produced], s.start))
     s.start += produced
     s.acceptance.append(produced)
-    if draft is not None and draft.margins is not None:
-        engine.estimator.observe(draft.margins.tolist(), rows - 1, accepted)
+    if draft is not None and engine.config.adaptive_verify:     # the adaptive length's labels (adaptive.py)
+        engine.estimator.observe(rows - 1, accepted)
