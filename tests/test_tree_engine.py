@@ -127,8 +127,9 @@ def test_planted_wrong_parent_state_is_caught(pair, monkeypatch):
     if not getattr(pair.target, "is_hybrid", False):
         pytest.skip("dense target: no recurrent state")
 
-    def node_order(q, k, v, g, beta, state, layout):
-        out, _, states = gdn.recurrent_gated_delta_rule(q, k, v, g, beta, state, keep_states=True)
+    def node_order(q, k, v, g, beta, state, layout, states_out=None):
+        out, _, states = gdn.recurrent_gated_delta_rule(q, k, v, g, beta, state, keep_states=True,
+                                                         states_out=states_out)
         return out, states
 
     monkeypatch.setattr(gdn_tree, "tree_gated_delta_rule", node_order)
@@ -143,7 +144,7 @@ def test_planted_chain_conv_windows_are_caught(pair, monkeypatch):
     def chain_windows(self, width):
         return torch.arange(self.size)[:, None] + torch.arange(width)[None, :]
 
-    monkeypatch.setattr(tree_layout.TreeLayout, "conv_window_index", chain_windows)
+    monkeypatch.setattr(tree_layout.TreeInputs, "conv_window_index", chain_windows)
     assert not tree_state_matches_ar(pair, pair.random_prompt(13, pair.seed + 3), 60)
 
 

@@ -10,7 +10,8 @@ view of an [N, K, C] tensor; the reference's windows[0]).
 
 `tree_recurrence(mixed, nk, dk, g, beta, state, parents)`: as kernels/gdn_chain.gdn_chain over the N
 nodes, node i starting from the state after parents[i] (TreeLayout.parents, -1: the committed state)
--> (out [N, hv, dv] bf16, states [N, hv, dk, dv] fp32: the state after each node).
+-> (out [N, hv, dv] bf16, states [N, hv, dk, dv] fp32: the state after each node; written into
+`states_out` when given, as gdn_chain's).
 
 Both take calls with batch 1, bf16 CUDA tensors, 1..64 nodes, a conv width of 2..8, dk in {64, 128},
 dv a multiple of 32, while EngineConfig.fused_kernels is on (`takes` says which).
@@ -58,9 +59,10 @@ def tree_conv(qkv, conv_state, weight, window_index):
     return mixed, windows.permute(2, 0, 1)
 
 
-def tree_recurrence(mixed, nk: int, dk: int, g, beta, state, parents):
+def tree_recurrence(mixed, nk: int, dk: int, g, beta, state, parents, states_out=None):
     n, hv, dv = mixed.shape[0], state.shape[0], state.shape[2]
-    states = torch.empty(n, hv, dk, dv, dtype=torch.float32, device=mixed.device)
+    states = torch.empty(n, hv, dk, dv, dtype=torch.float32, device=mixed.device) if states_out is None \
+        else states_out
     out = torch.empty(n, hv, dv, dtype=torch.bfloat16, device=mixed.device)
     _ext.ops().gdn_tree(mixed, nk, dk, g.contiguous(), beta.contiguous(), state.contiguous(), parents.contiguous(),
                         states, out)
