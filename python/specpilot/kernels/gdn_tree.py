@@ -1,7 +1,7 @@
 """The Gated DeltaNet tree ops (torch.ops.specpilot.gdn_tree / gdn_tree_conv, CUDA builds; kernels
 csrc/cuda/gdn_chain.cu and csrc/cuda/gdn_tree_conv.cu): a GDN layer's forward over a draft tree
 (engine/tree/layout.py) in two launches, where models/gdn_tree.py (the torch reference, and the CPU
-path) runs a conv over gathered windows and the recurrence one depth at a time.
+path) runs a conv over gathered windows and the recurrence node by node.
 
 `tree_conv(qkv, conv_state, weight, window_index)`: qkv [N, C] bf16 (the nodes' conv inputs, unit
 channel stride), conv_state [C, K-1] bf16, weight [C, K] bf16, window_index [N, K] (TreeLayout.
