@@ -79,14 +79,15 @@ def pack_tree(tree: DraftTree, start: int) -> torch.Tensor:
         if not (p == -1 if i == 0 else 0 <= p < i):
             raise ValueError(f"tree node {i} has parent {p}: node 0 is the root (parent -1) and every "
                              f"other node's parent must come before it")
-    ancestors = torch.zeros(n, n, dtype=torch.long)              # [i, j]: j is i or an ancestor of i
+    paths, ones = [], []                                        # node i's root path; its ancestor entries
     for i, p in enumerate(tree.parents):
-        if p >= 0:
-            ancestors[i] = ancestors[p]
-        ancestors[i, i] = 1
-    rows = torch.tensor([tree.tokens, tree.parents, list(range(start, start + n)),
-                         [start + d for d in tree.depth]], dtype=torch.long)
-    return torch.cat([rows.reshape(-1), ancestors.reshape(-1)])
+        paths.append((paths[p] if p >= 0 else []) + [i])
+        ones.extend(4 * n + i * n + j for j in paths[i])
+    packed = torch.zeros(packed_size(n), dtype=torch.long)
+    packed[:4 * n] = torch.tensor([tree.tokens, tree.parents, list(range(start, start + n)),
+                                   [start + d for d in tree.depth]], dtype=torch.long).reshape(-1)
+    packed[torch.tensor(ones, dtype=torch.long)] = 1
+    return packed
 
 
 class TreeLayout(TreeInputs):
