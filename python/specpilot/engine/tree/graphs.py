@@ -77,7 +77,8 @@ def _graph(runner, n: int, span: int, with_features: bool):
 
 
 def _chain(n: int) -> DraftTree:
-    return DraftTree(list(range(n)), list(range(-1, n - 1)), list(range(n)))
+    """The capture's example tree (any tree of n nodes would do: a replay takes each step's)."""
+    return DraftTree([0] * n, list(range(-1, n - 1)), list(range(n)))
 
 
 def _restash(cache, records) -> None:
