@@ -94,9 +94,9 @@ def sibling_paths_committed(pair, prompt, ar) -> bool:
     seen = []
     original = tree_commit.commit_path
 
-    def spy(cache, layout, nodes):
+    def spy(cache, layout, nodes, *move):
         seen.append(any(layout.tree.depth[n] != n for n in nodes))
-        original(cache, layout, nodes)
+        original(cache, layout, nodes, *move)
 
     with pytest.MonkeyPatch.context() as patch, oracle_drafts(pair.engine, len(prompt), ar):
         patch.setattr("specpilot.engine.tree.loop.commit_path", spy)
@@ -113,7 +113,7 @@ def test_committed_state_equals_ar(pair):
 def test_planted_kv_left_in_place_is_caught(pair, monkeypatch):
     """Skipping the K/V compaction (a sibling's or a stale K/V left in the positional slots) must
     fail the state check."""
-    def no_compaction(cache, layout, nodes):
+    def no_compaction(cache, layout, nodes, *move):
         if hasattr(cache, "commit_path"):
             cache.commit_path(nodes)                  # the hybrid state stays right: only K/V are wrong
 

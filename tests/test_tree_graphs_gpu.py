@@ -1,9 +1,10 @@
 """CUDA-graphed tree verify steps (engine/tree/graphs.py) on the GPU: each graphed tree step equals the
 eager tree forward at the same kv span bit for bit (logits; on hybrids the per-node states and conv
 windows), replayed with different trees and node counts over growing contexts that cross a kv bucket,
-with a random path committed after each step, on dense and hybrid tiny random targets in fp32 and bf16
-(bf16 hybrid: the GDN tree kernels); greedy tree generation with graphs equals AR decoding (fp32) on
-dense and hybrid pairs with oracle drafts, through the graphs warmup captured. Skipped on CPU."""
+with a random path committed after each step (the graphed K/V move against the eager one), on dense
+and hybrid tiny random targets in fp32 and bf16 (bf16 hybrid: the GDN tree kernels); greedy tree
+generation with graphs equals AR decoding (fp32) on dense and hybrid pairs with oracle drafts, through
+the graphs warmup captured. Skipped on CPU."""
 import dataclasses
 
 import pytest
@@ -48,7 +49,7 @@ def test_graphed_tree_step_equals_eager_bitwise(kind, dtype):
     from specpilot.engine import Engine
     from specpilot.engine.graphs import kv_bucket
     from specpilot.engine.tree.commit import commit_path
-    from specpilot.engine.tree.graphs import tree_forward
+    from specpilot.engine.tree.graphs import kv_mover, tree_forward
     from specpilot.engine.tree.layout import TreeLayout
 
     target = tiny_target(kind, dtype)
@@ -78,10 +79,11 @@ def test_graphed_tree_step_equals_eager_bitwise(kind, dtype):
                 assert torch.equal(graphed.cache.snapshots[j], eager.cache.snapshots[j]), f"step {step}: states"
                 assert torch.equal(graphed.cache.windows[j], eager.cache.windows[j]), f"step {step}: conv windows"
         path = tree.path_to(int(torch.randint(0, 8, (1,), generator=host)))    # <= 8 tokens: start stays < 512 - 32
-        for engine, layout in zip((graphed, eager), layouts):
-            commit_path(engine.cache, layout, path)
+        commit_path(graphed.cache, layouts[0], path, kv_mover(graphed.runner, n))    # its K/V move graphed
+        commit_path(eager.cache, layouts[1], path)
         start += len(path)
     assert {key[1] for key in graphed.runner.graphs if key[0] == "tree"} == {8, 16, 32}
+    assert {key[1] for key in graphed.runner.graphs if key[0] == "tree_commit"} == {8, 16, 32}
     assert len({key[3] for key in graphed.runner.graphs if key[0] == "tree"}) == 2     # both kv spans replayed
     for a, b in zip(graphed.cache.k + graphed.cache.v, eager.cache.k + eager.cache.v):
         assert torch.equal(a[:, :, :start], b[:, :, :start])
@@ -110,13 +112,15 @@ def test_graphed_tree_generation_equals_ar(fp32_pair, budget):
     assert engine.use_graphs
     vocab = engine.target.config.vocab_size
     g = torch.Generator().manual_seed(fresh_seed())
+
     def tree_graphs():
-        return {k for k in engine.runner.graphs if k[0] == "tree" and k[1] == budget}
+        return {k for k in engine.runner.graphs if k[0].startswith("tree") and k[1] == budget}
 
     with tree_budget(engine, budget):
         engine.warmup(16)
         captured = tree_graphs()
-        assert {k[3] for k in captured} == set(kv_spans(engine.runner.capacity)) and {k[2] for k in captured} == {True}
+        assert captured == {("tree", budget, True, span) for span in kv_spans(engine.runner.capacity)} | \
+            {("tree_commit", budget)}
         for length, max_new in ((7, 60), (200, 120)):               # several kv buckets
             prompt = torch.randint(0, vocab - 2, (length,), generator=g).tolist()
             ar = engine.generate_ar(prompt, max_new).tokens

@@ -12,13 +12,17 @@ states the capture stashed (graph outputs, fixed memory) are stashed again after
 
 Exactness: a replay runs the kernels of the eager forward at the same kv span (the eager tree forward
 writes the same reserved buffers once they exist), so graphed and eager steps at one span give the same
-bits (tests/test_tree_graphs_gpu.py).
+bits (tests/test_tree_graphs_gpu.py). The commit's K/V move (engine/tree/commit.py) is graphed per N
+too (kv_mover); the hybrid state commit stays eager (HybridCache.commit_path).
 """
 from __future__ import annotations
+
+import torch
 
 from ..graphs import kv_bucket, kv_spans
 from ..recurrent_state import MAX_SNAPSHOT_T
 from .build import DraftTree
+from .commit import move_kv
 from .layout import TreeInputs, TreeLayout
 
 
@@ -39,6 +43,19 @@ def tree_forward(runner, layout: TreeLayout, with_features: bool, graphed: bool 
     return out[0], out[1]
 
 
+def kv_mover(runner, n: int):
+    """commit.move_kv for trees of n nodes, as one graph replay when the runner graphs. Its capture runs
+    on a no-op move (every slot onto itself): a real move run twice would move moved K/V."""
+    if not runner.use_graphs:
+        return move_kv
+    key = ("tree_commit", n)
+    if key not in runner.graphs:
+        cache = runner.cache
+        identity = torch.arange(n, device=runner.target.device).repeat(2)
+        runner.graphs[key] = runner.step_factory(lambda moves: move_kv(cache, moves), (identity,), runner.pool)
+    return lambda cache, moves: runner.graphs[key](moves)
+
+
 def warm_tree_graphs(runner, nodes: int, with_features: bool) -> int:
     """Captures the tree graphs of `nodes` nodes for every kv span (Engine.warmup), without a step:
     their example trees write scratch K/V into a span's last slots, which later writes overwrite
@@ -49,6 +66,7 @@ def warm_tree_graphs(runner, nodes: int, with_features: bool) -> int:
     spans = [span for span in kv_spans(runner.capacity) if span - nodes >= 1]
     for span in spans:
         _graph(runner, nodes, span, with_features)
+    kv_mover(runner, nodes)
     if getattr(runner.target, "is_hybrid", False):
         runner.cache.reset()
     return len(spans)

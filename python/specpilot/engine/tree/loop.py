@@ -22,8 +22,8 @@ from ..accept import commit
 from ..result import GenerationResult
 from .accept import accepted_path
 from .build import build_tree
-from .commit import commit_path
-from .graphs import tree_forward
+from .commit import commit_path, move_kv
+from .graphs import kv_mover, tree_forward
 from .layout import TreeLayout
 from .sampling import sampled_path
 
@@ -64,17 +64,18 @@ def run_tree_spec(engine, ids, max_new_tokens, stop_ids, block_size, budget, tem
             draft_logits = runner.draft_step(ctx, ctx_start, block, start, block_size)[0]   # [vs-1, V]
         tree = build_tree(draft_logits, tokens[-1], budget)
         layout = TreeLayout(tree, start, device)                            # verify (graphed: full trees)
-        logits, feats = tree_forward(runner, layout, vs > 1, graphed=len(tree) == budget)
+        full = len(tree) == budget
+        logits, feats = tree_forward(runner, layout, vs > 1, graphed=full)
         if temperature > 0:                                                 # accept
             path, bonus = sampled_path(tree, sampling_probs(logits[0], temperature), generator)
         else:
             path, bonus = accepted_path(tree, torch.argmax(logits[0], dim=-1).tolist())
         new = [tree.tokens[i] for i in path[1:]] + [bonus]
         produced, stopped = commit(new, max_length - start - 1, stop, tokens)
-        commit_path(runner.cache, layout, path[:produced])                  # commit
-        if vs > 1:
+        if vs > 1:       # before the commit: a graph's outputs are only valid until another graph replays
             ctx = feats[:, torch.tensor(path[:produced], device=device)]   # anchor + accepted drafts
             ctx_start = start
+        commit_path(runner.cache, layout, path[:produced], kv_mover(runner, budget) if full else move_kv)
         start += produced
         acceptance.append(produced)
 
