@@ -135,4 +135,5 @@ def test_tree_steps_bench_reports_graphed_beside_graphed(preset):
     row = tree_step_times(engine, context=40, nodes=8, iters=1)
     assert row["tree_graphed_ms"] > 0 and row["chain_graphed_ms"] > 0
     assert row["tree_graphed_over_chain_graphed"] == row["tree_graphed_ms"] / row["chain_graphed_ms"]
+    assert "commit_graphed_ms" in row and ("tree_commit", 8) in engine.runner.graphs
     assert ("tree", 8, False, kv_bucket(40 + 8, engine.runner.capacity)) in engine.runner.graphs
