@@ -5,14 +5,17 @@ target: the tree step at most 1.1x the chain step), random weights at a target's
     python -m specpilot.bench.tree_steps --preset qwen3.5-9b --nodes 16,32
 
 The tree is built best-first (engine/tree/build.py) from random draft logits over 15 depths, so its
-shape is a bushy one. Reported per N: chain_ms (eager, as the hybrid loop and the tree loop run) and,
-for dense targets on CUDA, chain_graphed_ms (the graphed verify the chain loop uses), tree_ms (the
-tree forward, eager: SDPA with the ancestor mask, and on hybrids the GDN tree path below),
-commit_ms (K/V compaction + hybrid state gather of a mid-depth path), tree_over_chain. On hybrids with
-EngineConfig.fused_kernels on, both run the GDN CUDA kernels: the chain the recurrence kernel
+shape is a bushy one. Reported per N: chain_ms (eager, as the hybrid loop runs it), tree_ms (the tree
+forward, eager: SDPA with the ancestor mask, and on hybrids the GDN tree path below), commit_ms (K/V
+compaction + hybrid state gather of a mid-depth path), tree_over_chain; with CUDA graphs also
+chain_graphed_ms (the graphed verify the chain loop uses), tree_graphed_ms (engine/tree/graphs.py: the
+tree packed, copied over and its graph replayed, as the tree loop runs it) and
+tree_graphed_over_chain_graphed (issue 34's target, graphed against graphed: at most 1.1) and
+commit_graphed_ms (the commit with its K/V move graphed, as the tree loop runs it). On hybrids
+with EngineConfig.fused_kernels on, both run the GDN CUDA kernels: the chain the recurrence kernel
 (kernels/gdn_chain.py), the tree its parent-indexed form and the tree conv (kernels/gdn_tree.py);
-gdn_tree_kernels says whether the tree forward ran them (false: the torch per-depth reference). CUDA
-events on the GPU; on the CPU (tiny presets, a smoke run) wall-clock.
+gdn_tree_kernels says whether the tree forward ran them (false: the torch node-by-node reference).
+CUDA events on the GPU; on the CPU (tiny presets, a smoke run) wall-clock.
 """
 from __future__ import annotations
 
@@ -50,7 +53,9 @@ def ran_tree_kernels(forward) -> bool:
 @torch.inference_mode()
 def tree_step_times(engine, context: int, nodes: int, iters: int, seed: int = 0) -> dict:
     from specpilot.engine.tree.build import build_tree
-    from specpilot.engine.tree.commit import commit_path
+    from specpilot.engine.tree.commit import commit_path, move_kv
+    from specpilot.engine.tree.graphs import kv_mover
+    from specpilot.engine.tree.graphs import tree_forward as graphed_tree_forward
     from specpilot.engine.tree.layout import TreeLayout
 
     target, runner, cache = engine.target, engine.runner, engine.cache
@@ -61,25 +66,33 @@ def tree_step_times(engine, context: int, nodes: int, iters: int, seed: int = 0)
     block = prompt[:, -nodes:].clone()
     tree = build_tree(torch.randn(15, vocab, generator=g) * 4, int(prompt[0, -1]), nodes)
     layout = TreeLayout(tree, context, device)
-    ids = torch.tensor([tree.tokens], device=device)
 
     def tree_forward():
-        with runner.kernel_ctx(len(tree)):
-            target(ids, layout.slots, cache, context + len(tree), (), tree=layout)
+        graphed_tree_forward(runner, layout, False, graphed=False)
 
     out = {"nodes": nodes, "tree_depth": max(tree.depth), "gdn_tree_kernels": ran_tree_kernels(tree_forward),
            "chain_ms": timed_ms(lambda: runner.target_step(block, context, with_features=False, graphed=False), iters),
            "tree_ms": timed_ms(tree_forward, iters)}
     if engine.use_graphs:
         out["chain_graphed_ms"] = timed_ms(lambda: runner.target_step(block, context, with_features=False), iters)
+        # as the tree loop runs it: the tree packed and copied over, then the graph replayed
+        out["tree_graphed_ms"] = timed_ms(lambda: graphed_tree_forward(runner, TreeLayout(tree, context, device),
+                                                                       False), iters)
+        out["tree_graphed_over_chain_graphed"] = out["tree_graphed_ms"] / out["chain_graphed_ms"]
     path = tree.path_to(max(range(len(tree)), key=lambda i: (tree.depth[i] == max(tree.depth) // 2, -i)))
 
-    def tree_then_commit():
-        tree_forward()
-        commit_path(cache, layout, path)
-        if hasattr(cache, "committed_len"):
-            cache.committed_len = context                       # rewind (same state sizes)
-    out["commit_ms"] = timed_ms(tree_then_commit, iters) - out["tree_ms"]
+    def then_commit(forward, move=move_kv):
+        def step():
+            forward()
+            commit_path(cache, layout, path, move)
+            if hasattr(cache, "committed_len"):
+                cache.committed_len = context                   # rewind (same state sizes)
+        return step
+    out["commit_ms"] = timed_ms(then_commit(tree_forward), iters) - out["tree_ms"]
+    if engine.use_graphs:                                       # the K/V move graphed (the hybrid state eager)
+        replay = lambda: graphed_tree_forward(runner, layout, False)          # noqa: E731
+        out["commit_graphed_ms"] = (timed_ms(then_commit(replay, kv_mover(runner, nodes)), iters)
+                                    - timed_ms(replay, iters))
     out["tree_over_chain"] = out["tree_ms"] / out["chain_ms"]
     return out
 

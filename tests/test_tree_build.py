@@ -66,8 +66,10 @@ def test_ancestor_mask_and_positions():
     want = {0: [0], 1: [0, 1], 2: [0, 2], 3: [0, 1, 3], 4: [0, 1, 3, 4], 5: [0, 2, 5]}
     for i, anc in want.items():
         assert [j for j in range(6) if visible[i, 10 + j]] == anc
+    longer = layout.attention_mask(20, groups=1, dtype=torch.float32).additive[0, 0]    # a graph's kv span
+    assert torch.equal(longer[:, :16], mask[:6]) and (longer[:, 16:] == float("-inf")).all()
     with pytest.raises(ValueError, match="kv_len"):
-        layout.attention_mask(20, 1, torch.float32)
+        layout.attention_mask(15, 1, torch.float32)
 
 
 def test_conv_windows_follow_ancestors():

@@ -94,9 +94,9 @@ def sibling_paths_committed(pair, prompt, ar) -> bool:
     seen = []
     original = tree_commit.commit_path
 
-    def spy(cache, layout, nodes):
+    def spy(cache, layout, nodes, *move):
         seen.append(any(layout.tree.depth[n] != n for n in nodes))
-        original(cache, layout, nodes)
+        original(cache, layout, nodes, *move)
 
     with pytest.MonkeyPatch.context() as patch, oracle_drafts(pair.engine, len(prompt), ar):
         patch.setattr("specpilot.engine.tree.loop.commit_path", spy)
@@ -113,7 +113,7 @@ def test_committed_state_equals_ar(pair):
 def test_planted_kv_left_in_place_is_caught(pair, monkeypatch):
     """Skipping the K/V compaction (a sibling's or a stale K/V left in the positional slots) must
     fail the state check."""
-    def no_compaction(cache, layout, nodes):
+    def no_compaction(cache, layout, nodes, *move):
         if hasattr(cache, "commit_path"):
             cache.commit_path(nodes)                  # the hybrid state stays right: only K/V are wrong
 
@@ -127,8 +127,9 @@ def test_planted_wrong_parent_state_is_caught(pair, monkeypatch):
     if not getattr(pair.target, "is_hybrid", False):
         pytest.skip("dense target: no recurrent state")
 
-    def node_order(q, k, v, g, beta, state, layout):
-        out, _, states = gdn.recurrent_gated_delta_rule(q, k, v, g, beta, state, keep_states=True)
+    def node_order(q, k, v, g, beta, state, layout, states_out=None):
+        out, _, states = gdn.recurrent_gated_delta_rule(q, k, v, g, beta, state, keep_states=True,
+                                                         states_out=states_out)
         return out, states
 
     monkeypatch.setattr(gdn_tree, "tree_gated_delta_rule", node_order)
@@ -143,7 +144,7 @@ def test_planted_chain_conv_windows_are_caught(pair, monkeypatch):
     def chain_windows(self, width):
         return torch.arange(self.size)[:, None] + torch.arange(width)[None, :]
 
-    monkeypatch.setattr(tree_layout.TreeLayout, "conv_window_index", chain_windows)
+    monkeypatch.setattr(tree_layout.TreeInputs, "conv_window_index", chain_windows)
     assert not tree_state_matches_ar(pair, pair.random_prompt(13, pair.seed + 3), 60)
 
 

@@ -1,8 +1,8 @@
 """Tree verification on the GPU: on both zoo pairs in fp32 on CUDA (torch paths: SDPA with the
-ancestor mask, the per-depth GDN reference) the tree loop's tokens equal AR's and the chain's at
-budgets 8 / 16 / 32; in bf16 the tree loop runs end to end and its first tokens agree with AR's
-(different kernels: bf16 rounding may fork later, which `specpilot verify --tree-budget` judges under
-the referee rule). Skipped on CPU."""
+ancestor mask, the node-by-node GDN reference; the verify forward CUDA-graphed, the engine's default)
+the tree loop's tokens equal AR's and the chain's at budgets 8 / 16 / 32; in bf16 the tree loop runs
+end to end and its first tokens agree with AR's (different kernels: bf16 rounding may fork later,
+which `specpilot verify --tree-budget` judges under the referee rule). Skipped on CPU."""
 import json
 
 import pytest

@@ -20,6 +20,7 @@ from .result import GenerationResult
 from .spec import run_spec
 from .spec_session import new_session, run_spec_session
 from .steps import StepRunner
+from .tree.graphs import warm_tree_graphs
 from .tree.loop import TREE_EAGER, check_tree_request, run_tree_spec
 
 
@@ -117,6 +118,8 @@ class Engine:
                 ctx = torch.zeros(1, 1, len(self.runner.feature_layers) * self.target.config.hidden_size,
                                   device=self.device, dtype=self.target.dtype)
                 self.runner.draft_step(ctx, span - b - 1, ids, span - b, b)
+        if self.config.tree_budget:                    # the tree verify forward (engine/tree/graphs.py)
+            warm_tree_graphs(self.runner, self.config.tree_budget, b > 1)
         if drafter_kind(self.drafter) in ("dflash2", "dspark", "pard"):
             warm_block_drafts(self, b)                 # their greedy draft graphs (engine/block_draft.py)
         if self.config.fused_steps:

@@ -1,7 +1,7 @@
 """The Gated DeltaNet tree ops (torch.ops.specpilot.gdn_tree / gdn_tree_conv, CUDA builds; kernels
 csrc/cuda/gdn_chain.cu and csrc/cuda/gdn_tree_conv.cu): a GDN layer's forward over a draft tree
 (engine/tree/layout.py) in two launches, where models/gdn_tree.py (the torch reference, and the CPU
-path) runs a conv over gathered windows and the recurrence one depth at a time.
+path) runs a conv over gathered windows and the recurrence node by node.
 
 `tree_conv(qkv, conv_state, weight, window_index)`: qkv [N, C] bf16 (the nodes' conv inputs, unit
 channel stride), conv_state [C, K-1] bf16, weight [C, K] bf16, window_index [N, K] (TreeLayout.
@@ -10,7 +10,8 @@ view of an [N, K, C] tensor; the reference's windows[0]).
 
 `tree_recurrence(mixed, nk, dk, g, beta, state, parents)`: as kernels/gdn_chain.gdn_chain over the N
 nodes, node i starting from the state after parents[i] (TreeLayout.parents, -1: the committed state)
--> (out [N, hv, dv] bf16, states [N, hv, dk, dv] fp32: the state after each node).
+-> (out [N, hv, dv] bf16, states [N, hv, dk, dv] fp32: the state after each node; written into
+`states_out` when given, as gdn_chain's).
 
 Both take calls with batch 1, bf16 CUDA tensors, 1..64 nodes, a conv width of 2..8, dk in {64, 128},
 dv a multiple of 32, while EngineConfig.fused_kernels is on (`takes` says which).
@@ -58,9 +59,10 @@ def tree_conv(qkv, conv_state, weight, window_index):
     return mixed, windows.permute(2, 0, 1)
 
 
-def tree_recurrence(mixed, nk: int, dk: int, g, beta, state, parents):
+def tree_recurrence(mixed, nk: int, dk: int, g, beta, state, parents, states_out=None):
     n, hv, dv = mixed.shape[0], state.shape[0], state.shape[2]
-    states = torch.empty(n, hv, dk, dv, dtype=torch.float32, device=mixed.device)
+    states = torch.empty(n, hv, dk, dv, dtype=torch.float32, device=mixed.device) if states_out is None \
+        else states_out
     out = torch.empty(n, hv, dv, dtype=torch.bfloat16, device=mixed.device)
     _ext.ops().gdn_tree(mixed, nk, dk, g.contiguous(), beta.contiguous(), state.contiguous(), parents.contiguous(),
                         states, out)

@@ -5,7 +5,7 @@ Each node continues its parent's sequence, not the previous node's: its short co
 inputs of its ancestor path (above the root: the committed conv state), and its recurrence starts
 from its parent's state after the parent (the root: the committed state). Along any root-to-node path
 this is the chain recurrence over that path, step for step, so the accepted path's states are the
-ones AR decoding reaches. Nodes of one depth run as one batch (their parents are all one level up).
+ones AR decoding reaches.
 """
 from __future__ import annotations
 
@@ -26,26 +26,25 @@ def tree_conv(qkv: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
     return out.reshape(b, n, c), windows
 
 
-def tree_gated_delta_rule(q, k, v, g, beta, state, layout):
+def tree_gated_delta_rule(q, k, v, g, beta, state, layout, states_out=None):
     """q, k [B, N, H, Dk], v [B, N, H, Dv], g, beta [B, N, H] of the tree's nodes (as
-    gdn.recurrent_gated_delta_rule's), state [B, H, Dk, Dv] (committed) -> (out [B, N, H, Dv],
-    states [B, N, H, Dk, Dv] fp32: the state after each node)."""
+    gdn.recurrent_gated_delta_rule's), state [B, H, Dk, Dv] (committed), layout: TreeInputs (its
+    device `parents`) -> (out [B, N, H, Dv], states [B, N, H, Dk, Dv] fp32: the state after each node;
+    written into states_out when given). Node by node, each one token of the chain recurrence from
+    its parent's state: the same operations as AR decoding's steps, and shapes that depend on N
+    alone (a CUDA graph of the tree forward replays it for any tree of N nodes)."""
     b, n, h, dk = k.shape
     dv = v.shape[-1]
     out = torch.empty(b, n, h, dv, dtype=v.dtype, device=v.device)
-    states = torch.empty(b, n, h, dk, dv, dtype=torch.float32, device=v.device)
-    for level in layout.levels:                                             # depth 0, 1, ...
-        m = level.numel()
-        if int(level[0]) == 0:
-            initial = state.float()[:, None].expand(b, m, h, dk, dv)        # the root continues the committed state
-        else:
-            initial = states[:, layout.parents[level]]                      # [B, m, H, Dk, Dv]
-
-        def rows(x):                                                        # [B, N, ...] -> [B*m, 1, ...]
-            return x[:, level].reshape(b * m, 1, *x.shape[2:])
-
-        o, final, _ = gdn.recurrent_gated_delta_rule(rows(q), rows(k), rows(v), rows(g), rows(beta),
-                                                     initial.reshape(b * m, h, dk, dv))
-        out[:, level] = o.reshape(b, m, h, dv)
-        states[:, level] = final.reshape(b, m, h, dk, dv)
+    states = gdn._states_buffer(states_out, (b, n, h, dk, dv), v.device)
+    committed = state.float()
+    for i in range(n):
+        parent = layout.parents[i:i + 1]                                    # [1] on the device: no sync
+        from_parent = states.index_select(1, parent.clamp(min=0))[:, 0]    # [B, H, Dk, Dv]
+        initial = torch.where(parent < 0, committed, from_parent)           # the root: the committed state
+        node = slice(i, i + 1)
+        o, final, _ = gdn.recurrent_gated_delta_rule(q[:, node], k[:, node], v[:, node], g[:, node],
+                                                     beta[:, node], initial)
+        out[:, i] = o[:, 0]
+        states[:, i] = final
     return out, states

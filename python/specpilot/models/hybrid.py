@@ -105,17 +105,19 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = nn.Linear(self.value_dim, cfg.hidden_size, bias=False)
 
     def forward(self, x, cache, every_position: bool, tree=None):
-        """tree: a TreeLayout (engine/tree/layout.py): x holds its nodes, each continuing its parent
+        """tree: TreeInputs (engine/tree/layout.py): x holds its nodes, each continuing its parent
         (models/gdn_tree.py); the per-node conv windows and states are stashed for the path commit."""
         b, t, _ = x.shape
         qkv, z, beta_in, a = linear.linear(self.in_proj, x).split(
             (self.conv_dim, self.value_dim, self.nv, self.nv), dim=-1)
         conv_state, state = cache.layer_state(self.layer)
-        # the cache's reserved buffers for this T (graphed steps write at fixed addresses), or None
-        window_out, states_out = (cache.buffers(self.layer, t) if tree is None and every_position else None) \
-            or (None, None)
+        # the cache's reserved buffers for this T (graphed steps write at fixed addresses), or None;
+        # a tree's conv windows have another shape: only its per-node states go there
+        window_out, states_out = (cache.buffers(self.layer, t) if every_position else None) or (None, None)
+        if tree is not None:
+            window_out = None
         if tree is not None and gdn_tree_kernels.takes(qkv, self.conv_weight, self.dk, self.dv):
-            return self._tree_kernels(qkv, z, beta_in, a, conv_state, state, cache, tree)
+            return self._tree_kernels(qkv, z, beta_in, a, conv_state, state, cache, tree, states_out)
         if (tree is None and every_position and gdn_chain.takes(qkv, self.dk, self.dv)
                 and gdn_fused.takes_prologue(qkv, conv_state, self.conv_weight, (self.A_log, self.dt_bias))):
             # two CUDA kernels per layer: the prologue (conv window, conv, SiLU, gates), then the chain
@@ -143,7 +145,7 @@ class GatedDeltaNet(nn.Module):
         if self.nv > self.nk:
             q, k = (y.repeat_interleave(self.nv // self.nk, dim=2) for y in (q, k))
         if tree is not None:
-            out, snapshots = gdn_tree.tree_gated_delta_rule(q, k, v, g, beta, state, tree)
+            out, snapshots = gdn_tree.tree_gated_delta_rule(q, k, v, g, beta, state, tree, states_out)
         elif every_position:
             out, _, snapshots = gdn.recurrent_gated_delta_rule(q, k, v, g, beta, state, keep_states=True,
                                                                states_out=states_out)
@@ -153,7 +155,7 @@ class GatedDeltaNet(nn.Module):
         cache.stash(self.layer, window, snapshots)
         return self._output(out, z, b, t)
 
-    def _tree_kernels(self, qkv, z, beta_in, a, conv_state, state, cache, tree):
+    def _tree_kernels(self, qkv, z, beta_in, a, conv_state, state, cache, tree, states_out=None):
         """The tree forward in two CUDA launches (kernels/gdn_tree.py): the conv over each node's
         ancestor window, then the recurrence from each node's parent state."""
         b, t = qkv.shape[:2]
@@ -161,7 +163,8 @@ class GatedDeltaNet(nn.Module):
                                                    tree.conv_window_index(self.conv_weight.shape[1]))
         beta, g = gdn.gates(beta_in[0], a[0], self.A_log, self.dt_bias)
         out, snapshots = gdn_tree_kernels.tree_recurrence(mixed, self.nk, self.dk, g, beta.float(), state[0],
-                                                          tree.parents)
+                                                          tree.parents,
+                                                          None if states_out is None else states_out[0])
         cache.stash(self.layer, window[None], snapshots[None])
         return self._output(out[None], z, b, t)
 

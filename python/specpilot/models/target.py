@@ -114,8 +114,8 @@ class TargetLM(RopeTables, nn.Module):
         [B, T', V] with T' = T or only the last `logits_rows` rows, features [B, T, F] or None) where
         features concatenates the outputs of `feature_layers` (HF `hidden_states[i + 1]`: the output of
         layer i; for the last layer HF reports the final-normed state, and so do we). head: a callable
-        replacing the LM head on the final-normed rows (engine/certified_head.py), or None. tree: a
-        TreeLayout (engine/tree/layout.py): ids are its nodes, `positions` their scratch slots; rotated
+        replacing the LM head on the final-normed rows (engine/certified_head.py), or None. tree:
+        TreeInputs (engine/tree/layout.py): ids are its nodes, `positions` their scratch slots; rotated
         at their depth's position, each attending to the committed slots and its ancestors.
         """
         x, delta = self.embed(ids), None                       # [B, T, H]; a layer's output is x + delta

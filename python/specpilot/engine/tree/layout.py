@@ -4,6 +4,12 @@ Node i of a tree verified at anchor position `start` is written to cache slot st
 slot: siblings share a position, so they cannot share a slot) and rotated at position start + depth[i].
 It sees the committed slots [0, start) and the slots of its ancestors and itself. Commit
 (engine/tree/commit.py) moves the accepted path's K/V from start + node to start + depth.
+
+The forward reads only TreeInputs: views of one int64 device tensor `packed` [4N + N*N] (tokens,
+parents, slots, rope positions, ancestor matrix), from which everything else (the attention mask,
+the conv windows) is derived on the device. So the shapes depend on N alone, one host-to-device copy
+carries a tree, and a CUDA graph of the forward (engine/tree/graphs.py) takes a new tree by a copy into
+its static `packed`. TreeLayout adds the host side (the DraftTree, the anchor position).
 """
 from __future__ import annotations
 
@@ -14,57 +20,86 @@ from specpilot.ops.attention import AttentionMask
 from .build import DraftTree
 
 
-class TreeLayout:
-    def __init__(self, tree: DraftTree, start: int, device):
-        n = len(tree)
-        for i, p in enumerate(tree.parents):                    # the per-node kernels rely on this order
-            if not (p == -1 if i == 0 else 0 <= p < i):
-                raise ValueError(f"tree node {i} has parent {p}: node 0 is the root (parent -1) and every "
-                                 f"other node's parent must come before it")
-        self.tree, self.start, self.size = tree, start, n
-        self.parents = torch.tensor(tree.parents, dtype=torch.long, device=device)
-        self.slots = torch.arange(start, start + n, device=device)
-        self.rope_positions = start + torch.tensor(tree.depth, dtype=torch.long, device=device)
-        ancestors = torch.zeros(n, n, dtype=torch.bool)          # [i, j]: j is i or an ancestor of i
-        for i, p in enumerate(tree.parents):
-            if p >= 0:
-                ancestors[i] = ancestors[p]
-            ancestors[i, i] = True
-        self.ancestors = ancestors.to(device)
-        by_depth = {}
-        for i, d in enumerate(tree.depth):
-            by_depth.setdefault(d, []).append(i)
-        self.levels = [torch.tensor(by_depth[d], dtype=torch.long, device=device) for d in sorted(by_depth)]
+def packed_size(n: int) -> int:
+    return 4 * n + n * n
+
+
+class TreeInputs:
+    def __init__(self, packed: torch.Tensor, n: int):
+        """packed: int64 [4n + n*n] = [tokens | parents (-1: the root) | slots | rope positions |
+        ancestors (row i, column j: 1 where j is i or an ancestor of i)]."""
+        if packed.dtype != torch.long or packed.shape != (packed_size(n),):
+            raise ValueError(f"a tree of {n} nodes is packed as int64 [{packed_size(n)}], got "
+                             f"{packed.dtype} {list(packed.shape)}")
+        self.packed, self.size = packed, n
+        self.tokens = packed[:n].view(1, n)
+        self.parents = packed[n:2 * n]
+        self.slots = packed[2 * n:3 * n]
+        self.rope_positions = packed[3 * n:4 * n]
+        self.ancestors = packed[4 * n:].view(n, n)
         self._windows = {}
 
     def attention_mask(self, kv_len: int, groups: int, dtype) -> AttentionMask:
-        """The ancestor mask over kv_len = start + N slots, additive [1, 1, g*N, kv_len] over attend's
-        folded GQA rows (row j*N + i), with no `last` (it is not causal: our decode kernel declines)."""
-        if kv_len != self.start + self.size:
-            raise ValueError(f"a tree forward attends to start + nodes = {self.start + self.size} slots, "
-                             f"got kv_len={kv_len}")
-        committed = torch.ones(self.size, self.start, dtype=torch.bool, device=self.ancestors.device)
-        visible = torch.cat([committed, self.ancestors], dim=1)            # [N, kv_len]
-        additive = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+        """The ancestor mask over kv_len >= start + N slots (a graph's kv span may be longer: the slots
+        past the tree are masked), additive [1, 1, g*N, kv_len] over attend's folded GQA rows (row
+        j*N + i), with no `last` (it is not causal: our decode kernel declines)."""
+        n, device = self.size, self.packed.device
+        committed = torch.arange(kv_len, device=device)[None, :] < self.slots[:1, None]     # [1, kv_len]
+        in_tree = torch.zeros(n, kv_len, dtype=torch.long, device=device)
+        in_tree.index_copy_(1, self.slots, self.ancestors)                                   # [N, kv_len]
+        visible = committed | (in_tree != 0)
+        additive = torch.zeros(visible.shape, dtype=dtype, device=device)
         additive.masked_fill_(~visible, float("-inf"))
         return AttentionMask(additive.repeat(groups, 1)[None, None], None)
 
     def conv_window_index(self, width: int) -> torch.Tensor:
         """[N, width] indices into [the width - 1 committed conv inputs, the N nodes' inputs]: node i's
         conv window, oldest first, ending with i itself (its ancestors before it; above the root, the
-        committed inputs)."""
+        committed inputs). Walked up the parents on the device, width - 1 gathers."""
         if width in self._windows:                                  # every GDN layer asks
             return self._windows[width]
-        past = width - 1
-        idx = torch.empty(self.size, width, dtype=torch.long)
-        for i in range(self.size):
-            e = past + i                                        # walk up the extended sequence
-            for col in range(width - 1, -1, -1):
-                idx[i, col] = e
-                if e >= past:
-                    p = self.tree.parents[e - past]
-                    e = past + p if p >= 0 else past - 1
-                else:
-                    e -= 1
-        self._windows[width] = idx.to(self.parents.device)
+        past, device = width - 1, self.packed.device
+        # the previous entry of each extended index: committed inputs their predecessor, a node its
+        # parent's entry (the root: the last committed input)
+        before = torch.cat([(torch.arange(past, device=device) - 1).clamp(min=0),
+                            torch.where(self.parents >= 0, self.parents + past, torch.full_like(self.parents, past - 1))])
+        col = torch.arange(past, past + self.size, device=device)
+        cols = [col]
+        for _ in range(past):
+            col = before[col]
+            cols.append(col)
+        self._windows[width] = torch.stack(cols[::-1], dim=1)
         return self._windows[width]
+
+
+def pack_tree(tree: DraftTree, start: int) -> torch.Tensor:
+    """The host tensor TreeInputs reads (int64 [4N + N*N], CPU)."""
+    n = len(tree)
+    for i, p in enumerate(tree.parents):                        # the per-node kernels rely on this order
+        if not (p == -1 if i == 0 else 0 <= p < i):
+            raise ValueError(f"tree node {i} has parent {p}: node 0 is the root (parent -1) and every "
+                             f"other node's parent must come before it")
+    paths, ones = [], []                                        # node i's root path; its ancestor entries
+    for i, p in enumerate(tree.parents):
+        paths.append((paths[p] if p >= 0 else []) + [i])
+        ones.extend(4 * n + i * n + j for j in paths[i])
+    packed = torch.zeros(packed_size(n), dtype=torch.long)
+    packed[:4 * n] = torch.tensor([tree.tokens, tree.parents, list(range(start, start + n)),
+                                   [start + d for d in tree.depth]], dtype=torch.long).reshape(-1)
+    packed[torch.tensor(ones, dtype=torch.long)] = 1
+    return packed
+
+
+class TreeLayout(TreeInputs):
+    def __init__(self, tree: DraftTree, start: int, device):
+        packed = pack_tree(tree, start)
+        if torch.device(device).type == "cuda":
+            packed = packed.pin_memory().to(device, non_blocking=True)
+        super().__init__(packed, len(tree))
+        self.tree, self.start = tree, start
+
+    def attention_mask(self, kv_len: int, groups: int, dtype) -> AttentionMask:
+        if kv_len < self.start + self.size:
+            raise ValueError(f"a tree forward attends to at least start + nodes = {self.start + self.size} "
+                             f"slots, got kv_len={kv_len}")
+        return super().attention_mask(kv_len, groups, dtype)

@@ -3,7 +3,8 @@
 Per step, anchor at position `start` (as engine/spec.py's chain loop):
   draft  the block [anchor, mask x (vs - 1)] -> draft logits at depths 1..vs-1
   tree   best-first under the node budget (build.py)
-  verify one target forward over the tree's nodes (ancestor mask; hybrid: per-node conv / state)
+  verify one target forward over the tree's nodes (ancestor mask; hybrid: per-node conv / state),
+         CUDA-graphed per node budget when the engine graphs (graphs.py)
   accept greedy: the longest path of target-argmax tokens + bonus (accept.py); temperature > 0:
          recursive rejection sampling over each node's children (sampling.py); commit / stop as chain
   commit the path's K/V into its positional slots, the hybrid state at its last node (commit.py);
@@ -21,12 +22,13 @@ from ..accept import commit
 from ..result import GenerationResult
 from .accept import accepted_path
 from .build import build_tree
-from .commit import commit_path
+from .commit import commit_path, move_kv
+from .graphs import kv_mover, tree_forward
 from .layout import TreeLayout
 from .sampling import sampled_path
 
-TREE_EAGER = ("tree verification: eager step loop (the fused / graphed greedy step is chain-only; the tree's "
-              "shape changes every step and its commit moves K/V on the host's path)")
+TREE_EAGER = ("tree verification: stepwise loop (the fused whole-step graphs are chain-only; the tree's "
+              "verify forward is graphed per node budget, its commit moves K/V on the host's path)")
 
 
 def check_tree_request(engine, temperature, replay) -> None:
@@ -61,21 +63,19 @@ def run_tree_spec(engine, ids, max_new_tokens, stop_ids, block_size, budget, tem
             block[0, 0] = tokens[-1]
             draft_logits = runner.draft_step(ctx, ctx_start, block, start, block_size)[0]   # [vs-1, V]
         tree = build_tree(draft_logits, tokens[-1], budget)
-        layout = TreeLayout(tree, start, device)
-        nodes = torch.tensor([tree.tokens], dtype=torch.long, device=device)
-        with runner.kernel_ctx(len(tree)):                                  # verify
-            logits, feats = target(nodes, layout.slots, runner.cache, start + len(tree),
-                                   runner.feature_layers if vs > 1 else (), tree=layout)
+        layout = TreeLayout(tree, start, device)                            # verify (graphed: full trees)
+        full = len(tree) == budget
+        logits, feats = tree_forward(runner, layout, vs > 1, graphed=full)
         if temperature > 0:                                                 # accept
             path, bonus = sampled_path(tree, sampling_probs(logits[0], temperature), generator)
         else:
             path, bonus = accepted_path(tree, torch.argmax(logits[0], dim=-1).tolist())
         new = [tree.tokens[i] for i in path[1:]] + [bonus]
         produced, stopped = commit(new, max_length - start - 1, stop, tokens)
-        commit_path(runner.cache, layout, path[:produced])                  # commit
-        if vs > 1:
+        if vs > 1:       # before the commit: a graph's outputs are only valid until another graph replays
             ctx = feats[:, torch.tensor(path[:produced], device=device)]   # anchor + accepted drafts
             ctx_start = start
+        commit_path(runner.cache, layout, path[:produced], kv_mover(runner, budget) if full else move_kv)
         start += produced
         acceptance.append(produced)
 

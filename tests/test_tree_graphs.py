@@ -1,0 +1,158 @@
+"""The graphed tree verify path (engine/tree/graphs.py) on the CPU, fp32: the packed tree's device-side
+mask and conv windows against host references, and the tree loop through the graphed path (a
+stand-in for the graph that, as a replay, forgets every Python-side record of the forward) giving the
+eager tree loop's tokens and acceptance on dense and hybrid pairs; warmup captures every span's tree
+graph. The GPU twin (real graphs, bitwise against eager) is tests/test_tree_graphs_gpu.py."""
+import pytest
+import torch
+
+from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU thread)
+from test_engine_helpers import fresh_seed
+from tree_helpers import TinyPair, oracle_drafts, tree_budget
+from specpilot.engine.graphs import StaticShapeStep, kv_bucket, kv_spans
+from specpilot.engine.steps import StepRunner
+from specpilot.engine.tree.build import DraftTree
+from specpilot.engine.tree.layout import TreeInputs, pack_tree, packed_size
+
+
+def random_tree(n: int, g: torch.Generator) -> DraftTree:
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)]
+    depth = [0] * n
+    for i in range(1, n):
+        depth[i] = depth[parents[i]] + 1
+    return DraftTree(torch.randint(0, 100, (n,), generator=g).tolist(), parents, depth)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 33])
+def test_device_side_mask_and_windows_follow_the_ancestors(n):
+    g = torch.Generator().manual_seed(n)
+    tree, start, span = random_tree(n, g), 9, 64
+    inputs = TreeInputs(pack_tree(tree, start), n)                  # what a graph sees: no host tree
+    assert inputs.tokens.tolist() == [tree.tokens] and inputs.parents.tolist() == tree.parents
+    assert inputs.rope_positions.tolist() == [start + d for d in tree.depth]
+    mask = inputs.attention_mask(span, groups=3, dtype=torch.float32).additive[0, 0]
+    assert mask.shape == (3 * n, span) and torch.equal(mask[:n], mask[2 * n:])
+    for i in range(n):
+        visible = [j for j in range(span) if mask[i, j] == 0]
+        assert visible == list(range(start)) + [start + a for a in tree.path_to(i)]
+    for width in (2, 4):
+        past = width - 1
+        index = inputs.conv_window_index(width).tolist()
+        for i in range(n):                  # committed inputs 0..past-1, then the path's nodes at past + j
+            assert index[i] == (list(range(past)) + [past + j for j in tree.path_to(i)])[-width:]
+    with pytest.raises(ValueError, match="packed as int64"):
+        TreeInputs(torch.zeros(packed_size(n) + 1, dtype=torch.long), n)
+
+
+def replay_like(cache):
+    """A step factory: StaticShapeStep whose tree steps end as a graph replay leaves the cache: a hybrid
+    forward must have written its per-node states into the reserved buffers of N (graphs of every span
+    share them), and the stash is then forgotten (a replay runs no Python)."""
+
+    class ReplayLike(StaticShapeStep):
+        def __call__(self, *inputs):
+            out = super().__call__(*inputs)
+            if len(inputs) == 1 and out is not None and hasattr(cache, "step_buffers"):   # a tree step
+                n = next(n for n in cache.step_buffers if packed_size(n) == inputs[0].numel())
+                for j, (_, states) in enumerate(cache.step_buffers[n]):
+                    assert cache.snapshots[j] is states
+                cache.windows = [None] * len(cache.conv)
+                cache.snapshots = [None] * len(cache.conv)
+            return out
+    return ReplayLike
+
+
+@pytest.fixture(scope="module", params=["tiny-qwen3", "tiny-qwen3.5"])
+def pair(request, tmp_path_factory):
+    return TinyPair(tmp_path_factory.mktemp("treegraph"), request.param, seed=fresh_seed())
+
+
+def graphed_runner(engine):
+    return StepRunner(engine.target, engine.drafter, engine.cache, engine.draft_cache, True,
+                      replay_like(engine.cache), config=engine.config)
+
+
+def run(pair, prompt, ar, budget):
+    with oracle_drafts(pair.engine, len(prompt), ar), tree_budget(pair.engine, budget):
+        return pair.engine.generate_spec(prompt, 60)
+
+
+def test_graphed_tree_loop_equals_eager(pair):
+    eng = pair.engine
+    prompt = pair.random_prompt(13, pair.seed + 5)
+    ar = eng.generate_ar(prompt, 60).tokens
+    budgets = (4, 16, 32)
+    eager = {b: run(pair, prompt, ar, b) for b in budgets}
+    saved = eng.runner
+    eng.runner = graphed_runner(eng)
+    try:
+        for b in budgets:
+            ours = run(pair, prompt, ar, b)
+            assert ours.tokens == eager[b].tokens == ar, f"budget {b}, seed {pair.seed}"
+            assert ours.acceptance_lengths == eager[b].acceptance_lengths
+            assert max(ours.acceptance_lengths) > 2
+        trees = {k for k in eng.runner.graphs if k[0] == "tree"}
+        assert {(k[1], k[2]) for k in trees} == {(b, True) for b in budgets}
+        assert {k for k in eng.runner.graphs if k[0] == "tree_commit"} == {("tree_commit", b) for b in budgets}
+        if hasattr(eng.cache, "step_buffers"):
+            assert set(budgets) <= set(eng.cache.step_buffers)
+    finally:
+        eng.runner = saved
+        if hasattr(eng.cache, "step_buffers"):
+            eng.cache.step_buffers.clear()
+
+
+def test_graphed_sampled_tree_loop_equals_eager(pair):
+    """Temperature > 0 (recursive rejection sampling over the graphed step's logits): the same seed
+    gives the eager loop's tokens."""
+    eng = pair.engine
+    prompt = pair.random_prompt(12, pair.seed + 7)
+    with tree_budget(eng, 16):
+        eager = [eng.generate_spec(prompt, 40, temperature=1.0, seed=s).tokens for s in (1, 2)]
+        saved = eng.runner
+        eng.runner = graphed_runner(eng)
+        try:
+            assert [eng.generate_spec(prompt, 40, temperature=1.0, seed=s).tokens for s in (1, 2)] == eager
+            assert any(k[0] == "tree" for k in eng.runner.graphs)
+        finally:
+            eng.runner = saved
+            if hasattr(eng.cache, "step_buffers"):
+                eng.cache.step_buffers.clear()
+    assert eager[0] != eager[1]                                     # the seed matters: sampled, not greedy
+
+
+def test_warmup_captures_every_span(pair):
+    eng = pair.engine
+    prompt = pair.random_prompt(11, pair.seed + 6)
+    ar = eng.generate_ar(prompt, 60).tokens
+    saved = eng.runner
+    eng.runner = graphed_runner(eng)
+    try:
+        with tree_budget(eng, 16):
+            eng.warmup(16)
+        want = {("tree", 16, True, span) for span in kv_spans(eng.runner.capacity) if span > 16} | {("tree_commit", 16)}
+        assert {k for k in eng.runner.graphs if k[0].startswith("tree")} == want
+        assert run(pair, prompt, ar, 16).tokens == ar                  # the hybrid cache was reset after it
+        assert {k for k in eng.runner.graphs if k[0].startswith("tree")} == want
+    finally:
+        eng.runner = saved
+        if hasattr(eng.cache, "step_buffers"):
+            eng.cache.step_buffers.clear()
+
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen3", "tiny-qwen3.5"])
+def test_tree_steps_bench_reports_graphed_beside_graphed(preset):
+    """bench/tree_steps.py through the graphed path (StaticShapeStep stands in for the graphs)."""
+    from specpilot.bench.tree_steps import tree_step_times
+    from specpilot.engine import Engine
+    from specpilot.models.random_ckpt import TARGET_PRESETS, random_target
+
+    engine = Engine(random_target(TARGET_PRESETS[preset], "cpu", torch.float32, seed=0), None, max_seq_len=128)
+    engine.runner = StepRunner(engine.target, None, engine.cache, None, True, StaticShapeStep, config=engine.config)
+    engine.use_graphs = True
+    row = tree_step_times(engine, context=40, nodes=8, iters=1)
+    assert row["tree_graphed_ms"] > 0 and row["chain_graphed_ms"] > 0
+    assert row["tree_graphed_over_chain_graphed"] == row["tree_graphed_ms"] / row["chain_graphed_ms"]
+    assert "commit_graphed_ms" in row and ("tree_commit", 8) in engine.runner.graphs
+    assert ("tree", 8, False, kv_bucket(40 + 8, engine.runner.capacity)) in engine.runner.graphs

@@ -1,0 +1,131 @@
+"""CUDA-graphed tree verify steps (engine/tree/graphs.py) on the GPU: each graphed tree step equals the
+eager tree forward at the same kv span bit for bit (logits; on hybrids the per-node states and conv
+windows), replayed with different trees and node counts over growing contexts that cross a kv bucket,
+with a random path committed after each step (the graphed K/V move against the eager one), on dense
+and hybrid tiny random targets in fp32 and bf16 (bf16 hybrid: the GDN tree kernels); greedy tree
+generation with graphs equals AR decoding (fp32) on dense and hybrid pairs with oracle drafts, through
+the graphs warmup captured. Skipped on CPU."""
+import dataclasses
+
+import pytest
+import torch
+
+from conftest import requires_gpu
+from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU thread)
+from test_engine_helpers import fresh_seed
+from tree_helpers import oracle_drafts, tree_budget
+
+pytestmark = requires_gpu
+
+
+def random_tree(n: int, g: torch.Generator):
+    from specpilot.engine.tree.build import DraftTree
+
+    parents = [-1] + [int(torch.randint(max(0, i - 3), i, (1,), generator=g)) for i in range(1, n)]
+    depth = [0] * n
+    for i in range(1, n):
+        depth[i] = depth[parents[i]] + 1
+    return DraftTree([0] * n, parents, depth)
+
+
+def tiny_target(kind: str, dtype):
+    from specpilot.models.random_ckpt import HYBRID_PRESETS, TARGET_PRESETS, random_target
+
+    if kind == "dense":
+        cfg = TARGET_PRESETS["tiny-qwen3"]
+    else:
+        cfg = HYBRID_PRESETS["tiny-qwen3.5"]
+        if kind == "hybrid-kernels":        # widths the GDN tree kernels and the decode kernel take
+            cfg = dataclasses.replace(cfg, linear_key_head_dim=64, linear_value_head_dim=64, head_dim=64)
+    return random_target(cfg, "cuda", dtype, seed=fresh_seed())
+
+
+@pytest.mark.parametrize("kind, dtype", [("dense", torch.float32), ("dense", torch.bfloat16),
+                                         ("hybrid", torch.float32), ("hybrid", torch.bfloat16),
+                                         ("hybrid-kernels", torch.bfloat16)])
+@torch.inference_mode()
+def test_graphed_tree_step_equals_eager_bitwise(kind, dtype):
+    from specpilot.config import EngineConfig
+    from specpilot.engine import Engine
+    from specpilot.engine.graphs import kv_bucket
+    from specpilot.engine.tree.commit import commit_path
+    from specpilot.engine.tree.graphs import kv_mover, tree_forward
+    from specpilot.engine.tree.layout import TreeLayout
+
+    target = tiny_target(kind, dtype)
+    graphed, eager = (Engine(target, None, max_seq_len=600, config=EngineConfig(cuda_graphs=on))
+                      for on in (True, False))
+    assert graphed.use_graphs and not eager.use_graphs
+    hybrid = getattr(target, "is_hybrid", False)
+    seed = fresh_seed()
+    gen, host = torch.Generator(device="cuda").manual_seed(seed), torch.Generator().manual_seed(seed)
+    vocab = target.config.vocab_size
+    start = 230                                               # the steps cross the 256-slot kv bucket
+    prompt = torch.randint(0, vocab, (1, start), device="cuda", generator=gen)
+    for engine in (graphed, eager):
+        engine.runner.prefill(prompt, with_features=False)
+    for step in range(12):
+        n = (8, 16, 32)[step % 3]
+        tree = dataclasses.replace(random_tree(n, host), tokens=torch.randint(0, vocab, (n,), generator=host).tolist())
+        span = kv_bucket(start + n, graphed.runner.capacity)
+        layouts = [TreeLayout(tree, start, "cuda") for _ in range(2)]
+        ours, _ = tree_forward(graphed.runner, layouts[0], with_features=False)
+        ours = ours.clone()
+        with eager.runner.kernel_ctx(n):
+            ref, _ = target(layouts[1].tokens, layouts[1].slots, eager.cache, span, (), tree=layouts[1])
+        assert torch.equal(ours, ref), f"step {step} (N={n}, span {span}): logits differ"
+        if hybrid:
+            for j in range(len(graphed.cache.conv)):
+                assert torch.equal(graphed.cache.snapshots[j], eager.cache.snapshots[j]), f"step {step}: states"
+                assert torch.equal(graphed.cache.windows[j], eager.cache.windows[j]), f"step {step}: conv windows"
+        path = tree.path_to(int(torch.randint(0, 8, (1,), generator=host)))    # <= 8 tokens: start stays < 512 - 32
+        commit_path(graphed.cache, layouts[0], path, kv_mover(graphed.runner, n))    # its K/V move graphed
+        commit_path(eager.cache, layouts[1], path)
+        start += len(path)
+    assert {key[1] for key in graphed.runner.graphs if key[0] == "tree"} == {8, 16, 32}
+    assert {key[1] for key in graphed.runner.graphs if key[0] == "tree_commit"} == {8, 16, 32}
+    assert len({key[3] for key in graphed.runner.graphs if key[0] == "tree"}) == 2     # both kv spans replayed
+    for a, b in zip(graphed.cache.k + graphed.cache.v, eager.cache.k + eager.cache.v):
+        assert torch.equal(a[:, :, :start], b[:, :, :start])
+    if hybrid:
+        for a, b in zip(graphed.cache.state + graphed.cache.conv, eager.cache.state + eager.cache.conv):
+            assert torch.equal(a, b)
+
+
+@pytest.fixture(scope="module", params=["tiny-qwen3", "tiny-qwen3.5"])
+def fp32_pair(request, tmp_path_factory):
+    from specpilot.engine import Engine
+    from specpilot.models import load_drafter, load_target
+    from specpilot.models.random_ckpt import write_pair
+
+    t, d = write_pair(tmp_path_factory.mktemp("treegraph"), request.param, drafter_layers=2, block_size=16,
+                      seed=fresh_seed(), layer_ids=[0, 1])
+    target = load_target(t, device="cuda", dtype=torch.float32)
+    return Engine(target, load_drafter(d, target), max_seq_len=600)
+
+
+@pytest.mark.parametrize("budget", [8, 16, 32])
+def test_graphed_tree_generation_equals_ar(fp32_pair, budget):
+    from specpilot.engine.graphs import kv_spans
+
+    engine = fp32_pair
+    assert engine.use_graphs
+    vocab = engine.target.config.vocab_size
+    g = torch.Generator().manual_seed(fresh_seed())
+
+    def tree_graphs():
+        return {k for k in engine.runner.graphs if k[0].startswith("tree") and k[1] == budget}
+
+    with tree_budget(engine, budget):
+        engine.warmup(16)
+        captured = tree_graphs()
+        assert captured == {("tree", budget, True, span) for span in kv_spans(engine.runner.capacity)} | \
+            {("tree_commit", budget)}
+        for length, max_new in ((7, 60), (200, 120)):               # several kv buckets
+            prompt = torch.randint(0, vocab - 2, (length,), generator=g).tolist()
+            ar = engine.generate_ar(prompt, max_new).tokens
+            assert engine.generate_spec(prompt, max_new).tokens == ar              # the real drafter
+            with oracle_drafts(engine, len(prompt), ar):                          # paths through siblings
+                tree = engine.generate_spec(prompt, max_new)
+            assert tree.tokens == ar and max(tree.acceptance_lengths) > 2
+        assert tree_graphs() == captured                                         # warmup had them all
