@@ -11,7 +11,9 @@ Exactness: per-row arithmetic as transformers' Qwen3_5ForCausalLM torch path: ze
 ((1 + w) in fp32), the GDN layer's conv / gates / recurrence / gated norm (models/gdn.py; on bf16
 CUDA the kernels of kernels/gdn_fused.py and gdn_chain.py, within bf16 rounding of it), gated
 attention with partial RoPE and q/k norms; projections fused ([qkv; z; b; a] for GDN, [q|gate; k; v]
-for attention, [gate; up] for the MLP), which changes only GEMM rounding. Prefills of more than
+for attention, [gate; up] for the MLP), which changes only GEMM rounding. bf16 forwards run the norms, the q/k norms with
+RoPE and the output gate in the compact forms of ops/zero_centred.py (same roundings; only the fp32
+sum-of-squares order of the norms may differ). Prefills of more than
 MAX_SNAPSHOT_T tokens run the chunked GDN form (as transformers' prefill), shorter calls the
 recurrent form (as its decode), keeping the state after every token.
 """
@@ -23,7 +25,9 @@ from torch import nn
 from specpilot.kernels import gdn_chain, gdn_fused
 from specpilot.kernels import gdn_tree as gdn_tree_kernels
 from specpilot.ops import linear
+from specpilot.ops import zero_centred
 from specpilot.ops.attention import attend, attention_mask
+from specpilot.ops.zero_centred import partial_rope, zero_centred_rms_norm
 
 from . import gdn, gdn_tree
 from .hybrid_config import HybridConfig
@@ -31,33 +35,17 @@ from .layers import SwiGLU, rope_table
 from .moe import SparseMoE
 
 
-def zero_centred_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm with weight (1 + w), both in fp32, one cast back (transformers' Qwen3NextRMSNorm)."""
-    xf = x.float()
-    out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (out * (1.0 + weight.float())).to(x.dtype)
-
-
 class ZeroCentredRMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.zeros(dim))
+        self.plus_one = zero_centred.PlusOne()
 
     def forward(self, x):
+        if zero_centred.takes(x):
+            return zero_centred.compact_zero_centred_rms_norm(x, self.plus_one.get((self.weight,)), self.eps)
         return zero_centred_rms_norm(x, self.weight, self.eps)
-
-
-def rotate_half(x):
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def partial_rope(x, cos, sin):
-    """x [B, H, T, D]; cos/sin [T, R] with R <= D: rotate the first R dims, pass the rest."""
-    r = cos.shape[-1]
-    rot, rest = x[..., :r], x[..., r:]
-    return torch.cat([rot * cos + rotate_half(rot) * sin, rest], dim=-1)
 
 
 class GatedAttention(nn.Module):
@@ -71,12 +59,17 @@ class GatedAttention(nn.Module):
         self.q_norm = ZeroCentredRMSNorm(self.d, cfg.rms_norm_eps)
         self.k_norm = ZeroCentredRMSNorm(self.d, cfg.rms_norm_eps)
         self.scale = self.d ** -0.5
+        self.qk_plus_one = zero_centred.PlusOne()
 
-    def forward(self, x, cos, sin, positions, k_cache, v_cache, kv_len, mask):
+    def forward(self, x, cos, sin, positions, k_cache, v_cache, kv_len, mask, sin_rows=None):
+        """sin_rows: zero_centred.rope_rows(sin) when the compact elementwise forms run (HybridLM
+        decides once per forward), else None."""
         b, t, _ = x.shape
         qg, k, v = linear.linear(self.qkv, x).split(
             (2 * self.nq * self.d, self.nkv * self.d, self.nkv * self.d), dim=-1)
         q, gate = qg.view(b, t, self.nq, 2 * self.d).chunk(2, dim=-1)          # per head: [query | gate]
+        if sin_rows is not None:
+            return self._compact(x, q, gate, k, v, cos, sin_rows, positions, k_cache, v_cache, kv_len, mask)
         gate = gate.reshape(b, t, self.nq * self.d)
         q = partial_rope(self.q_norm(q).transpose(1, 2), cos, sin)              # [B, Hq, T, D]
         k = partial_rope(self.k_norm(k.view(b, t, self.nkv, self.d)).transpose(1, 2), cos, sin)
@@ -84,6 +77,18 @@ class GatedAttention(nn.Module):
         v_cache.index_copy_(2, positions, v.view(b, t, self.nkv, self.d).transpose(1, 2))
         out = attend(q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], mask, self.scale)  # [B, T, Hq*D]
         return linear.linear(self.o, out * torch.sigmoid(gate))
+
+    def _compact(self, x, q, gate, k, v, cos, sin_rows, positions, k_cache, v_cache, kv_len, mask):
+        """forward's arithmetic in few kernels (ops/zero_centred.py): q and k normed and rotated together,
+        the gate read in place."""
+        b, t, _ = x.shape
+        plus_one = self.qk_plus_one.get((self.q_norm.weight, self.k_norm.weight), (self.nq, self.nkv))
+        q, k = zero_centred.compact_qk_norm_rope(q, k.view(b, t, self.nkv, self.d), plus_one, cos, sin_rows,
+                                                 self.q_norm.eps)
+        k_cache.index_copy_(2, positions, k.transpose(1, 2))
+        v_cache.index_copy_(2, positions, v.view(b, t, self.nkv, self.d).transpose(1, 2))
+        out = attend(q.transpose(1, 2), k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], mask, self.scale)
+        return linear.linear(self.o, zero_centred.output_gate(out, gate))
 
 
 class GatedDeltaNet(nn.Module):
@@ -230,6 +235,7 @@ class HybridLM(nn.Module):
         rope = positions if tree is None else tree.rope_positions
         cos, sin = self.rope_cos[rope], self.rope_sin[rope]
         c = self.config
+        sin_rows = zero_centred.rope_rows(sin) if zero_centred.takes(x) and c.attention_layers else None
         groups = c.num_heads // c.num_kv_heads
         mask = attention_mask(positions, kv_len, groups, x.dtype, writes_at_last=True) if tree is None \
             else tree.attention_mask(kv_len, groups, x.dtype)
@@ -240,7 +246,7 @@ class HybridLM(nn.Module):
                 h = layer.mixer(h, cache, every, tree)
             else:
                 j = cache.kv_index[i]
-                h = layer.mixer(h, cos, sin, positions, cache.k[j], cache.v[j], kv_len, mask)
+                h = layer.mixer(h, cos, sin, positions, cache.k[j], cache.v[j], kv_len, mask, sin_rows)
             x = x + h
             x = x + layer.mlp(layer.mlp_norm(x))
             if i in feature_layers and i != len(self.layers) - 1:

@@ -1,0 +1,119 @@
+"""The hybrid target's elementwise work (models/hybrid.py) in few kernels: the zero-centred RMSNorm
+(weight 1 + w, transformers' Qwen3NextRMSNorm), the gated attention's q/k head norms with partial RoPE,
+and its output gate, each beside its op-for-op reference.
+
+  zero_centred_rms_norm(x, weight, eps)              the reference: fp32 statistics, x * rstd * (1 + w)
+                                                     in fp32, one cast back (~10 kernels)
+  compact_zero_centred_rms_norm(x, plus_one, eps)    cast, fused rms_norm, multiply-and-cast: 3 kernels
+  rope_rows(sin)                                     a step's sin rows for the compact RoPE (once a step)
+  compact_qk_norm_rope(q, k, plus_one, cos, sin_rows, eps) -> (q, k) normed and rotated, [B, T, H, D]:
+                                                     ~8 kernels for both where the reference runs ~32
+  output_gate(out, gate)                             out * sigmoid(gate) from the strided gate view: 2
+
+Dispatch (`takes`): the compact forms run on bf16 tensors while EngineConfig.fused_kernels is on and no
+torch.compile trace runs; fp32 (the CPU reference tier) always runs the reference, unchanged.
+
+Exactness: the compact forms keep every rounding of the reference; what changes is only the fp32
+sum-of-squares order and rsqrt of the norms (torch's fused rms_norm kernel on CUDA), as for the dense
+fused kernels (ops/norm_rope.py). The RoPE is bit-identical: rotate_half(x) * sin = cat(-x2, x1) * sin
+equals cat(x2, x1) * cat(-sin1, sin2) elementwise, IEEE negation being exact.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from specpilot import config
+
+
+def takes(x: torch.Tensor) -> bool:
+    """Whether the compact forms run on activations like x (else the references)."""
+    return x.dtype == torch.bfloat16 and config.current().fused_kernels and not torch.compiler.is_compiling()
+
+
+# -- references ------------------------------------------------------------------------------------
+def zero_centred_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm with weight (1 + w), both in fp32, one cast back (transformers' Qwen3NextRMSNorm)."""
+    xf = x.float()
+    out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (out * (1.0 + weight.float())).to(x.dtype)
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def partial_rope(x, cos, sin):
+    """x [B, H, T, D]; cos/sin [T, R] with R <= D: rotate the first R dims, pass the rest."""
+    r = cos.shape[-1]
+    rot, rest = x[..., :r], x[..., r:]
+    return torch.cat([rot * cos + rotate_half(rot) * sin, rest], dim=-1)
+
+
+# -- the weight (1 + w) in fp32, kept -----------------------------------------------------------------
+class PlusOne:
+    """1 + the given weights in fp32 (stacked per head by `repeats`, see `get`), recomputed when a weight
+    changes (its storage or version). A recompute writes into the same tensor when the shape allows, so
+    a CUDA graph that captured it keeps reading live memory."""
+
+    def __init__(self):
+        self.key, self.value = None, None
+
+    def get(self, weights, repeats=None) -> torch.Tensor:
+        """weights: 1-D tensors [D]; repeats None: one weight -> [D]; else the counts per weight ->
+        [sum(repeats), D] (row h: 1 + the weight head h uses)."""
+        key = tuple((w.data_ptr(), w._version, w.device, w.dtype) for w in weights) + (tuple(repeats or ()),)
+        if key != self.key:
+            with torch.no_grad():
+                if repeats is None:
+                    fresh = weights[0].float() + 1.0
+                else:
+                    fresh = torch.cat([w.float().expand(n, -1) for w, n in zip(weights, repeats)]) + 1.0
+                if self.value is not None and self.value.shape == fresh.shape and self.value.device == fresh.device:
+                    self.value.copy_(fresh)
+                else:
+                    self.value = fresh
+            self.key = key
+        return self.value
+
+
+# -- compact forms ---------------------------------------------------------------------------------
+def compact_zero_centred_rms_norm(x: torch.Tensor, plus_one: torch.Tensor, eps: float) -> torch.Tensor:
+    """zero_centred_rms_norm(x, w, eps) with plus_one = 1 + w in fp32 [D]: x's fp32 copy, torch's rms_norm
+    over it (x * rstd in fp32: one fused kernel on CUDA), then (x * rstd) * (1 + w) rounded once into x's
+    dtype by the multiply itself."""
+    normed = F.rms_norm(x.float(), (x.shape[-1],), None, eps)
+    return torch.mul(normed, plus_one, out=torch.empty_like(x))
+
+
+def rope_rows(sin: torch.Tensor) -> torch.Tensor:
+    """sin [T, R] at a step's positions -> cat(-sin1, sin2), what compact_qk_norm_rope multiplies the
+    swapped halves by (made once per step, shared by the attention layers)."""
+    half = sin.shape[-1] // 2
+    return torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+
+
+def compact_qk_norm_rope(q, k, plus_one, cos, sin_rows, eps: float):
+    """q [B, T, Hq, D], k [B, T, Hkv, D] (strided views of the projection are fine); plus_one [Hq + Hkv, D]
+    fp32 (1 + q_norm weight for the q heads, 1 + k_norm's for the k heads); cos [T, R], sin_rows from
+    rope_rows -> (q, k), views of one new [B, T, Hq + Hkv, D] tensor: each head zero-centred-RMSNormed,
+    its first R dims rotated (partial RoPE), the rest passed."""
+    b, t, hq, d = q.shape
+    heads = torch.empty(b, t, hq + k.shape[2], d, dtype=torch.float32, device=q.device)
+    torch.cat([q, k], dim=2, out=heads)                                 # fp32 copies of both
+    normed = F.rms_norm(heads, (d,), None, eps)
+    qk = torch.mul(normed, plus_one, out=torch.empty(heads.shape, dtype=q.dtype, device=q.device))
+    r = cos.shape[-1]
+    rot = qk[..., :r]                                                   # [B, T, H, R], rotated in place
+    turned = rot * cos[:, None]
+    swapped = rot.unflatten(-1, (2, r // 2)).flip(-2).flatten(-2)       # cat(x2, x1): one kernel
+    swapped.mul_(sin_rows[:, None])                                     # * cat(-s1, s2)
+    torch.add(turned, swapped, out=rot)
+    return qk[:, :, :hq], qk[:, :, hq:]
+
+
+def output_gate(out: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """out [B, T, H*D] * sigmoid(gate [B, T, H, D], any strides) -> [B, T, H*D], each op rounded as the
+    reference out * torch.sigmoid(gate.reshape(B, T, H*D)), without the reshape's copy."""
+    return torch.sigmoid(gate).mul_(out.view(gate.shape)).view(out.shape)
