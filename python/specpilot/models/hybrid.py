@@ -12,8 +12,8 @@ Exactness: per-row arithmetic as transformers' Qwen3_5ForCausalLM torch path: ze
 CUDA the kernels of kernels/gdn_fused.py and gdn_chain.py, within bf16 rounding of it), gated
 attention with partial RoPE and q/k norms; projections fused ([qkv; z; b; a] for GDN, [q|gate; k; v]
 for attention, [gate; up] for the MLP), which changes only GEMM rounding. bf16 forwards run the norms, the q/k norms with
-RoPE and the output gate in the compact forms of ops/zero_centred.py (same roundings; only the fp32
-sum-of-squares order of the norms may differ). Prefills of more than
+RoPE and the output gate in the compact forms of ops/zero_centred.py, each residual add fused with the
+norm after it (one CUDA kernel): same roundings, only the fp32 sum-of-squares order of the norms may differ. Prefills of more than
 MAX_SNAPSHOT_T tokens run the chunked GDN form (as transformers' prefill), shorter calls the
 recurrent form (as its decode), keeping the state after every token.
 """
@@ -27,7 +27,7 @@ from specpilot.kernels import gdn_tree as gdn_tree_kernels
 from specpilot.ops import linear
 from specpilot.ops import zero_centred
 from specpilot.ops.attention import attend, attention_mask
-from specpilot.ops.zero_centred import partial_rope, zero_centred_rms_norm
+from specpilot.ops.zero_centred import partial_rope
 
 from . import gdn, gdn_tree
 from .hybrid_config import HybridConfig
@@ -43,9 +43,11 @@ class ZeroCentredRMSNorm(nn.Module):
         self.plus_one = zero_centred.PlusOne()
 
     def forward(self, x):
-        if zero_centred.takes(x):
-            return zero_centred.compact_zero_centred_rms_norm(x, self.plus_one.get((self.weight,)), self.eps)
-        return zero_centred_rms_norm(x, self.weight, self.eps)
+        return self.add_norm(x, None)[1]
+
+    def add_norm(self, x, delta):
+        """(x + delta, its norm), x itself without a delta (ops/zero_centred.py: one kernel on CUDA bf16)."""
+        return zero_centred.add_zero_centred_rms_norm(x, delta, self.weight, self.plus_one, self.eps)
 
 
 class GatedAttention(nn.Module):
@@ -240,20 +242,23 @@ class HybridLM(nn.Module):
         mask = attention_mask(positions, kv_len, groups, x.dtype, writes_at_last=True) if tree is None \
             else tree.attention_mask(kv_len, groups, x.dtype)
         feats = {}
+        last = len(self.layers) - 1
+        delta = None                  # a layer's output is x + delta: each add runs fused with the next norm
         for i, layer in enumerate(self.layers):
-            h = layer.attn_norm(x)
+            x, h = layer.attn_norm.add_norm(x, delta)
             if layer.recurrent:
                 h = layer.mixer(h, cache, every, tree)
             else:
                 j = cache.kv_index[i]
                 h = layer.mixer(h, cos, sin, positions, cache.k[j], cache.v[j], kv_len, mask, sin_rows)
-            x = x + h
-            x = x + layer.mlp(layer.mlp_norm(x))
-            if i in feature_layers and i != len(self.layers) - 1:
+            x, h = layer.mlp_norm.add_norm(x, h)
+            delta = layer.mlp(h)
+            if i in feature_layers and i != last:
+                x, delta = x + delta, None
                 feats[i] = x
-        x = self.norm(x)
-        if len(self.layers) - 1 in feature_layers:
-            feats[len(self.layers) - 1] = x
+        _, x = self.norm.add_norm(x, delta)
+        if last in feature_layers:
+            feats[last] = x
         if logits_rows is not None:
             x = x[:, -logits_rows:]
         logits = linear.linear(self.lm_head, x) if head is None else head(x)
