@@ -119,6 +119,9 @@ def test_plus_one_follows_the_weight_in_place():
     stacked = zc.PlusOne().get((w, torch.zeros(8)), (2, 3))
     assert stacked.shape == (5, 8) and torch.equal(stacked[:2], torch.full((2, 8), 1.5))
     assert torch.equal(stacked[2:], torch.ones(3, 8))
+    with torch.inference_mode():                       # weights loaded under inference mode: no version
+        frozen = torch.full((8,), 0.25)
+    assert torch.equal(zc.PlusOne().get((frozen,)), torch.full((8,), 1.25))
 
 
 def run_tiny(dtype, on: bool, seed: int):

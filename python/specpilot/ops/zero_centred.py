@@ -65,8 +65,9 @@ def partial_rope(x, cos, sin):
 # -- the weight (1 + w) in fp32, kept -----------------------------------------------------------------
 class PlusOne:
     """1 + the given weights in fp32 (stacked per head by `repeats`, see `get`), recomputed when a weight
-    changes (its storage or version). A recompute writes into the same tensor when the shape allows, so
-    a CUDA graph that captured it keeps reading live memory."""
+    changes (its storage or version; inference tensors have no version: there only a new storage shows).
+    A recompute writes into the same tensor when the shape allows, so a CUDA graph that captured it
+    keeps reading live memory."""
 
     def __init__(self):
         self.key, self.value = None, None
@@ -74,7 +75,8 @@ class PlusOne:
     def get(self, weights, repeats=None) -> torch.Tensor:
         """weights: 1-D tensors [D]; repeats None: one weight -> [D]; else the counts per weight ->
         [sum(repeats), D] (row h: 1 + the weight head h uses)."""
-        key = tuple((w.data_ptr(), w._version, w.device, w.dtype) for w in weights) + (tuple(repeats or ()),)
+        key = tuple((w.data_ptr(), None if w.is_inference() else w._version, w.device, w.dtype)
+                    for w in weights) + (tuple(repeats or ()),)
         if key != self.key:
             with torch.no_grad():
                 if repeats is None:
