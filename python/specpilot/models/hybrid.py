@@ -11,11 +11,12 @@ Exactness: per-row arithmetic as transformers' Qwen3_5ForCausalLM torch path: ze
 ((1 + w) in fp32), the GDN layer's conv / gates / recurrence / gated norm (models/gdn.py; on bf16
 CUDA the kernels of kernels/gdn_fused.py and gdn_chain.py, within bf16 rounding of it), gated
 attention with partial RoPE and q/k norms; projections fused ([qkv; z; b; a] for GDN, [q|gate; k; v]
-for attention, [gate; up] for the MLP), which changes only GEMM rounding. bf16 forwards run the norms, the q/k norms with
-RoPE and the output gate in the compact forms of ops/zero_centred.py, each residual add fused with the
-norm after it (one CUDA kernel): same roundings, only the fp32 sum-of-squares order of the norms may differ. Prefills of more than
-MAX_SNAPSHOT_T tokens run the chunked GDN form (as transformers' prefill), shorter calls the
-recurrent form (as its decode), keeping the state after every token.
+for attention, [gate; up] for the MLP), which changes only GEMM rounding (one-token linears run
+through our GEMV on bf16 CUDA, another fp32 summation order, as the dense target's). bf16 forwards
+run the norms, the q/k norms with RoPE and the output gate in the forms of ops/zero_centred.py, each
+residual add fused with the norm after it: same roundings, only the norms' fp32 sum-of-squares order
+may differ. Prefills of more than MAX_SNAPSHOT_T tokens run the chunked GDN form (as transformers'
+prefill), shorter calls the recurrent form (as its decode), keeping the state after every token.
 """
 from __future__ import annotations
 
@@ -33,6 +34,22 @@ from . import gdn, gdn_tree
 from .hybrid_config import HybridConfig
 from .layers import SwiGLU, rope_table
 from .moe import SparseMoE
+
+
+def project(proj: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """proj(x): a one-token row through our GEMV (EngineConfig.fused_gemv, ops/linear.py), else
+    linear.linear (the skinny GEMM for 2..16 rows, else torch)."""
+    return linear.gemv(x, proj) if linear.gemv_takes(x, proj) else linear.linear(proj, x)
+
+
+class GatedMLP(SwiGLU):
+    """SwiGLU whose one-token calls are two GEMVs, the SiLU gate fused into the second (as the dense
+    target's one-token block)."""
+
+    def forward(self, x):
+        if linear.gemv_takes(x, self.gate_up, self.down):
+            return linear.silu_mul_gemv(linear.gemv(x, self.gate_up), self.down)
+        return super().forward(x)
 
 
 class ZeroCentredRMSNorm(nn.Module):
@@ -67,7 +84,7 @@ class GatedAttention(nn.Module):
         """sin_rows: zero_centred.rope_rows(sin) when the compact elementwise forms run (HybridLM
         decides once per forward), else None."""
         b, t, _ = x.shape
-        qg, k, v = linear.linear(self.qkv, x).split(
+        qg, k, v = project(self.qkv, x).split(
             (2 * self.nq * self.d, self.nkv * self.d, self.nkv * self.d), dim=-1)
         q, gate = qg.view(b, t, self.nq, 2 * self.d).chunk(2, dim=-1)          # per head: [query | gate]
         if sin_rows is not None:
@@ -78,7 +95,7 @@ class GatedAttention(nn.Module):
         k_cache.index_copy_(2, positions, k)                                    # no host sync: graphs capture it
         v_cache.index_copy_(2, positions, v.view(b, t, self.nkv, self.d).transpose(1, 2))
         out = attend(q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], mask, self.scale)  # [B, T, Hq*D]
-        return linear.linear(self.o, out * torch.sigmoid(gate))
+        return project(self.o, out * torch.sigmoid(gate))
 
     def _compact(self, x, q, gate, k, v, cos, sin_rows, positions, k_cache, v_cache, kv_len, mask):
         """forward's arithmetic in few kernels (ops/zero_centred.py): q and k normed and rotated together,
@@ -90,7 +107,7 @@ class GatedAttention(nn.Module):
         k_cache.index_copy_(2, positions, k.transpose(1, 2))
         v_cache.index_copy_(2, positions, v.view(b, t, self.nkv, self.d).transpose(1, 2))
         out = attend(q.transpose(1, 2), k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], mask, self.scale)
-        return linear.linear(self.o, zero_centred.output_gate(out, gate))
+        return project(self.o, zero_centred.output_gate(out, gate))
 
 
 class GatedDeltaNet(nn.Module):
@@ -115,7 +132,7 @@ class GatedDeltaNet(nn.Module):
         """tree: a TreeLayout (engine/tree/layout.py): x holds its nodes, each continuing its parent
         (models/gdn_tree.py); the per-node conv windows and states are stashed for the path commit."""
         b, t, _ = x.shape
-        qkv, z, beta_in, a = linear.linear(self.in_proj, x).split(
+        qkv, z, beta_in, a = project(self.in_proj, x).split(
             (self.conv_dim, self.value_dim, self.nv, self.nv), dim=-1)
         conv_state, state = cache.layer_state(self.layer)
         # the cache's reserved buffers for this T (graphed steps write at fixed addresses), or None
@@ -179,7 +196,7 @@ class GatedDeltaNet(nn.Module):
             out = gdn_fused.gated_norm(out, z, self.norm_weight, self.eps)
         else:
             out = gdn.gated_rms_norm(out, z, self.norm_weight, self.eps)
-        return linear.linear(self.out_proj, out.reshape(b, t, self.value_dim))
+        return project(self.out_proj, out.reshape(b, t, self.value_dim))
 
 
 class HybridBlock(nn.Module):
@@ -192,7 +209,7 @@ class HybridBlock(nn.Module):
         self.mixer = GatedDeltaNet(cfg, layer) if self.recurrent else GatedAttention(cfg)
         self.mlp_norm = ZeroCentredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SparseMoE(cfg.hidden_size, cfg) if layer in cfg.moe_layers else \
-            SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+            GatedMLP(cfg.hidden_size, cfg.intermediate_size)
 
 
 class HybridLM(nn.Module):
@@ -261,7 +278,7 @@ class HybridLM(nn.Module):
             feats[last] = x
         if logits_rows is not None:
             x = x[:, -logits_rows:]
-        logits = linear.linear(self.lm_head, x) if head is None else head(x)
+        logits = project(self.lm_head, x) if head is None else head(x)
         features = torch.cat([feats[i] for i in feature_layers], dim=-1) if feature_layers else None
         return logits, features
 
