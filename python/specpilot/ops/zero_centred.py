@@ -176,7 +176,7 @@ def rope_in_place(x: torch.Tensor, cos: torch.Tensor, sin_rows: torch.Tensor) ->
 def output_gate(out: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """out [B, T, H*D] * sigmoid(gate [B, T, H, D], any strides) -> [B, T, H*D], each op rounded as the
     reference out * torch.sigmoid(gate.reshape(B, T, H*D)), without the reshape's copy."""
-    return torch.sigmoid(gate).mul_(out.view(gate.shape)).view(out.shape)
+    return torch.sigmoid(gate).mul_(out.reshape(gate.shape)).view(out.shape)
 
 
 registry.register("zero_centred_add_rms_norm", "cuda-sm90a", lambda: kernel_available() and torch.cuda.is_available())
