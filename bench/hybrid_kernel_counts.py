@@ -12,7 +12,9 @@ kernels (kernels/gdn_fused.py, gdn_chain.py) and our fused CUDA ops are absent, 
 are not the GPU's; the norms, the attention mixer and the residual adds are counted as the GPU runs them
 without our CUDA norm kernel (torch's rms_norm is one op; with the kernel a norm and its add are one).
 cuda: the CUDA kernels of one graphed AR (T = 1) and verify (T = --block) step by name, from the profiler
-(bench/kernel_counts.py's method), fused_kernels on and off, at the preset's shape with --layers layers.
+(bench/kernel_counts.py's method), at the preset's shape with --layers layers, in three modes: "on" (the
+defaults), "before" (the GDN and SiLU kernels but neither these forms nor the one-token GEMVs: the hybrid
+step before them) and "off" (fused_kernels off: every reference).
 """
 from __future__ import annotations
 
@@ -134,8 +136,22 @@ def cpu_counts(preset: str = "tiny-qwen3.5", tokens: int = 1, layers: int | None
     return out
 
 
+@contextlib.contextmanager
+def _without_zero_centred():
+    """Within the block, ops/zero_centred.py's forms never take a call (the references run)."""
+    from specpilot.ops import zero_centred
+
+    takes = zero_centred.takes
+    zero_centred.takes = lambda x: False
+    try:
+        yield
+    finally:
+        zero_centred.takes = takes
+
+
 def cuda_counts(preset: str = "qwen3.5-9b", layers: int | None = 8, block: int = 16, context: int = 512) -> dict:
-    """{"on"/"off": {"ar"/"verify": {kernel name: launches}}}: one graphed step each, by the profiler."""
+    """{"on"/"before"/"off": {"ar"/"verify": {kernel name: launches}}}: one graphed step each, by the
+    profiler (the modes: the module's docstring)."""
     from specpilot.bench.kernel_counts import _kernels
     from specpilot.config import EngineConfig
     from specpilot.engine import Engine
@@ -145,17 +161,19 @@ def cuda_counts(preset: str = "qwen3.5-9b", layers: int | None = 8, block: int =
     if layers is not None:
         cfg = dataclasses.replace(cfg, layer_types=cfg.layer_types[:layers])
     target = random_target(cfg, "cuda", torch.bfloat16, seed=0)
+    modes = {"on": (EngineConfig(), contextlib.nullcontext),
+             "before": (EngineConfig(fused_gemv=False), _without_zero_centred),
+             "off": (EngineConfig(fused_kernels=False), contextlib.nullcontext)}
     out = {}
-    for on in (True, False):
-        engine = Engine(target, None, max_seq_len=context + 2 * block + 64, config=EngineConfig(fused_kernels=on))
+    for mode, (engine_config, context_manager) in modes.items():
+        engine = Engine(target, None, max_seq_len=context + 2 * block + 64, config=engine_config)
         runner = engine.runner
         prompt = torch.randint(0, cfg.vocab_size - 2, (1, context), device="cuda")
-        with torch.inference_mode():
+        with torch.inference_mode(), context_manager():
             runner.prefill(prompt, with_features=False)
             blk = prompt[:, -block:].clone()
-            out["on" if on else "off"] = {
-                "ar": _kernels(lambda: runner.target_step(prompt[:, -1:], context, with_features=False)),
-                "verify": _kernels(lambda: runner.target_step(blk, context, with_features=False))}
+            out[mode] = {"ar": _kernels(lambda: runner.target_step(prompt[:, -1:], context, with_features=False)),
+                         "verify": _kernels(lambda: runner.target_step(blk, context, with_features=False))}
         del engine
     return out
 
