@@ -37,9 +37,8 @@ class EngineConfig:
     """The fused spec step's argmax / accept bookkeeping as two CUDA kernels (csrc/cuda/spec_step.cu)
     instead of ~25 small torch kernels (bf16 CUDA logits)."""
     fused_kernels: bool = True
-    """add_rms_norm, qk_norm_rope_cache and silu_mul as fused CUDA kernels (bf16 CUDA), and the hybrid
-    targets' elementwise forms (ops/zero_centred.py; their GDN kernels too). Off also turns off
-    fused_gemv and skinny_gemm, whose prologues are these kernels' arithmetic."""
+    """add_rms_norm, qk_norm_rope_cache and silu_mul as fused CUDA kernels (bf16 CUDA). Off also
+    turns off fused_gemv and skinny_gemm, whose prologues are these kernels' arithmetic."""
     fused_gemv: bool = True
     """One-token steps run their bf16 linears as our GEMV with the norm / SwiGLU gate fused in
     (ops/linear.py): AR step 4.49 vs 5.25 ms with cuBLAS (Qwen3-8B shape, H200)."""
