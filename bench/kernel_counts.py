@@ -6,7 +6,7 @@ model's launch counts, cost/shapes.UNTIMED_KERNELS):
 Profiles the AR, verify-16 and draft steps (shipped defaults, 512 tokens of context, Qwen3-8B widths)
 at two target depths (2 and 4 layers, a 1-layer drafter) and two drafter depths (1 and 2 layers on
 the 4-layer target), bf16 and split12 weights (target and drafter); per-layer and fixed counts come
-from the differences. Prints them, with the kernels by name.
+from the differences. Prints them, with the kernels by name. Hybrid targets: bench/hybrid_kernel_counts.py.
 """
 from dataclasses import replace
 

@@ -1,4 +1,5 @@
-// Schemas and CUDA impls of the fused elementwise ops around the decoder's GEMMs: add_rms_norm,
+// Schemas and CUDA impls of the fused elementwise ops around the decoder's GEMMs: add_rms_norm (and
+// zero_centred_add_rms_norm, the hybrid targets' norm),
 // qk_norm_rope_cache, silu_mul (kernels in csrc/cuda/{fused_norm,rope_cache,silu_mul}.cu). CUDA only:
 // a CPU build does not have these ops and python/specpilot/models/fused_ops.py runs the eager
 // reference instead. Out-parameter style on torch's current stream, so CUDA-graph capture
@@ -50,10 +51,13 @@ const uint16_t* bits(const at::Tensor& t) { return reinterpret_cast<const uint16
 uint16_t* mutable_bits(const at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); }
 void* current_stream(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.get_device()).stream(); }
 
-// ---- add_rms_norm ----------------------------------------------------------------------------
-void add_rms_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& delta, const at::Tensor& weight,
-                       double eps, const std::optional<at::Tensor>& sum, const at::Tensor& normed) {
-  const char* op = "add_rms_norm";
+// ---- add_rms_norm, zero_centred_add_rms_norm -------------------------------------------------
+using NormLauncher = int (*)(const uint16_t*, const uint16_t*, const uint16_t*, int64_t, int, float, uint16_t*,
+                             uint16_t*, void*);
+
+void checked_add_rms_norm(const char* op, NormLauncher launch, const at::Tensor& x,
+                          const std::optional<at::Tensor>& delta, const at::Tensor& weight, double eps,
+                          const std::optional<at::Tensor>& sum, const at::Tensor& normed) {
   const at::Device dev = x.device();
   SP_CHECK(x.dim() >= 1, op, ": x must have a hidden dimension, got shape ", x.sizes());
   const int64_t hidden = x.size(-1);
@@ -76,9 +80,20 @@ void add_rms_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& del
   const int64_t n_rows = x.numel() / hidden;
   if (n_rows == 0) return;
   const c10::cuda::CUDAGuard guard(dev);
-  check_launch(op, cuda_add_rms_norm(bits(x), delta ? bits(*delta) : nullptr, bits(weight), n_rows, (int)hidden,
-                                     (float)eps, sum ? mutable_bits(*sum) : nullptr, mutable_bits(normed),
-                                     current_stream(x)));
+  check_launch(op, launch(bits(x), delta ? bits(*delta) : nullptr, bits(weight), n_rows, (int)hidden, (float)eps,
+                          sum ? mutable_bits(*sum) : nullptr, mutable_bits(normed), current_stream(x)));
+}
+
+void add_rms_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& delta, const at::Tensor& weight,
+                       double eps, const std::optional<at::Tensor>& sum, const at::Tensor& normed) {
+  checked_add_rms_norm("add_rms_norm", cuda_add_rms_norm, x, delta, weight, eps, sum, normed);
+}
+
+void zero_centred_add_rms_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& delta,
+                                    const at::Tensor& weight, double eps, const std::optional<at::Tensor>& sum,
+                                    const at::Tensor& normed) {
+  checked_add_rms_norm("zero_centred_add_rms_norm", cuda_zero_centred_add_rms_norm, x, delta, weight, eps, sum,
+                       normed);
 }
 
 // ---- qk_norm_rope_cache ----------------------------------------------------------------------
@@ -186,6 +201,8 @@ TORCH_LIBRARY_FRAGMENT(specpilot, m) {
   m.def("qk_norm_rope_cache(Tensor? q, Tensor k, Tensor v, Tensor? q_weight, Tensor? k_weight, Tensor cos, "
         "Tensor sin, Tensor positions, float eps, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor(c!)? q_out) -> ()");
   m.def("silu_mul(Tensor gate_up, Tensor(a!) out) -> ()");
+  m.def("zero_centred_add_rms_norm(Tensor x, Tensor? delta, Tensor weight, float eps, Tensor(a!)? sum, "
+        "Tensor(b!) normed) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(specpilot, CUDA, m) {
@@ -193,4 +210,5 @@ TORCH_LIBRARY_IMPL(specpilot, CUDA, m) {
   m.impl("add_rms_norm", &add_rms_norm_cuda);
   m.impl("qk_norm_rope_cache", &qk_norm_rope_cache_cuda);
   m.impl("silu_mul", &silu_mul_cuda);
+  m.impl("zero_centred_add_rms_norm", &zero_centred_add_rms_norm_cuda);
 }

@@ -1,6 +1,9 @@
 // add_rms_norm: the residual add fused with the next RMSNorm, one block per row.
 //   sum    = bf16(x + delta)                                   (delta optional: plain RMSNorm)
 //   normed = bf16( bf16(sum * rsqrt(mean(sum^2) + eps)) * weight )
+// zero_centred_add_rms_norm: the same add, then the hybrid targets' norm (transformers'
+// Qwen3NextRMSNorm: fp32 throughout, weight 1 + w, one rounding at the end)
+//   normed = bf16( (sum * rsqrt(mean(sum^2) + eps)) * (1 + weight) )
 // Exactness: HF Qwen3/LLaMA RMSNorm arithmetic (fp32 statistics of the bf16 sum, round to bf16, then
 // the bf16 weight multiply rounded to bf16). `sum` is bit-identical to torch's bf16 add; `normed`
 // differs from torch only through the fp32 sum-of-squares order (within 1 bf16 ulp in practice).
@@ -19,6 +22,7 @@ namespace {
 
 constexpr int kVecsPerThread = 4;  // 16-byte vectors a thread keeps in registers between the passes
 
+template <bool kZeroCentred>
 __global__ void add_rms_norm_kernel(const uint4* __restrict__ x, const uint4* __restrict__ delta,
                                     const uint4* __restrict__ weight, int vecs, float inv_hidden, float eps,
                                     uint4* __restrict__ sum, uint4* __restrict__ normed) {
@@ -54,26 +58,40 @@ __global__ void add_rms_norm_kernel(const uint4* __restrict__ x, const uint4* __
     if (v >= vecs) break;
     uint4 out = make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) vec_set(out, j, round_bf16(vec_get(s[i], j) * rstd) * vec_get(w[i], j));
+    for (int j = 0; j < 8; ++j) {
+      const float n = vec_get(s[i], j) * rstd;
+      vec_set(out, j, kZeroCentred ? n * (1.0f + vec_get(w[i], j)) : round_bf16(n) * vec_get(w[i], j));
+    }
     normed[row + v] = out;
   }
 }
 
-}  // namespace
-
-int cuda_add_rms_norm(const uint16_t* x, const uint16_t* delta, const uint16_t* weight, int64_t rows, int hidden,
-                      float eps, uint16_t* sum, uint16_t* normed, void* stream) {
+template <bool kZeroCentred>
+int launch_add_rms_norm(const uint16_t* x, const uint16_t* delta, const uint16_t* weight, int64_t rows, int hidden,
+                        float eps, uint16_t* sum, uint16_t* normed, void* stream) {
   if (hidden % 8 != 0 || hidden > kMaxHidden || rows > INT32_MAX) return (int)cudaErrorInvalidValue;
   if (rows == 0) return 0;
   const int vecs = hidden / 8;
   // ~2 vectors per thread: enough loads in flight per thread, and a whole row in one block.
   int threads = ((vecs + 1) / 2 + 31) / 32 * 32;
   threads = threads < 32 ? 32 : (threads > 1024 ? 1024 : threads);
-  return split12::launch_kernel(add_rms_norm_kernel, dim3((unsigned)rows), threads, 0,
+  return split12::launch_kernel(add_rms_norm_kernel<kZeroCentred>, dim3((unsigned)rows), threads, 0,
                                 static_cast<cudaStream_t>(stream), true, reinterpret_cast<const uint4*>(x),
                                 reinterpret_cast<const uint4*>(delta), reinterpret_cast<const uint4*>(weight), vecs,
                                 1.0f / (float)hidden, eps, reinterpret_cast<uint4*>(sum),
                                 reinterpret_cast<uint4*>(normed));
+}
+
+}  // namespace
+
+int cuda_add_rms_norm(const uint16_t* x, const uint16_t* delta, const uint16_t* weight, int64_t rows, int hidden,
+                      float eps, uint16_t* sum, uint16_t* normed, void* stream) {
+  return launch_add_rms_norm<false>(x, delta, weight, rows, hidden, eps, sum, normed, stream);
+}
+
+int cuda_zero_centred_add_rms_norm(const uint16_t* x, const uint16_t* delta, const uint16_t* weight, int64_t rows,
+                                   int hidden, float eps, uint16_t* sum, uint16_t* normed, void* stream) {
+  return launch_add_rms_norm<true>(x, delta, weight, rows, hidden, eps, sum, normed, stream);
 }
 
 }  // namespace fused

@@ -22,6 +22,11 @@ constexpr int kMaxHidden = 32768;  // add_rms_norm row length limit (8 bf16 per 
 int cuda_add_rms_norm(const uint16_t* x, const uint16_t* delta, const uint16_t* weight, int64_t rows, int hidden,
                       float eps, uint16_t* sum, uint16_t* normed, void* stream);
 
+// The same with the zero-centred norm of hybrid targets (Qwen3.5 / Qwen3-Next): normed =
+// bf16((sum * rstd) * (1 + weight)), all in fp32 with one rounding (transformers' Qwen3NextRMSNorm).
+int cuda_zero_centred_add_rms_norm(const uint16_t* x, const uint16_t* delta, const uint16_t* weight, int64_t rows,
+                                   int hidden, float eps, uint16_t* sum, uint16_t* normed, void* stream);
+
 // Per-token rows of heads: element (b, t, h, d) at ptr[b * batch_stride + t * token_stride + h * D + d].
 struct HeadRows {
   const uint16_t* ptr;

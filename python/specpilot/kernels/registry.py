@@ -37,7 +37,8 @@ def _import_op_families() -> None:
     # Importing an op family's Python module registers its implementations.
     import importlib
 
-    for module in ("specpilot.formats.split12.ops", "specpilot.ops.norm_rope", "specpilot.ops.linear",
+    for module in ("specpilot.formats.split12.ops", "specpilot.ops.norm_rope", "specpilot.ops.zero_centred",
+                   "specpilot.ops.linear",
                    "specpilot.kernels.decode_attention", "specpilot.kernels.paged_attention"):
         try:
             importlib.import_module(module)

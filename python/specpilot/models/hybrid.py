@@ -11,9 +11,12 @@ Exactness: per-row arithmetic as transformers' Qwen3_5ForCausalLM torch path: ze
 ((1 + w) in fp32), the GDN layer's conv / gates / recurrence / gated norm (models/gdn.py; on bf16
 CUDA the kernels of kernels/gdn_fused.py and gdn_chain.py, within bf16 rounding of it), gated
 attention with partial RoPE and q/k norms; projections fused ([qkv; z; b; a] for GDN, [q|gate; k; v]
-for attention, [gate; up] for the MLP), which changes only GEMM rounding. Prefills of more than
-MAX_SNAPSHOT_T tokens run the chunked GDN form (as transformers' prefill), shorter calls the
-recurrent form (as its decode), keeping the state after every token.
+for attention, [gate; up] for the MLP), which changes only GEMM rounding (one-token linears run
+through our GEMV on bf16 CUDA, another fp32 summation order, as the dense target's). bf16 forwards
+run the norms, the q/k norms with RoPE and the output gate in the forms of ops/zero_centred.py, each
+residual add fused with the norm after it: same roundings, only the norms' fp32 sum-of-squares order
+may differ. Prefills of more than MAX_SNAPSHOT_T tokens run the chunked GDN form (as transformers'
+prefill), shorter calls the recurrent form (as its decode), keeping the state after every token.
 """
 from __future__ import annotations
 
@@ -23,7 +26,9 @@ from torch import nn
 from specpilot.kernels import gdn_chain, gdn_fused
 from specpilot.kernels import gdn_tree as gdn_tree_kernels
 from specpilot.ops import linear
+from specpilot.ops import zero_centred
 from specpilot.ops.attention import attend, attention_mask
+from specpilot.ops.zero_centred import partial_rope
 
 from . import gdn, gdn_tree
 from .hybrid_config import HybridConfig
@@ -31,11 +36,20 @@ from .layers import SwiGLU, rope_table
 from .moe import SparseMoE
 
 
-def zero_centred_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm with weight (1 + w), both in fp32, one cast back (transformers' Qwen3NextRMSNorm)."""
-    xf = x.float()
-    out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (out * (1.0 + weight.float())).to(x.dtype)
+def project(proj: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """proj(x): a one-token row through our GEMV (EngineConfig.fused_gemv, ops/linear.py), else
+    linear.linear (the skinny GEMM for 2..16 rows, else torch)."""
+    return linear.gemv(x, proj) if linear.gemv_takes(x, proj) else linear.linear(proj, x)
+
+
+class GatedMLP(SwiGLU):
+    """SwiGLU whose one-token calls are two GEMVs, the SiLU gate fused into the second (as the dense
+    target's one-token block)."""
+
+    def forward(self, x):
+        if linear.gemv_takes(x, self.gate_up, self.down):
+            return linear.silu_mul_gemv(linear.gemv(x, self.gate_up), self.down)
+        return super().forward(x)
 
 
 class ZeroCentredRMSNorm(nn.Module):
@@ -43,21 +57,14 @@ class ZeroCentredRMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.zeros(dim))
+        self.plus_one = zero_centred.PlusOne()
 
     def forward(self, x):
-        return zero_centred_rms_norm(x, self.weight, self.eps)
+        return self.add_norm(x, None)[1]
 
-
-def rotate_half(x):
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def partial_rope(x, cos, sin):
-    """x [B, H, T, D]; cos/sin [T, R] with R <= D: rotate the first R dims, pass the rest."""
-    r = cos.shape[-1]
-    rot, rest = x[..., :r], x[..., r:]
-    return torch.cat([rot * cos + rotate_half(rot) * sin, rest], dim=-1)
+    def add_norm(self, x, delta):
+        """(x + delta, its norm), x itself without a delta (ops/zero_centred.py: one kernel on CUDA bf16)."""
+        return zero_centred.add_zero_centred_rms_norm(x, delta, self.weight, self.plus_one, self.eps)
 
 
 class GatedAttention(nn.Module):
@@ -71,19 +78,36 @@ class GatedAttention(nn.Module):
         self.q_norm = ZeroCentredRMSNorm(self.d, cfg.rms_norm_eps)
         self.k_norm = ZeroCentredRMSNorm(self.d, cfg.rms_norm_eps)
         self.scale = self.d ** -0.5
+        self.qk_plus_one = zero_centred.PlusOne()
 
-    def forward(self, x, cos, sin, positions, k_cache, v_cache, kv_len, mask):
+    def forward(self, x, cos, sin, positions, k_cache, v_cache, kv_len, mask, sin_rows=None):
+        """sin_rows: zero_centred.rope_rows(sin) when the compact elementwise forms run (HybridLM
+        decides once per forward), else None."""
         b, t, _ = x.shape
-        qg, k, v = linear.linear(self.qkv, x).split(
+        qg, k, v = project(self.qkv, x).split(
             (2 * self.nq * self.d, self.nkv * self.d, self.nkv * self.d), dim=-1)
         q, gate = qg.view(b, t, self.nq, 2 * self.d).chunk(2, dim=-1)          # per head: [query | gate]
+        if sin_rows is not None:
+            return self._compact(x, q, gate, k, v, cos, sin_rows, positions, k_cache, v_cache, kv_len, mask)
         gate = gate.reshape(b, t, self.nq * self.d)
         q = partial_rope(self.q_norm(q).transpose(1, 2), cos, sin)              # [B, Hq, T, D]
         k = partial_rope(self.k_norm(k.view(b, t, self.nkv, self.d)).transpose(1, 2), cos, sin)
         k_cache.index_copy_(2, positions, k)                                    # no host sync: graphs capture it
         v_cache.index_copy_(2, positions, v.view(b, t, self.nkv, self.d).transpose(1, 2))
         out = attend(q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], mask, self.scale)  # [B, T, Hq*D]
-        return linear.linear(self.o, out * torch.sigmoid(gate))
+        return project(self.o, out * torch.sigmoid(gate))
+
+    def _compact(self, x, q, gate, k, v, cos, sin_rows, positions, k_cache, v_cache, kv_len, mask):
+        """forward's arithmetic in few kernels (ops/zero_centred.py): q and k normed and rotated together,
+        the gate read in place."""
+        b, t, _ = x.shape
+        plus_one = self.qk_plus_one.get((self.q_norm.weight, self.k_norm.weight), (self.nq, self.nkv))
+        q, k = zero_centred.compact_qk_norm_rope(q, k.view(b, t, self.nkv, self.d), plus_one, cos, sin_rows,
+                                                 self.q_norm.eps)
+        k_cache.index_copy_(2, positions, k.transpose(1, 2))
+        v_cache.index_copy_(2, positions, v.view(b, t, self.nkv, self.d).transpose(1, 2))
+        out = attend(q.transpose(1, 2), k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], mask, self.scale)
+        return project(self.o, zero_centred.output_gate(out, gate))
 
 
 class GatedDeltaNet(nn.Module):
@@ -108,7 +132,7 @@ class GatedDeltaNet(nn.Module):
         """tree: TreeInputs (engine/tree/layout.py): x holds its nodes, each continuing its parent
         (models/gdn_tree.py); the per-node conv windows and states are stashed for the path commit."""
         b, t, _ = x.shape
-        qkv, z, beta_in, a = linear.linear(self.in_proj, x).split(
+        qkv, z, beta_in, a = project(self.in_proj, x).split(
             (self.conv_dim, self.value_dim, self.nv, self.nv), dim=-1)
         conv_state, state = cache.layer_state(self.layer)
         # the cache's reserved buffers for this T (graphed steps write at fixed addresses), or None;
@@ -175,7 +199,7 @@ class GatedDeltaNet(nn.Module):
             out = gdn_fused.gated_norm(out, z, self.norm_weight, self.eps)
         else:
             out = gdn.gated_rms_norm(out, z, self.norm_weight, self.eps)
-        return linear.linear(self.out_proj, out.reshape(b, t, self.value_dim))
+        return project(self.out_proj, out.reshape(b, t, self.value_dim))
 
 
 class HybridBlock(nn.Module):
@@ -188,7 +212,7 @@ class HybridBlock(nn.Module):
         self.mixer = GatedDeltaNet(cfg, layer) if self.recurrent else GatedAttention(cfg)
         self.mlp_norm = ZeroCentredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SparseMoE(cfg.hidden_size, cfg) if layer in cfg.moe_layers else \
-            SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+            GatedMLP(cfg.hidden_size, cfg.intermediate_size)
 
 
 class HybridLM(nn.Module):
@@ -233,27 +257,31 @@ class HybridLM(nn.Module):
         rope = positions if tree is None else tree.rope_positions
         cos, sin = self.rope_cos[rope], self.rope_sin[rope]
         c = self.config
+        sin_rows = zero_centred.rope_rows(sin) if zero_centred.takes(x) and c.attention_layers else None
         groups = c.num_heads // c.num_kv_heads
         mask = attention_mask(positions, kv_len, groups, x.dtype, writes_at_last=True) if tree is None \
             else tree.attention_mask(kv_len, groups, x.dtype)
         feats = {}
+        last = len(self.layers) - 1
+        delta = None                  # a layer's output is x + delta: each add runs fused with the next norm
         for i, layer in enumerate(self.layers):
-            h = layer.attn_norm(x)
+            x, h = layer.attn_norm.add_norm(x, delta)
             if layer.recurrent:
                 h = layer.mixer(h, cache, every, tree)
             else:
                 j = cache.kv_index[i]
-                h = layer.mixer(h, cos, sin, positions, cache.k[j], cache.v[j], kv_len, mask)
-            x = x + h
-            x = x + layer.mlp(layer.mlp_norm(x))
-            if i in feature_layers and i != len(self.layers) - 1:
+                h = layer.mixer(h, cos, sin, positions, cache.k[j], cache.v[j], kv_len, mask, sin_rows)
+            x, h = layer.mlp_norm.add_norm(x, h)
+            delta = layer.mlp(h)
+            if i in feature_layers and i != last:
+                x, delta = x + delta, None
                 feats[i] = x
-        x = self.norm(x)
-        if len(self.layers) - 1 in feature_layers:
-            feats[len(self.layers) - 1] = x
+        _, x = self.norm.add_norm(x, delta)
+        if last in feature_layers:
+            feats[last] = x
         if logits_rows is not None:
             x = x[:, -logits_rows:]
-        logits = linear.linear(self.lm_head, x) if head is None else head(x)
+        logits = project(self.lm_head, x) if head is None else head(x)
         features = torch.cat([feats[i] for i in feature_layers], dim=-1) if feature_layers else None
         return logits, features
 
