@@ -27,6 +27,7 @@ import argparse
 import gc
 import json
 import sys
+import time
 
 import torch
 
@@ -189,7 +190,8 @@ def table(result: dict) -> str:
             if "skipped" in e:
                 cells += ["not batched (see below)", "–"]
             else:
-                cells += [f"{e['spec_tokens_per_s']:.1f} / {e['ar_tokens_per_s']:.1f}", f"{e['speedup']:.2f}x"]
+                cells += [f"{e['spec_tokens_per_s']:.1f} / {e['ar_tokens_per_s']:.1f}",
+                          f"{e['speedup']:.2f}x at tau {e['tau']:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
     skipped = {e["skipped"] for r in result["kinds"] for e in r.get("e2e", {}).values() if "skipped" in e}
     return "\n".join(lines + [f"\nnot batched: {s}" for s in sorted(skipped)])
@@ -200,15 +202,17 @@ def summary_line(result: dict) -> str:
     kinds = {}
     for r in result["kinds"]:
         k = {key: round(r[key], 4) for key in keys if r.get(key) is not None}
-        k.update({f"speedup_c{c}": (None if "skipped" in e else round(e["speedup"], 3)) for c, e in r.get("e2e", {}).items()})
+        k.update({f"speedup_c{c}": None if "skipped" in e else round(e["speedup"], 3)
+                  for c, e in r.get("e2e", {}).items()})
         kinds[r["kind"]] = k
     return json.dumps({"bench": "drafter_steps", "preset": result["preset"], "device": result["device_name"],
-                       "tau": result["tau"], "kinds": kinds})
+                       "tau": result["tau"], "wall_s": round(result["wall_s"], 1), "kinds": kinds})
 
 
 # -- main -----------------------------------------------------------------------------------------
 def main(argv=None) -> int:
     args = parse_args(argv)
+    started = time.perf_counter()
     from specpilot.config import EngineConfig
     from specpilot.engine import Engine
     from specpilot.engine.batch.engine import DRAFTER_KINDS as BATCHED_KINDS
@@ -280,6 +284,7 @@ def main(argv=None) -> int:
         del engine, drafter, saved
         _release(device)
 
+    result["wall_s"] = time.perf_counter() - started
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)

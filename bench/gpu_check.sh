@@ -165,7 +165,8 @@ for packed in glob.glob('_C.*.so.xz'): open('/tmp/sp_tree/specpilot/' + packed[:
     batch_profile) run_step batch_profile timeout ${PROFILE_S:-240} python3 -m specpilot.bench.batch_profile \
                      --preset qwen3-8b --concurrency ${PROFILE_LEVELS:-8,32} --out "$OUT/batch_profile" ;;
     # Each drafter kind's draft step against its floor, the part it adds (DFlash2 selector, DSpark Markov
-    # head, PARD padding), and replayed end-to-end speedup over our AR at C=1 and 16 (Qwen3-8B shapes).
+    # head, PARD padding), and replayed end-to-end speedup over our AR at C=1 and 16 (Qwen3-8B shapes;
+    # about 2 minutes estimated, not yet measured).
     drafters) run_step drafters timeout ${DRAFTERS_S:-240} python3 -m specpilot.bench.drafter_steps --preset qwen3-8b \
                 --kinds dflash,dflash2,dspark,pard --concurrency 1,16 --out "$OUT/drafter_steps.json"
               tail -1 "$OUT/drafters.log" | tee -a "$summary" ;;
