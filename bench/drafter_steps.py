@@ -12,7 +12,7 @@ block 8, DSpark block 7 + anchor, PARD a Qwen3-0.6B-shaped model drafting 12).
 
 Per kind, at --context tokens of context, after one committed step of round(tau) tokens:
   draft ms     the session's greedy propose, graphed as the engine runs it (bench/drafter_parts.py),
-               back to back (CUDA events); floor ms and draft/floor (bench/drafter_floor.py)
+               back to back (CUDA events), median of --reps; floor ms and draft/floor (bench/drafter_floor.py)
   extra ms     the step minus the same step without the kind's extra part; share = extra / draft
   verify, AR   the target's graphed verify step (the kind's block) and AR step at that context
 End to end (unless --no-e2e), whole greedy generations of --tokens new tokens from random prompts:
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import statistics
 import sys
 import time
 
@@ -46,6 +47,8 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default=None, choices=("bf16", "fp32"), help="default: bf16 on a GPU, fp32 on a CPU")
     p.add_argument("--context", type=int, default=512, help="tokens in the caches when the steps are timed")
     p.add_argument("--iters", type=int, default=30, help="timed calls per step")
+    p.add_argument("--reps", type=int, default=3, help="draft step timings (with and without the extra part "
+                                                       "alternated); the medians count")
     p.add_argument("--tau", type=float, default=4.0, help="replayed tokens per spec step (the same for every kind)")
     p.add_argument("--concurrency", default="1,16", help="comma list; 1 = the single-request engine")
     p.add_argument("--prompts", type=int, default=2, help="C=1: prompts per run (C>1: C prompts, one per client)")
@@ -64,7 +67,7 @@ def parse_args(argv=None):
         levels = []
     if not levels or min(levels) < 1:
         p.error(f"--concurrency {args.concurrency!r}: a comma list of ints >= 1, e.g. 1,16")
-    for name in ("context", "iters", "prompts", "prompt_tokens", "tokens"):
+    for name in ("context", "iters", "reps", "prompts", "prompt_tokens", "tokens"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
     blocks = {k: block_size_of(args.preset, k) for k in kinds}
@@ -105,10 +108,15 @@ def step_times(engine, kind: str, block: int, args, rates: dict) -> dict:
 
     s = steady_draft(engine, block, args.context, min(block - 1, round(args.tau)))
     runner, dev = engine.runner, engine.device
-    row = {"draft_ms": time_ms(s.step, args.iters, dev)}
     base = without_extra(s)
+    with_part, without_part = [], []
+    for _ in range(args.reps):                  # alternated, so drift hits both sides alike
+        with_part.append(time_ms(s.step, args.iters, dev))
+        if base is not None:
+            without_part.append(time_ms(base, args.iters, dev))
+    row = {"draft_ms": statistics.median(with_part)}
     if base is not None:
-        row["without_extra_ms"] = time_ms(base, args.iters, dev)
+        row["without_extra_ms"] = statistics.median(without_part)
         row["extra_ms"] = row["draft_ms"] - row["without_extra_ms"]
         row["extra_share"] = row["extra_ms"] / row["draft_ms"]
     floor = draft_floor(engine.drafter, engine.target, block, args.context)
