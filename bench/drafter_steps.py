@@ -242,7 +242,7 @@ def main(argv=None) -> int:
     seq_len = 1 << (longest + 64).bit_length()
     single = random_prompts(args.prompts, args.prompt_tokens, seed=1)
     wide = {c: random_prompts(c, args.prompt_tokens, seed=c + 1) for c in args.levels if c > 1}
-    result = {"preset": args.preset, "device_name": device_name, "dtype": str(args.torch_dtype), "tau": args.tau,
+    result = {"preset": args.preset, "device_name": device_name, "dtype": str(args.torch_dtype).replace("torch.", ""), "tau": args.tau,
               "context": args.context, "iters": args.iters, "levels": args.levels, "e2e": not args.no_e2e,
               "tokens": args.tokens, "prompt_tokens": args.prompt_tokens, **rates, "kinds": []}
 
@@ -296,9 +296,11 @@ def main(argv=None) -> int:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
-    print(f"\n{args.preset}, random {args.torch_dtype} weights, {device_name}, {args.context} tokens of context; "
+    dtype = str(args.torch_dtype).replace("torch.", "")
+    print(f"\n{args.preset}, random {dtype} weights, {device_name}, {args.context} tokens of context; "
           f"floor = max(weights + K/V bytes / {rates['copy_bytes_per_s'] / 1e12:.2f} TB/s copy, FLOPs / "
-          f"{rates['matmul_flops_per_s'] / 1e12:.1f} TFLOP/s matmul)"
+          f"{rates['matmul_flops_per_s'] / 1e12:.1f} TFLOP/s matmul); issue 35's targets: draft/floor <= 1.15, "
+          f"extra share <= 10%"
           + ("" if args.no_e2e else f"; end to end: {args.tokens} new tokens, replayed tau {args.tau} for every "
              f"kind (cost per step, not acceptance)"))
     print(table(result))
