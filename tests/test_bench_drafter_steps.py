@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from conftest import requires_gpu
 from specpilot.bench import drafter_steps
 from specpilot.bench.drafter_floor import draft_floor, kv_read_bytes, whole_read_weights
 from specpilot.bench.drafter_parts import steady_draft, without_extra
@@ -120,3 +121,30 @@ def test_batched_engine_refuses_a_kind_it_cannot_draft(target):
 
     with pytest.raises(ValueError, match="dflash2 drafter runs single-request"):
         BatchEngine(target, random_drafter_of("dflash2", target, 2, 8), kv_pages=8)
+
+
+@requires_gpu
+def test_bench_on_cuda_graphs_every_kind(tmp_path):
+    """The bench on a GPU at tiny shapes (fp32): real CUDA graphs for the draft steps and their
+    variants without the extra part, CUDA-event timings, and both end-to-end engines."""
+    out = tmp_path / "cuda.json"
+    argv = [a for a in TINY if a not in ("--device", "cpu")]
+    assert drafter_steps.main(argv + ["--device", "cuda", "--dtype", "fp32", "--concurrency", "1,4",
+                                      "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["copy_bytes_per_s"] > 1e11 and result["matmul_flops_per_s"] > 1e12
+    for r in result["kinds"]:
+        assert 0 < r["floor_ms"] and r["draft_ms"] > 0 and ("without_extra_ms" in r) == (r["kind"] != "dflash")
+        assert r["e2e"]["1"]["tau"] > 1.5 and r["e2e"]["1"]["speedup"] > 0
+    assert result["kinds"][0]["e2e"]["4"]["speedup"] > 0
+
+
+@requires_gpu
+@torch.inference_mode()
+def test_pard_without_padding_drafts_the_same_tokens_on_cuda():
+    target = random_target(TARGET_PRESETS["tiny-qwen3"], "cuda", torch.float32, seed=0)
+    engine = Engine(target, random_drafter_of("pard", target, 2, 13), max_seq_len=256)
+    s = steady_draft(engine, 13, 40, 3)
+    padded = s.step().clone()
+    assert torch.equal(without_extra(s)(), padded)
+    assert ("pard-unpadded", 12, 256) in engine.runner.graphs
