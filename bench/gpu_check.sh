@@ -2,7 +2,7 @@
 # The GPU check: from a clean tree on a bare machine (no network), build the extension with CUDA
 # (sm_90a), run the GPU tests, run the kernel / engine / agent benchmarks, print a short table last.
 # Logs and JSON go to $OUT (the device tool's folder) or out/gpu_check.
-# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|trees|split12|gemv|skinny|engine|ab|defaults_ab|cost_8b|agents|bench_zoo|bench_8b|scale_8b|five_8b|batch|batch_profile|hybrid|gdn_trees|gdn_fla|embedded_pair|paged|serve|results ...]
+# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|trees|split12|gemv|skinny|engine|ab|defaults_ab|cost_8b|agents|bench_zoo|bench_8b|scale_8b|five_8b|batch|batch_profile|drafters|hybrid|gdn_trees|gdn_fla|embedded_pair|paged|serve|results ...]
 # (GPU_TESTS: the test files the tests step runs, default all)
 # (default: all but prebuilt, in order). `prebuilt` replaces `build` when device time is short: it stages
 # the package in /tmp/sp with the extension that scripts/prebuild_cuda_ext.sh made on a CPU machine
@@ -164,6 +164,12 @@ for packed in glob.glob('_C.*.so.xz'): open('/tmp/sp_tree/specpilot/' + packed[:
     # time, phases, the floor, the top ops and the host-device syncs (bench/batch_profile.py).
     batch_profile) run_step batch_profile timeout ${PROFILE_S:-240} python3 -m specpilot.bench.batch_profile \
                      --preset qwen3-8b --concurrency ${PROFILE_LEVELS:-8,32} --out "$OUT/batch_profile" ;;
+    # Each drafter kind's draft step against its floor, the part it adds (DFlash2 selector, DSpark Markov
+    # head, PARD padding), and replayed end-to-end speedup over our AR at C=1 and 16 (Qwen3-8B shapes;
+    # about 2 minutes estimated, not yet measured).
+    drafters) run_step drafters timeout ${DRAFTERS_S:-240} python3 -m specpilot.bench.drafter_steps --preset qwen3-8b \
+                --kinds dflash,dflash2,dspark,pard --concurrency 1,16 --out "$OUT/drafter_steps.json"
+              tail -1 "$OUT/drafters.log" | tee -a "$summary" ;;
     # The hybrid target's AR / verify / commit step times against their floor (Qwen3.5-9B shape).
     hybrid)  run_step hybrid timeout 240 python3 -m specpilot.bench.hybrid_steps --preset qwen3.5-9b \
                --e2e ${HYBRID_E2E:-128} --profile "$OUT/hybrid_profile.txt" --out "$OUT/hybrid_steps.json" ;;

@@ -92,20 +92,24 @@ def engine(target: str, device, dtype, block_size: int, max_seq_len: int, cuda_g
     from specpilot.config import EngineConfig
     from specpilot.engine import Engine
     from specpilot.models.loading import swap_to_split12
-    from specpilot.models.random_ckpt import TARGET_PRESETS, drafter_config_for, random_drafter, random_target
+    from specpilot.models.random_ckpt import TARGET_PRESETS, random_target
 
     preset, layers = parse(target)
-    cfg = TARGET_PRESETS[preset]
-    model = random_target(cfg, device, dtype, seed=0)
+    model = random_target(TARGET_PRESETS[preset], device, dtype, seed=0)
     if weights == "split12":
         swap_to_split12(model)
-    drafter = None
-    if with_drafter and kind(target) != "dflash":
-        from specpilot.models.drafters.random_kinds import random_kind_drafter
-
-        drafter = random_kind_drafter(kind(target), model, layers, block_size, seed=1)
-    elif with_drafter:
-        drafter = random_drafter(drafter_config_for(cfg, layers, block_size), model, seed=1)
+    drafter = random_drafter_of(kind(target), model, layers, block_size) if with_drafter else None
     if weights == "split12" and drafter is not None:
         swap_to_split12(drafter)
     return Engine(model, drafter=drafter, max_seq_len=max_seq_len, config=EngineConfig(cuda_graphs=cuda_graphs, **(options or {})))
+
+
+def random_drafter_of(kind_name: str, model, layers: int, block_size: int):
+    """A random drafter of `kind_name` for the random target `model` (seed 1), on its device and dtype."""
+    if kind_name != "dflash":
+        from specpilot.models.drafters.random_kinds import random_kind_drafter
+
+        return random_kind_drafter(kind_name, model, layers, block_size, seed=1)
+    from specpilot.models.random_ckpt import drafter_config_for, random_drafter
+
+    return random_drafter(drafter_config_for(model.config, layers, block_size), model, seed=1)

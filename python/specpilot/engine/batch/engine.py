@@ -38,6 +38,10 @@ from .paged import PagedKV, PagePool, pages_for
 from .request import BatchResult, Request, RequestState, request_problem
 
 
+# The drafter kinds whose draft forward the batched engine runs (forward.py draft_context / draft_block).
+DRAFTER_KINDS = ("dflash",)
+
+
 class BatchEngine:
     def __init__(self, target, drafter=None, config: BatchConfig = BatchConfig(), max_batch: int = 8,
                  kv_pages: int | None = None, memory_fraction: float | None = None,
@@ -56,6 +60,10 @@ class BatchEngine:
             raise ValueError(f"max_batch={max_batch!r} must be an int >= 1")
         if drafter is not None and drafter.target is not target:
             raise ValueError("the drafter was loaded against a different target (load_drafter(dir, target))")
+        kind = getattr(drafter, "kind", "dflash")
+        if drafter is not None and kind not in DRAFTER_KINDS:
+            raise ValueError(f"the batched engine drafts with {', '.join(DRAFTER_KINDS)} drafters only (engine/batch/"
+                             f"forward.py); a {kind} drafter runs single-request (Engine.generate_spec)")
         if not all(isinstance(layer.attn, Attention) for layer in target.layers):
             raise ValueError("the batched engine runs dense attention targets only (every layer an Attention)")
         if drafter is not None:
