@@ -45,6 +45,14 @@ def random_prompts(vocab: int, lengths, seed: int) -> list:
     return [torch.randint(0, vocab - 2, (n,), generator=g).tolist() for n in lengths]   # no eos / mask ids
 
 
+
+def five_requests(vocab: int, seed: int, temperature: float = 0.0) -> list:
+    """Five requests (three decode beside each other: a padded bucket of 4), tails shorter than a block
+    of 4."""
+    prompts = random_prompts(vocab, (3, 21, 9, 14, 6), seed)
+    return [Request(tuple(p), m, temperature=temperature, seed=seed + i if temperature else None)
+            for i, (p, m) in enumerate(zip(prompts, (17, 5, 30, 2, 11)))]
+
 def single(target, drafter, request: Request):
     """The single-request engine's output for `request` alone."""
     engine = Engine(target, drafter, max_seq_len=len(request.prompt_ids) + request.max_new_tokens + 8)

@@ -4,10 +4,10 @@ estimate says (right or planted wrong) only the rows verified change, never a to
 import pytest
 from torch.overrides import TorchFunctionMode
 
-from batch_helpers import EAGER_ADAPTIVE, accepting_pair, random_prompts, run_staggered, single
+from batch_helpers import five_requests, EAGER_ADAPTIVE, accepting_pair, run_staggered, single
 from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU thread)
 from test_engine_helpers import fresh_seed
-from specpilot.engine.batch import BatchConfig, BatchEngine, Request, forward, step
+from specpilot.engine.batch import BatchConfig, BatchEngine, forward, step
 from specpilot.engine.batch.adaptive import AcceptanceEstimator
 from specpilot.engine.graphs import StaticShapeStep
 
@@ -73,9 +73,7 @@ def pair():
 
 
 def requests_for(seed, temperature=0.0):
-    prompts = random_prompts(VOCAB, (3, 21, 9, 14, 6), seed)
-    return [Request(tuple(p), m, temperature=temperature, seed=seed + i if temperature else None)
-            for i, (p, m) in enumerate(zip(prompts, (17, 5, 30, 2, 11)))]
+    return five_requests(VOCAB, seed, temperature)
 
 
 def engine_for(target, drafter, config, graphed: bool, max_batch: int = 3) -> BatchEngine:

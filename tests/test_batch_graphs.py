@@ -4,7 +4,7 @@ request buckets, tail blocks shorter than the block, the trash slot, key buckets
 equal the single-request engine's (fp32), greedy and sampled, speculative and AR."""
 import pytest
 
-from batch_helpers import accepting_pair, random_prompts, run_staggered, single
+from batch_helpers import five_requests, accepting_pair, random_prompts, run_staggered, single
 from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU thread)
 from test_engine_helpers import fresh_seed
 from specpilot.engine.batch import BatchConfig, BatchEngine, Request
@@ -20,10 +20,7 @@ def pair():
 
 
 def requests_for(seed, temperature=0.0):
-    """Five requests (three decode beside each other: a padded bucket of 4), tails shorter than the block."""
-    prompts = random_prompts(VOCAB, (3, 21, 9, 14, 6), seed)
-    return [Request(tuple(p), m, temperature=temperature, seed=seed + i if temperature else None)
-            for i, (p, m) in enumerate(zip(prompts, (17, 5, 30, 2, 11)))]
+    return five_requests(VOCAB, seed, temperature)
 
 
 def graphed_engine(target, drafter, max_batch, paged=False, config=BatchConfig()):
