@@ -3,6 +3,7 @@ with sparse MoE MLPs), fp32 on the CPU:
 our AR equals transformers' greedy generate of the same checkpoint, our speculative decoding equals
 our AR (the recurrent state after every verify is exactly AR's), and stock `dflash_generate`, whose
 cache crop cannot roll a recurrent state back, leaves the target's greedy output."""
+import copy
 import json
 
 import pytest
@@ -13,6 +14,7 @@ from test_engine_helpers import Pair, fresh_seed
 from specpilot import settings
 from specpilot.engine.recurrent_state import HybridCache
 from specpilot.verify.stock import run_stock
+from specpilot.verify.verdict import PRECISION_FACTOR
 
 ZOO = settings.get().zoo
 
@@ -55,12 +57,24 @@ class OracleDrafts:
 
 
 def test_forward_equals_transformers_logits(pair):
+    """Our fp32 forward beside transformers', both judged by transformers' own fp64 twin: ours within 1e-3
+    of theirs everywhere, and as exact as theirs position by position (the verdict's precision rule: the
+    median over positions of ours' error / theirs within PRECISION_FACTOR). A fixed 1e-4 between the two
+    fp32 paths failed honest runs (about 1 prompt in 300 on tiny-qwen3-next): at a sensitive position
+    both sit ~2e-4 from fp64."""
     prompt = pair.random_prompt(90)                         # > 64 tokens: the chunked prefill
+    twin = copy.deepcopy(pair.stock.target).double()
+    twin.config._experts_implementation = "eager"          # transformers' grouped MoE GEMM takes no fp64
     with torch.no_grad():
-        ref = pair.stock.target(torch.tensor([prompt])).logits[0]
+        ref = pair.stock.target(torch.tensor([prompt])).logits[0].double()
+        exact = twin(torch.tensor([prompt])).logits[0]
         cache = HybridCache(pair.target.config, 1, 256, pair.target.device, pair.target.dtype)
         ours, _ = pair.target(torch.tensor([prompt]), torch.arange(90), cache, 90)
-    torch.testing.assert_close(ours[0], ref, atol=1e-4, rtol=1e-4)
+    ours = ours[0].double()
+    torch.testing.assert_close(ours, ref, atol=1e-3, rtol=0)
+    per_position = lambda logits: (logits - exact).abs().amax(-1)   # noqa: E731
+    ratio = (per_position(ours) / per_position(ref).clamp_min(1e-12)).median()
+    assert ratio <= PRECISION_FACTOR, f"our logits are typically {ratio:.2f}x as far from fp64 as transformers'"
 
 
 @pytest.mark.parametrize("length", [1, 7, 40, 80])
