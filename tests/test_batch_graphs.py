@@ -124,3 +124,18 @@ def test_adaptive_verify_runs_graphed_at_shorter_rows(pair):
     assert min(rows_run) < engine.block_size, f"seed {seed}: adaptive verify never trimmed ({rows_run})"
     for i, req in enumerate(requests):
         assert results[i].tokens == single(target, drafter, req).tokens, f"seed {seed}, request {i}"
+
+
+def test_warmup_captures_every_graph_an_adaptive_run_needs(pair):
+    """With adaptive verify (its shorter verify rows and probe steps) too, after warmup a run at batch
+    sizes up to max_batch captures nothing new: on CUDA a capture inside a run fails (the run's pinned
+    uploads are in flight)."""
+    target, drafter, seed = pair
+    requests = requests_for(seed) + requests_for(seed + 1)
+    engine = graphed_engine(target, drafter, max_batch=8, config=BatchConfig(adaptive_verify=True,
+                                                                              adaptive_probe_every=2))
+    engine.warmup(max(len(r.prompt_ids) + r.max_new_tokens for r in requests))
+    captured = set(engine.graphs.steps)
+    results = run_staggered(engine, requests, every=1)
+    assert set(engine.graphs.steps) == captured, f"captured during the run: {set(engine.graphs.steps) - captured}"
+    assert all(r.error is None for r in results.values())
