@@ -28,6 +28,9 @@ def main():
     drafter["earlier_runs"] = [json.loads((work / run / "train_stats.json").read_text())
                                for run in a.earlier_drafter_runs.split(",") if run]
     measure = json.loads((work / "measure.json").read_text())
+    earlier = work / "continued_from.json"            # build.sh INIT=...: the pair this one continued
+    if earlier.exists():
+        target["continued_from"] = json.loads(earlier.read_text())
     stats = {"target": target, "drafter": drafter,
              "corpus": {k: corpus[k] for k in ("python", "n_docs", "text_mib", "n_tokens", "val_tokens",
                                                "heldout_stdlib_files", "dropped_overlap", "top_packages_mib")},

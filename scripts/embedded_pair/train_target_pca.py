@@ -3,7 +3,9 @@ target's: its top principal directions (SVD of the 8192 x 512 matrix, cut to --h
 A CPU trains the small embedded target for minutes only; a good start for half its parameters (the
 embedding) is most of what those minutes can buy. Everything else is train_target.py as it is.
 
-  python train_target_pca.py --zoo-target shared/zoo/code-tiny <train_target.py arguments>
+  python train_target_pca.py --zoo-target shared/zoo/code-tiny [--init TARGET_DIR] <train_target.py arguments>
+
+--init continues an earlier target of the same shape (its weights, not the principal directions).
 """
 import argparse
 import os
@@ -30,17 +32,27 @@ def main():
     ap = argparse.ArgumentParser(add_help=False)
     ap.add_argument("--zoo-target", required=True)
     ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--init", help="a target folder of the same shape to continue training from")
     known, rest = ap.parse_known_args()
-    init = pca_embedding(known.zoo_target, known.hidden)
+    init = None if known.init else pca_embedding(known.zoo_target, known.hidden)
     base = train_target.Qwen3ForCausalLM
 
     class FromZooEmbedding(base):
         def __init__(self, config):
             super().__init__(config)
             with torch.no_grad():
-                self.model.embed_tokens.weight.copy_(init)
-            print(f"[target] embedding initialised from {known.zoo_target} (top {known.hidden} principal "
-                  f"directions)", flush=True)
+                if known.init:
+                    from safetensors.torch import load_file
+
+                    missing, unexpected = self.load_state_dict(load_file(os.path.join(known.init, "model.safetensors")),
+                                                               strict=False)
+                    if unexpected or set(missing) - {"lm_head.weight"}:        # the head is tied to the embedding
+                        raise SystemExit(f"--init {known.init}: not this shape (missing {missing}, unexpected {unexpected})")
+                    print(f"[target] weights from {known.init}", flush=True)
+                else:
+                    self.model.embed_tokens.weight.copy_(init)
+                    print(f"[target] embedding initialised from {known.zoo_target} (top {known.hidden} principal "
+                          f"directions)", flush=True)
 
     FromZooEmbedding.__name__ = FromZooEmbedding.__qualname__ = base.__name__   # config.json's architectures
     train_target.Qwen3ForCausalLM = FromZooEmbedding
