@@ -1,5 +1,6 @@
 """What the CLI prints around the work: tqdm bars only on a terminal, bold only on a terminal, our
-warnings as one line (split12 weights on the CPU)."""
+warnings as one line (split12 weights on the CPU), bad input as one line and a device failure with its
+traceback."""
 import io
 import sys
 import warnings
@@ -98,3 +99,20 @@ def test_bench_progress_is_a_bar_on_a_terminal_and_lines_when_piped(monkeypatch)
     progress.close()
     shown = term.getvalue()
     assert "gsm8k" in shown and "2/2" in shown and "our_spec" in shown and "[gsm8k" not in shown
+
+
+def test_bad_input_is_one_line_and_a_device_failure_keeps_its_traceback(monkeypatch, capsys):
+    import torch
+    from specpilot.commands import env
+
+    def fail_with(error):
+        def run(args):
+            raise error
+        monkeypatch.setattr(env, "run", run)
+
+    fail_with(ValueError("--prompts x.jsonl: no such file"))
+    assert main(["env"]) == 2
+    assert capsys.readouterr().err == "specpilot env: error: --prompts x.jsonl: no such file\n"
+    fail_with(torch.AcceleratorError("CUDA error: operation failed due to a previous error during capture"))
+    with pytest.raises(torch.AcceleratorError, match="during capture"):
+        main(["env"])

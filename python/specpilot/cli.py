@@ -62,6 +62,12 @@ def plain_specpilot_warnings() -> None:
     warnings.formatwarning = format_warning
 
 
+def _device_failure(error: Exception) -> bool:
+    """A CUDA (accelerator) error: torch raises it as a RuntimeError."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(error, getattr(torch, "AcceleratorError", ()))
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     quiet_progress_bars_when_piped()
@@ -81,6 +87,8 @@ def main(argv=None) -> int:
     try:
         return int(module.run(args) or 0)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
+        if _device_failure(e):
+            raise              # the engine's failure, not bad input: its traceback is what finds it
         # Bad input: one clear line naming the problem, no traceback.
         print(f"specpilot {name}: error: {e}", file=sys.stderr)
         return 2
