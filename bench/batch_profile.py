@@ -149,9 +149,9 @@ def main(argv=None) -> int:
     target, drafter = build(args.preset, device, dtype, args.drafter_layers, args.block)
     bandwidth = None
     if device.type == "cuda":
-        from specpilot.bench.hybrid_steps import copy_bandwidth
+        from specpilot.bench.device_rates import copy_bandwidth
 
-        bandwidth = copy_bandwidth()
+        bandwidth = copy_bandwidth("cuda")
     rows = []
     for c in [int(x) for x in args.concurrency.split(",")]:
         for mode in ("ar", "spec"):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from specpilot.engine.engine import drafter_kind
+
 TARGET_HEAD_KINDS = ("dflash", "dflash2")        # draft through the target's LM head (not their own)
 
 
@@ -21,7 +23,7 @@ def whole_read_weights(drafter, target) -> list:
     for module in drafter.modules():
         for p in module.parameters(recurse=False):
             (gathered_only if isinstance(module, nn.Embedding) else whole)[id(p)] = p
-    if getattr(drafter, "kind", "dflash") in TARGET_HEAD_KINDS:
+    if drafter_kind(drafter) in TARGET_HEAD_KINDS:
         whole[id(target.lm_head.weight)] = target.lm_head.weight
     return list(whole.values())
 
@@ -48,7 +50,7 @@ def floor_ms(floor: dict, bytes_per_s: float, flops_per_s: float) -> float:
 
 def drafter_shape(drafter) -> str:
     """A short description: layers (and the PARD model's width), the block the engine verifies."""
-    kind = getattr(drafter, "kind", "dflash")
+    kind = drafter_kind(drafter)
     c = drafter.config
     if kind == "pard":
         m = c.model

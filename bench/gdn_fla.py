@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("gdn_fla times CUDA kernels: no GPU here")
-    from specpilot.bench.hybrid_steps import copy_bandwidth
+    from specpilot.bench.device_rates import copy_bandwidth
     from specpilot.bench.step_times import _event_ms
     from specpilot.kernels import gdn_chain
 
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
         have_fla = True
     except ImportError as e:
         have_fla, why = False, str(e)
-    bandwidth = copy_bandwidth()
+    bandwidth = copy_bandwidth("cuda")
     nk, hv, d = a.key_heads, a.value_heads, a.head_dim
     rows = []
     for t in [int(s) for s in a.tokens.split(",")]:

@@ -57,7 +57,7 @@ def kernel_times(t, nk, hv, dk, dv, bandwidth, iters: int = 50) -> dict:
 
 
 def main(argv=None) -> int:
-    from specpilot.bench.hybrid_steps import copy_bandwidth
+    from specpilot.bench.device_rates import copy_bandwidth
     from specpilot.kernels import gdn_chain, gdn_tree
 
     p = argparse.ArgumentParser(prog="python -m specpilot.bench.gdn_kernels", description=__doc__.split("\n")[0])
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
         raise SystemExit("the extension was built without the GDN ops (a CUDA build of specpilot._C is needed)")
     nk, hv = (int(x) for x in args.heads.split(","))
     dk, dv = (int(x) for x in args.dims.split(","))
-    bandwidth = copy_bandwidth()
+    bandwidth = copy_bandwidth("cuda")
     out = {"device": torch.cuda.get_device_name(), "heads": [nk, hv], "dims": [dk, dv],
            "copy_tb_s": bandwidth / 1e12,
            "steps": [kernel_times(int(t), nk, hv, dk, dv, bandwidth, args.iters) for t in args.tokens.split(",")]}

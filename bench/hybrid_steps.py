@@ -25,18 +25,6 @@ import argparse
 import json
 
 
-def copy_bandwidth(nbytes: int = 1 << 30, iters: int = 20) -> float:
-    """Bytes per second of a device-to-device copy (read + write counted)."""
-    import torch
-
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    from specpilot.bench.step_times import _event_ms
-
-    ms = _event_ms(lambda: dst.copy_(src), iters)
-    return 2 * nbytes / (ms * 1e-3)
-
-
 def floor_bytes(target, cache, context: int, t: int) -> dict:
     cfg = target.config
     weights = sum(p.numel() * p.element_size() for p in target.parameters())
@@ -141,7 +129,9 @@ def main(argv=None) -> int:
         if args.e2e:
             out.update(e2e(graphed, args.context, args.e2e, args.tau))
             out["eager"].update(e2e(eager, args.context, args.e2e, args.tau))
-    bandwidth = copy_bandwidth()
+    from specpilot.bench.device_rates import copy_bandwidth
+
+    bandwidth = copy_bandwidth("cuda")
     out["copy_GBps"] = bandwidth / 1e9
     for name, t in (("ar", 1), ("verify", args.block)):
         moved = floor_bytes(target, graphed.cache, args.context, t)

@@ -19,27 +19,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from bf16_helpers import assert_few_flips, gen, nan_like, randn
 from conftest import refused_in_subprocess, requires_gpu, configured
 from test_engine_helpers import fresh_seed
 
 pytestmark = requires_gpu
 
 EPS = 1e-6
-
-
-def ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """|a - b| in bf16 steps, elementwise (ordered bit patterns; NaN shows as a large distance)."""
-    def ordered(t):
-        u = t.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
-        return torch.where(u >= 0x8000, -(u & 0x7FFF), u)
-    return (ordered(a) - ordered(b)).abs()
-
-
-def assert_few_flips(got, want, max_ulps: int):
-    assert not got.isnan().any(), "the kernel left poisoned (NaN) outputs"
-    d = ulps(got, want)
-    assert d.max().item() <= max_ulps, f"max {d.max().item()} ulps > {max_ulps}"
-    assert (d > 0).float().mean().item() < 0.01, f"{(d > 0).float().mean().item():.3%} of elements differ"
 
 
 def kernels(on: bool):
@@ -55,18 +41,6 @@ def ops():
     found = norm_rope._cuda_ops()
     assert found is not None, "the extension was built without the fused CUDA ops"
     return found
-
-
-def gen():
-    return torch.Generator(device="cuda").manual_seed(fresh_seed())
-
-
-def randn(*shape, g, scale=1.0):
-    return (torch.randn(*shape, generator=g, device="cuda") * scale).to(torch.bfloat16)
-
-
-def nan_like(t):
-    return torch.full_like(t, float("nan"))
 
 
 # -- add_rms_norm ----------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import torch
 
 from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU thread)
 from test_engine_helpers import fresh_seed
+from bf16_helpers import assert_few_flips
 from specpilot import config
 from specpilot.engine.recurrent_state import HybridCache
 from specpilot.models.config import RopeConfig
@@ -19,20 +20,6 @@ from specpilot.models.random_ckpt import HYBRID_PRESETS, random_target
 from specpilot.ops import zero_centred as zc
 
 EPS = 1e-6
-
-
-def ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """|a - b| in bf16 steps, elementwise (ordered bit patterns)."""
-    def ordered(t):
-        u = t.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
-        return torch.where(u >= 0x8000, -(u & 0x7FFF), u)
-    return (ordered(a) - ordered(b)).abs()
-
-
-def assert_few_flips(got, want, max_ulps: int = 1):
-    d = ulps(got, want)
-    assert d.max().item() <= max_ulps, f"max {d.max().item()} ulps > {max_ulps}"
-    assert (d > 0).float().mean().item() < 0.01, f"{(d > 0).float().mean().item():.3%} of elements differ"
 
 
 def bf16(*shape, gen, scale=1.0):

@@ -12,26 +12,14 @@ import dataclasses
 import pytest
 import torch
 
+from bf16_helpers import assert_few_flips, gen, nan_like, randn
 from conftest import refused_in_subprocess, requires_gpu
 from test_engine_helpers import fresh_seed
-from test_hybrid_elementwise import assert_few_flips
 from specpilot.ops import zero_centred as zc
 
 pytestmark = requires_gpu
 
 EPS = 1e-6
-
-
-def gen():
-    return torch.Generator(device="cuda").manual_seed(fresh_seed())
-
-
-def randn(*shape, g, scale=1.0):
-    return (torch.randn(*shape, generator=g, device="cuda") * scale).to(torch.bfloat16)
-
-
-def nan_like(t):
-    return torch.full_like(t, float("nan"))
 
 
 @pytest.fixture(scope="module")

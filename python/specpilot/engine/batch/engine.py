@@ -26,6 +26,7 @@ import torch
 
 from specpilot import config as config_module
 from specpilot.config import EngineConfig
+from specpilot.engine.engine import drafter_kind
 from specpilot.engine.linear_kernels import cuda_switchable, linear_kernel_for_rows
 from specpilot.models.target import Attention
 from specpilot.verify.sampling import sample
@@ -60,8 +61,8 @@ class BatchEngine:
             raise ValueError(f"max_batch={max_batch!r} must be an int >= 1")
         if drafter is not None and drafter.target is not target:
             raise ValueError("the drafter was loaded against a different target (load_drafter(dir, target))")
-        kind = getattr(drafter, "kind", "dflash")
-        if drafter is not None and kind not in DRAFTER_KINDS:
+        kind = drafter_kind(drafter)
+        if kind is not None and kind not in DRAFTER_KINDS:
             raise ValueError(f"the batched engine drafts with {', '.join(DRAFTER_KINDS)} drafters only (engine/batch/"
                              f"forward.py); a {kind} drafter runs single-request (Engine.generate_spec)")
         if not all(isinstance(layer.attn, Attention) for layer in target.layers):
