@@ -52,7 +52,8 @@ def test_varied_output_equals_hf_greedy(plain_pair):
         prompt = plain_pair.prompt(11)
         ids = torch.tensor([prompt])          # an explicit mask: HF would take pad-id tokens for padding
         hf = plain_pair.hf_target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=30,
-                                           do_sample=False, pad_token_id=318)[0, len(prompt):].tolist()
+                                           do_sample=False, eos_token_id=None,   # ours runs on past eos
+                                           pad_token_id=318)[0, len(prompt):].tolist()
         ours = plain_pair.engine.generate_spec(prompt, 30)
         ref_tokens, ref_acc = pard_generate(plain_pair.hf_target, plain_pair.hf_drafter, prompt, 30, 6,
                                             plain_pair.drafter.mask_token_id)
