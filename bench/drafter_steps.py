@@ -223,7 +223,7 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     from specpilot.config import EngineConfig
     from specpilot.engine import Engine
-    from specpilot.engine.batch.engine import DRAFTER_KINDS as BATCHED_KINDS
+    from specpilot.engine.batch.kind_drafting import supported as batched_kinds
     from specpilot.models.random_ckpt import TARGET_PRESETS, random_target
 
     from .device_rates import copy_bandwidth, matmul_rate
@@ -275,9 +275,9 @@ def main(argv=None) -> int:
                 replays = replays_over(ar[c]["tokens"], args.tau)
                 if c == 1:
                     e = generations(engine, single, args.tokens, replays)
-                elif kind not in BATCHED_KINDS:
-                    row["e2e"][str(c)] = {"skipped": f"the batched engine drafts with {', '.join(BATCHED_KINDS)} "
-                                                     f"drafters only (engine/batch/engine.py DRAFTER_KINDS)"}
+                elif kind not in batched_kinds():
+                    row["e2e"][str(c)] = {"skipped": f"the batched engine drafts with {', '.join(batched_kinds())} "
+                                                     f"drafters only (engine/batch/kind_drafting.py)"}
                     continue
                 else:
                     metrics, results = batched(target, drafter, wide[c], args.tokens, replays)

@@ -11,6 +11,7 @@ from specpilot.bench.drafter_floor import draft_floor, kv_read_bytes, whole_read
 from specpilot.bench.drafter_parts import steady_draft, without_extra
 from specpilot.bench.random_pair import random_drafter_of
 from specpilot.engine import Engine
+from specpilot.engine.batch.kind_drafting import supported as batched_kinds
 from specpilot.models.random_ckpt import TARGET_PRESETS, random_target
 
 TINY = ["--preset", "tiny-qwen3", "--device", "cpu", "--context", "40", "--iters", "2", "--tau", "2",
@@ -38,16 +39,19 @@ def test_bench_runs_every_kind_and_prints_the_table(tmp_path, capsys):
         assert 1.5 < one["tau"] <= 2.0
         assert one["speedup"] == pytest.approx(one["spec_tokens_per_s"] / one["ar_tokens_per_s"])
         two = r["e2e"]["2"]
-        if kind == "dflash":
+        if kind in batched_kinds():
             assert two["same_tokens_as_ar"] and two["replay_shortfalls"] == 0 and two["speedup"] > 0
         else:
-            assert "DRAFTER_KINDS" in two["skipped"]
+            assert "kind_drafting.py" in two["skipped"]
     printed = capsys.readouterr().out.strip().splitlines()
     summary = json.loads(printed[-1])
-    assert set(summary["kinds"]) == set(rows) and summary["kinds"]["dflash2"]["speedup_c2"] is None
+    assert set(summary["kinds"]) == set(rows)
     table = [line for line in printed if line.startswith("| ")]
     assert len(table) == 5 and "C=2 speedup" in table[0]
-    assert "not batched (see below)" in next(line for line in table if line.startswith("| pard"))
+    for kind in rows:
+        batched = summary["kinds"][kind]["speedup_c2"] is not None
+        assert batched == (kind in batched_kinds())
+        assert ("not batched (see below)" in next(line for line in table if line.startswith(f"| {kind} "))) != batched
     assert "x at tau 1.8" in next(line for line in table if line.startswith("| dflash "))
     assert any(line.startswith("not batched: the batched engine drafts with dflash") for line in printed)
 

@@ -35,12 +35,9 @@ from .adaptive import AcceptanceEstimator, StepCostTable, choose_step_rows, veri
 from .config import BatchConfig
 from .forward import Staging
 from .graphed import DecodeGraphs, request_bucket
+from . import kind_drafting
 from .paged import PagedKV, PagePool, pages_for
 from .request import BatchResult, Request, RequestState, request_problem
-
-
-# The drafter kinds whose draft forward the batched engine runs (forward.py draft_context / draft_block).
-DRAFTER_KINDS = ("dflash",)
 
 
 class BatchEngine:
@@ -62,9 +59,9 @@ class BatchEngine:
         if drafter is not None and drafter.target is not target:
             raise ValueError("the drafter was loaded against a different target (load_drafter(dir, target))")
         kind = drafter_kind(drafter)
-        if kind is not None and kind not in DRAFTER_KINDS:
-            raise ValueError(f"the batched engine drafts with {', '.join(DRAFTER_KINDS)} drafters only (engine/batch/"
-                             f"forward.py); a {kind} drafter runs single-request (Engine.generate_spec)")
+        if kind is not None and kind not in kind_drafting.supported():
+            raise ValueError(f"the batched engine drafts with {', '.join(kind_drafting.supported())} drafters only "
+                             f"(engine/batch/kind_drafting.py); a {kind} drafter runs single-request (Engine.generate_spec)")
         if not all(isinstance(layer.attn, Attention) for layer in target.layers):
             raise ValueError("the batched engine runs dense attention targets only (every layer an Attention)")
         if drafter is not None:
@@ -91,6 +88,7 @@ class BatchEngine:
             self.draft_cache = PagedKV(d.num_layers, d.num_kv_heads, d.head_dim, pages + 1, self.page_size,
                                        self.device, target.dtype)
         self.staging = Staging(self.device)           # the per-step index uploads
+        self.kind_drafting = kind_drafting.for_engine(self, kind)   # None: DFlash's own path (step.py)
         self.feature_layers = tuple(drafter.target_layer_ids) if drafter is not None else ()
         self.block_size = block_size if drafter is not None else 1
         self.graphs = None
@@ -205,6 +203,8 @@ class BatchEngine:
             self.running.append(state)
 
     def _finish(self, state: RequestState, error: str | None = None) -> None:
+        if self.kind_drafting is not None:
+            self.kind_drafting.release(state)
         if state.pages:
             self.pool.release(state.pages)
             state.pages = []

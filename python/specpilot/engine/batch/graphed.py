@@ -8,8 +8,8 @@ next power of two >= the longest context (graphs.kv_bucket). Padding rows and pa
 their K/V to the engine's trash slot and nobody reads it, so a real row's result is the eager
 forward's (same kernels, same shapes per request: tests/test_batch_graphs.py checks tokens against
 the eager engine). What stays eager: the prefill chunks (their own forward beside the graphed decode
-rows), a draft context append whose rows are not the last graphed verify's, and the mechanisms'
-ablations.
+rows), a draft context append whose rows are not the last graphed verify's, the mechanisms'
+ablations, and the drafting of kinds other than DFlash (kind_drafting.py; their verify is graphed).
 """
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ class DecodeGraphs:
                     positions, slots, key_array, padded_last, ids = self.engine.staging.upload(
                         arrays + [np.zeros(requests * rows, dtype=np.int64)])
                     key_array, padded_last = key_array.view(requests, -1), padded_last.view(requests, rows)
-                    if rows == t and self.engine.drafter is not None:
+                    if rows == t and self.engine.drafter is not None and self.engine.kind_drafting is None:
                         if key_count == keys[0]:         # the context append has no key axis: one per bucket
                             self.context(self.engine.draft_cache.k[0].new_zeros(requests * t, self.feature_width),
                                          positions, slots)

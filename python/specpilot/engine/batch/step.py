@@ -20,6 +20,7 @@ class Draft:
     offset: int
     rows: int
     probs: torch.Tensor | None        # [rows - 1, V] draft sampling probabilities (temperature > 0)
+    padded: bool = False              # blocks is the graphed draft's padded layout (request r's at r * block)
 
     @property
     def block(self) -> torch.Tensor:  # the anchor, then the drafts
@@ -50,6 +51,8 @@ def draft_all(engine, decoding: list) -> dict:
     block forward graphed when engine.graphs is on, over blocks padded to the block size).
     A group's anchors and replayed drafts go up with its layout in one copy, and its blocks are
     assembled on the device in one gather (_block_sources)."""
+    if engine.kind_drafting is not None:
+        return _draft_kind(engine, decoding)
     drafter = engine.drafter
     drafts = {}
     for group in _groups(decoding, engine.config.batched_draft):
@@ -88,7 +91,26 @@ def draft_all(engine, decoding: list) -> dict:
             if s.req.temperature > 0:
                 probs = sampling_probs(logits[None, row:row + k], s.req.temperature, s.req.top_p)[0]
                 blocks[offset + 1:offset + seg.rows] = sample_probs(probs[None], s.generator)[0]
-            drafts[s.id] = Draft(blocks=blocks, offset=offset, rows=seg.rows, probs=probs)
+            drafts[s.id] = Draft(blocks=blocks, offset=offset, rows=seg.rows, probs=probs,
+                                 padded=engine.graphs is not None and engine.config.batched_draft)
+    return drafts
+
+
+def _draft_kind(engine, decoding: list) -> dict:
+    """draft_all for the kinds of kind_drafting.py: the kind drafts each group (eager), the blocks are
+    assembled as DFlash's (anchors and replayed drafts from the host, the rest the kind's drafts)."""
+    drafts = {}
+    for group in _groups(decoding, engine.config.batched_draft):
+        segments = [forward.Segment(s.pages, s.start, min(engine.block_size, s.max_length - s.start)) for s in group]
+        offsets = np.cumsum([0] + [seg.rows for seg in segments])[:-1].tolist()
+        draft_rows = np.cumsum([0] + [seg.rows - 1 for seg in segments])[:-1].tolist()
+        drafted, probs = engine.kind_drafting.propose(group, segments)
+        _, host_tokens, source = _block_sources(engine, group, segments, offsets, draft_rows,
+                                                sum(seg.rows for seg in segments))
+        host_tokens, source = engine.staging.upload([host_tokens, source])
+        blocks = torch.cat([host_tokens, drafted])[source]
+        for s, seg, offset, p in zip(group, segments, offsets, probs):
+            drafts[s.id] = Draft(blocks=blocks, offset=offset, rows=seg.rows, probs=p)
     return drafts
 
 
@@ -250,7 +272,7 @@ def _launch_graphed(engine, decoding: list, drafts: dict, windows: dict, t: int,
     Launched, not read back (_finish_graphed)."""
     segments = [forward.Segment(s.pages, s.start + windows[s.id][0], windows[s.id][1]) for s in decoding]
     requests, _, arrays = engine.graphs.padded(segments, t)
-    if drafts and t == engine.block_size and not any(windows[s.id][0] for s in decoding):
+    if drafts and drafts[decoding[0].id].padded and t == engine.block_size and not any(windows[s.id][0] for s in decoding):
         positions, slots, keys, padded_last = engine.staging.upload(arrays)
         ids = drafts[decoding[0].id].blocks                 # [R*T]: the graphed draft's padded blocks
     elif drafts:
