@@ -139,3 +139,19 @@ def test_warmup_captures_every_graph_an_adaptive_run_needs(pair):
     results = run_staggered(engine, requests, every=1)
     assert set(engine.graphs.steps) == captured, f"captured during the run: {set(engine.graphs.steps) - captured}"
     assert all(r.error is None for r in results.values())
+
+
+def test_a_failed_capture_names_its_graph(pair):
+    """CUDA's capture errors say nothing of which graph: warmup's error names it and keeps the cause."""
+    target, drafter, _ = pair
+
+    class FailingCapture(StaticShapeStep):
+        def __init__(self, fn, example_inputs, pool=None):
+            if example_inputs[0].shape[0] == 2 * 4:          # the second request bucket's block forwards
+                raise RuntimeError("operation not permitted when stream is capturing")
+            super().__init__(fn, example_inputs, pool)
+
+    engine = BatchEngine(target, drafter, BatchConfig(), max_batch=2, kv_pages=64, graph_step_factory=FailingCapture)
+    with pytest.raises(RuntimeError, match=r"batched engine.s \w+ graph \(2, 4[,)].*not permitted") as failure:
+        engine.warmup(20)
+    assert "not permitted" in str(failure.value.__cause__)

@@ -116,3 +116,8 @@ def test_bad_input_is_one_line_and_a_device_failure_keeps_its_traceback(monkeypa
     fail_with(torch.AcceleratorError("CUDA error: operation failed due to a previous error during capture"))
     with pytest.raises(torch.AcceleratorError, match="during capture"):
         main(["env"])
+    wrapped = RuntimeError("capturing the batched engine's target graph (32, 12, 512) failed")
+    wrapped.__cause__ = torch.AcceleratorError("CUDA error: operation not permitted when stream is capturing")
+    fail_with(wrapped)
+    with pytest.raises(RuntimeError, match=r"target graph \(32, 12, 512\)"):
+        main(["env"])

@@ -63,9 +63,11 @@ def plain_specpilot_warnings() -> None:
 
 
 def _device_failure(error: Exception) -> bool:
-    """A CUDA (accelerator) error: torch raises it as a RuntimeError."""
+    """A CUDA (accelerator) error, or an error that wraps one to say where (torch raises it as a
+    RuntimeError)."""
     torch = sys.modules.get("torch")
-    return torch is not None and isinstance(error, getattr(torch, "AcceleratorError", ()))
+    kind = getattr(torch, "AcceleratorError", ()) if torch is not None else ()
+    return isinstance(error, kind) or isinstance(error.__cause__, kind)
 
 
 def main(argv=None) -> int:

@@ -111,7 +111,7 @@ class DecodeGraphs:
 
             def fn(features, positions, slots):
                 forward.draft_context(drafter, cache, forward.Rows(positions, slots), features)
-            self.steps[key] = self._capture(fn, (features, positions, slots), features.shape[0])
+            self.steps[key] = self._capture(fn, (features, positions, slots), features.shape[0], key)
         self.steps[key](features, positions, slots)
 
     def draft(self, ids, positions, slots, keys, padded_last) -> torch.Tensor:
@@ -125,7 +125,7 @@ class DecodeGraphs:
             def fn(ids, positions, slots, keys, padded_last):
                 layout = self.layout(positions, slots, keys, padded_last)
                 return forward.draft_block(drafter, cache, layout, ids, keep)
-            self.steps[key] = self._capture(fn, (ids, positions, slots, keys, padded_last), r * t)
+            self.steps[key] = self._capture(fn, (ids, positions, slots, keys, padded_last), r * t, key)
         return self.steps[key](ids, positions, slots, keys, padded_last)
 
     def target(self, ids, positions, slots, keys, padded_last) -> tuple:
@@ -139,14 +139,19 @@ class DecodeGraphs:
                 layout = self.layout(positions, slots, keys, padded_last)
                 logits, features = forward.target_forward(target, cache, layout, ids, taps)
                 return (logits, features) if features is not None else (logits,)
-            self.steps[key] = self._capture(fn, (ids, positions, slots, keys, padded_last), r * t)
+            self.steps[key] = self._capture(fn, (ids, positions, slots, keys, padded_last), r * t, key)
         out = self.steps[key](ids, positions, slots, keys, padded_last)
         return (out[0], out[1]) if len(out) == 2 else (out[0], None)
 
-    def _capture(self, fn, inputs: tuple, rows: int):
+    def _capture(self, fn, inputs: tuple, rows: int, key: tuple):
         """The step for `fn` over `rows` token rows, its linears' kernel chosen for that many rows inside
-        the function, so a capture bakes the choice in and a replay sets nothing on the host."""
+        the function, so a capture bakes the choice in and a replay sets nothing on the host. A failed
+        capture names its graph (kind, requests, rows per request, keys): CUDA's own error does not."""
         def with_kernels(*args):
             with self.engine.kernels(rows):
                 return fn(*args)
-        return self.factory(with_kernels, inputs, pool=self.pool)
+        try:
+            return self.factory(with_kernels, inputs, pool=self.pool)
+        except RuntimeError as e:
+            raise RuntimeError(f"capturing the batched engine's {key[0]} graph {key[1:]} ({len(self.steps)} "
+                               f"captured before it) failed: {e}") from e
