@@ -18,6 +18,7 @@ import torch
 from specpilot import _ext
 from specpilot.formats.split12 import ops
 
+from .device_rates import copy_bandwidth
 from .jsonl import write_rows
 from .timing import time_graph
 
@@ -28,22 +29,6 @@ SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "dow
 TARGET_RATIO = {1: {"layer": 0.60, "lm_head": 0.78}, 16: {"layer": 0.75, "lm_head": 0.80}}
 TARGET_COPY_FRACTION = 0.85
 ROTATE_BYTES = 240e6  # > 4x the H200's L2, so every call streams its weights from HBM
-
-
-def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 10) -> float:
-    """Device-to-device copy, bytes read + written per second."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        dst.copy_(src)
-    end.record()
-    torch.cuda.synchronize()
-    return 2 * nbytes * reps / (start.elapsed_time(end) * 1e-3)
-
-
 
 
 def check(x, w, p, out12, out16, kernels) -> dict:
@@ -157,7 +142,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"unknown shapes {unknown}; choose from {list(SHAPES)}")
     Ms = [int(m) for m in args.ms.split(",")]
     g = torch.Generator(device="cuda").manual_seed(int.from_bytes(__import__("os").urandom(4), "little"))
-    copy_bw = copy_bandwidth()
+    copy_bw = copy_bandwidth("cuda")
     rows = []
     for name in names:
         rows += bench_shape(name, *SHAPES[name], Ms, copy_bw, g)
