@@ -179,3 +179,21 @@ def test_pard2_graphed_verify(pard2_pair, temperature):
     engine = BatchEngine(pard2_pair.target, pard2_pair.drafter, BatchConfig(), max_batch=3, kv_pages=64,
                          graph_step_factory=StaticShapeStep)
     check(pard2_pair, engine, requests_for(pard2_pair, fresh_seed(), temperature))
+
+
+def test_replay_equals_single_request_replay(pair):
+    """Acceptance replay (the bench's device): the PARD drafter runs, the planned drafts overwrite its
+    tokens; the planned acceptance lengths and the target's tokens, as generate_spec(replay=...)."""
+    from specpilot.engine.replay import AcceptanceReplay
+
+    engine = Engine(pair.target, pair.drafter, max_seq_len=64)
+    prompts = random_prompts(pair.target.config.vocab_size, (4, 11, 7), fresh_seed())
+    transcripts = [engine.generate_ar(p, 30).tokens for p in prompts]
+    refs = [engine.generate_spec(p, 30, replay=AcceptanceReplay(t, 2.5)) for p, t in zip(prompts, transcripts)]
+    batch = BatchEngine(pair.target, pair.drafter, BatchConfig(), max_batch=3, kv_pages=64)
+    ids = [batch.submit(Request(tuple(p), 30, replay=AcceptanceReplay(t, 2.5))) for p, t in zip(prompts, transcripts)]
+    results = {r.request_id: r for r in batch.run_until_done()}
+    for i, ref in zip(ids, refs):
+        assert results[i].tokens == ref.tokens
+        assert results[i].acceptance_lengths == ref.acceptance_lengths
+        assert results[i].replay_shortfalls == ref.replay_shortfalls == 0
