@@ -63,6 +63,10 @@ class PardConfig:
         return self.model.head_dim
 
     @property
+    def num_heads(self) -> int:      # the batched engine's graph setup checks the paged kernel fits it
+        return self.model.num_heads
+
+    @property
     def vocab_size(self) -> int:     # the target's (checked at load); replayed drafts are drawn from it
         return self.model.vocab_size
 
