@@ -128,6 +128,26 @@ def test_prefix_first(pair, graphed, temperature):
     assert engine.second_passes > 0 or temperature > 0
 
 
+@pytest.mark.parametrize("variant", ["pard", "pard2"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_long_prompts_catch_up_in_chunks(pair, pard2_pair, monkeypatch, variant, temperature):
+    """prefill_chunk 4: the prompts go into the draft cache in forwards of at most 4 rows a request
+    before the group's draft forward; the output stays the single-request engine's."""
+    p = pair if variant == "pard" else pard2_pair
+    longest, catch_ups = [], []
+    original = draft_pard.pard_forward
+
+    def recording(drafter, cache, layout, ids, features, logit_rows):
+        longest.append(max(s.rows for s in layout.segments))
+        catch_ups.append(logit_rows.numel() == 0)
+        return original(drafter, cache, layout, ids, features, logit_rows)
+
+    monkeypatch.setattr(draft_pard, "pard_forward", recording)
+    engine = BatchEngine(p.target, p.drafter, BatchConfig(prefill_chunk=4), max_batch=3, kv_pages=64)
+    check(p, engine, requests_for(p, fresh_seed(), temperature))
+    assert max(longest) <= 4 + BLOCK - 2 and any(catch_ups), "no prompt was caught up in chunks"
+
+
 @pytest.mark.parametrize("batched", [True, False])
 def test_one_draft_forward_per_group(pair, monkeypatch, batched):
     """batched_draft: one PARD forward per step for all decoding requests; off: one per request."""
