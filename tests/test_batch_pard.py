@@ -91,6 +91,14 @@ def test_sampled_equals_single_request(pair, name, max_batch):
     check(pair, engine, requests_for(pair, fresh_seed(), temperature=1.0))
 
 
+def test_greedy_and_sampled_requests_draft_together(pair):
+    seed = fresh_seed()
+    requests = [replace(r, temperature=0.9, seed=seed + i) if i % 2 else r
+                for i, r in enumerate(requests_for(pair, seed))]
+    engine = BatchEngine(pair.target, pair.drafter, BatchConfig(), max_batch=5, kv_pages=64)
+    check(pair, engine, requests)
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_smaller_block(pair, temperature):
     engine = BatchEngine(pair.target, pair.drafter, BatchConfig(), max_batch=3, kv_pages=64, block_size=3)
