@@ -62,6 +62,14 @@ class PardConfig:
     def head_dim(self) -> int:
         return self.model.head_dim
 
+    @property
+    def num_heads(self) -> int:      # the batched engine's graph setup checks the paged kernel fits it
+        return self.model.num_heads
+
+    @property
+    def vocab_size(self) -> int:     # the target's (checked at load); replayed drafts are drawn from it
+        return self.model.vocab_size
+
 
 def _pard2_fields(cfg: dict, target: TargetConfig, where: str) -> dict:
     """PARD-2's keys (pard2_infer.py's names and fallbacks) -> PardConfig fields; {} for plain PARD."""
