@@ -5,6 +5,8 @@ shorter than the block and than the conv kernel, every batching mechanism on / o
 the graphed verify, adaptive verify and prefix-first; the group's block forward is one call, and its
 hidden rows and drafts equal the single-request session's (full and sliding-window layers)."""
 import itertools
+from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,6 +20,7 @@ from specpilot.engine.batch import BatchConfig, BatchEngine, Request, draft_dfla
 from specpilot.engine.batch.forward import Segment
 from specpilot.engine.batch.request import RequestState
 from specpilot.engine.graphs import StaticShapeStep
+from specpilot.models.drafters.dflash2 import layer_mask
 
 PROMPT_VOCAB = 318            # random prompt ids below the byte tokenizer's specials
 # full: every layer non-causal over its block; sliding: a causal window of 3 inside the block of 8 and
@@ -123,6 +126,22 @@ def test_prefix_first(pair, prefix, temperature):
     check(pair, requests, run_staggered(engine, requests))
 
 
+def test_replay_equals_single_request_replay(pair):
+    """Acceptance replay: the drafter runs, the planned drafts overwrite its tokens (step.py)."""
+    from specpilot.engine.replay import AcceptanceReplay
+
+    prompts = [r.prompt_ids for r in requests_for(pair)[:3]]
+    engine = Engine(pair.target, pair.drafter, max_seq_len=128)
+    transcripts = [engine.generate_ar(p, 30).tokens for p in prompts]
+    refs = [engine.generate_spec(p, 30, replay=AcceptanceReplay(t, 2.5)) for p, t in zip(prompts, transcripts)]
+    batch = BatchEngine(pair.target, pair.drafter, BatchConfig(adaptive_verify=False), max_batch=3, kv_pages=64)
+    ids = [batch.submit(Request(tuple(p), 30, replay=AcceptanceReplay(t, 2.5))) for p, t in zip(prompts, transcripts)]
+    results = {r.request_id: r for r in batch.run_until_done()}
+    for i, ref, transcript in zip(ids, refs, transcripts):
+        assert results[i].tokens == ref.tokens == transcript
+        assert results[i].acceptance_lengths == ref.acceptance_lengths and max(ref.acceptance_lengths) >= 2
+
+
 def test_group_drafts_in_one_forward(pair, monkeypatch):
     """One block forward per step for all decoding requests (not a loop per request)."""
     calls = []
@@ -170,7 +189,7 @@ def test_block_forward_equals_single_session(pair, temperature):
         s.ctx = [(f[:half], 0), (f[half:], half)]        # two pending pieces, as prefill chunks leave them
     segments = [Segment(s.pages, c, t) for s, c, t in zip(states, contexts, rows)]
     with torch.inference_mode():
-        plan, inputs, hidden = engine.kind_drafting.forward(states, segments)
+        plan, inputs, hidden = engine.kind_drafting.draft_hidden(states, segments)
         drafts, probs = draft_dflash2.select(drafter, states, plan, inputs, hidden)
     at = 0
     for i, (c, t) in enumerate(zip(contexts, rows)):
@@ -207,9 +226,27 @@ def test_sliding_masks_matter(pair, monkeypatch):
         state = _state(engine, 0, 9, 5)
         state.ctx = [(features, 0)]
         with torch.inference_mode():
-            out = engine.kind_drafting.forward([state], [Segment(state.pages, 9, cfg.block_size)])[2]
+            out = engine.kind_drafting.draft_hidden([state], [Segment(state.pages, 9, cfg.block_size)])[2]
         engine.pool.release(state.pages)
         return out
     sliding = hidden_rows()
     monkeypatch.setattr(draft_dflash2, "layer_visibility", lambda c, i: (False, None))
     assert not torch.allclose(sliding, hidden_rows())
+
+
+@pytest.mark.parametrize("is_causal", [None, True, False])
+def test_visibility_rule_is_layer_masks(pair, is_causal):
+    """Each layer's (low, high) key interval per row equals layer_mask's visibility over the block,
+    for full and sliding layers under every is_causal override (windows of 3 in a block of 8 and
+    context before it)."""
+    cfg = replace(pair.drafter.config, layer_types=("full_attention", "sliding_attention"), sliding_window=3,
+                  is_causal=is_causal)
+    start, rows = 11, 8
+    state = SimpleNamespace(tokens=[0], req=SimpleNamespace(temperature=0.0))
+    plan = draft_dflash2._BlockPlan(cfg, [state], [Segment([0], start, rows)])
+    keys = torch.arange(start + rows)
+    for layer in range(cfg.num_layers):
+        expected = layer_mask(cfg, layer, torch.arange(start, start + rows), start + rows, torch.float32)
+        expected = expected.additive[0, 0, :rows] == 0
+        low, high = map(torch.from_numpy, plan.visible(draft_dflash2.layer_visibility(cfg, layer)))
+        assert torch.equal((keys >= low[:, None]) & (keys <= high[:, None]), expected), f"layer {layer}"

@@ -33,14 +33,13 @@ from .step import _take_context
 class Drafting:
     def __init__(self, engine):
         self.engine, self.drafter = engine, engine.drafter
-        self.calls = 0                        # block forwards run (a test checks one per group)
 
     def propose(self, group: list, segments: list) -> tuple:
-        plan, inputs, hidden = self.forward(group, segments)
+        plan, inputs, hidden = self.draft_hidden(group, segments)
         with self.engine.kernels(hidden.shape[1]):
             return select(self.drafter, group, plan, inputs, hidden)
 
-    def forward(self, group: list, segments: list) -> tuple:
+    def draft_hidden(self, group: list, segments: list) -> tuple:
         """The group's pending context appended, then one block forward over all its blocks:
         (plan, its uploaded inputs, hidden [1, M, H] of the drafting rows, blocks concatenated)."""
         engine, drafter = self.engine, self.drafter
@@ -54,7 +53,6 @@ class Drafting:
         layout = forward.Layout(segments, engine.page_size, engine.staging, last=forward.block_last(segments),
                                 extra=plan.arrays())
         inputs = plan.take(layout.extra)
-        self.calls += 1
         with engine.kernels(layout.positions.shape[0]):
             return plan, inputs, block_hidden(drafter, engine.draft_cache, layout, inputs)
 
@@ -66,7 +64,7 @@ class _BlockPlan:
     """Host arrays of a group's block forward and selector walk (uploaded with the layout in one copy)."""
 
     def __init__(self, cfg, group: list, segments: list):
-        self.cfg = cfg
+        self.cfg, self.segments = cfg, segments
         self.rows = [seg.rows for seg in segments]
         self.drafts = [n - 1 for n in self.rows]
         self.positions = np.concatenate([np.arange(s.start, s.start + s.rows) for s in segments])
@@ -83,7 +81,7 @@ class _BlockPlan:
     def arrays(self) -> list:
         n = len(self.positions)
         rows = np.arange(n)
-        keep = np.concatenate([np.arange(a + 1, a + k + 1) for a, k in zip(np.cumsum([0] + self.rows)[:-1], self.drafts)])
+        keep = forward.block_keep(self.segments)
         shifts = [np.maximum(rows - o, 0) for o in range(1, self.taps)]
         inside = [(self.row_in_block >= o).astype(np.int64) for o in range(1, self.taps)]
         lows, highs = zip(*(self.visible(kind) for kind in self.layer_kinds()))
