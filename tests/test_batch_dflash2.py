@@ -108,9 +108,11 @@ def test_graphed_verify(pair, temperature):
     assert {key[0] for key in engine.graphs.steps} == {"target"}, "the graphed verify never ran"
 
 
-def test_adaptive_verify_tokens_equal_ar(pair):
+@pytest.mark.parametrize("graphed", [False, True])
+def test_adaptive_verify_tokens_equal_ar(pair, graphed):
     requests = requests_for(pair)
-    engine = BatchEngine(pair.target, pair.drafter, EAGER_ADAPTIVE, max_batch=5, kv_pages=64)
+    engine = BatchEngine(pair.target, pair.drafter, EAGER_ADAPTIVE, max_batch=5, kv_pages=64,
+                         graph_step_factory=StaticShapeStep if graphed else None)
     results = run_staggered(engine, requests, every=1)
     ar = Engine(pair.target, None, max_seq_len=64)
     for i, req in enumerate(requests):
@@ -118,11 +120,13 @@ def test_adaptive_verify_tokens_equal_ar(pair):
     assert engine.verify_rows < engine.block_rows, "the budget never trimmed"
 
 
+@pytest.mark.parametrize("graphed", [False, True])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("prefix", [1, 3])
-def test_prefix_first(pair, prefix, temperature):
+def test_prefix_first(pair, prefix, temperature, graphed):
     requests = requests_for(pair, temperature)
-    engine = BatchEngine(pair.target, pair.drafter, BatchConfig(verify_prefix=prefix), max_batch=3, kv_pages=64)
+    engine = BatchEngine(pair.target, pair.drafter, BatchConfig(verify_prefix=prefix), max_batch=3, kv_pages=64,
+                         graph_step_factory=StaticShapeStep if graphed else None)
     check(pair, requests, run_staggered(engine, requests))
 
 
