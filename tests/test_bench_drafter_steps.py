@@ -120,9 +120,10 @@ def test_floor_counts_whole_weights_once(target):
     assert id(target.lm_head.weight) not in {id(p) for p in weights}
 
 
-def test_batched_engine_refuses_a_kind_it_cannot_draft(target):
-    from specpilot.engine.batch import BatchEngine
+def test_batched_engine_refuses_a_kind_it_cannot_draft(target, monkeypatch):
+    from specpilot.engine.batch import BatchEngine, kind_drafting
 
+    monkeypatch.delitem(kind_drafting.MODULES, "dflash2")        # a kind without a batched Drafting
     with pytest.raises(ValueError, match="dflash2 drafter runs single-request"):
         BatchEngine(target, random_drafter_of("dflash2", target, 2, 8), kv_pages=8)
 
