@@ -28,7 +28,7 @@ from __future__ import annotations
 import importlib
 
 # kind -> module of this package holding its Drafting (None: step.py's built-in DFlash path)
-MODULES = {"dflash": None}
+MODULES = {"dflash": None, "dspark": ".draft_dspark"}
 
 
 def supported() -> tuple:
