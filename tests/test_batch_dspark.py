@@ -50,9 +50,10 @@ def pair(tmp_path_factory):
 @pytest.fixture(scope="module")
 def flat_pair(tmp_path_factory):
     """A plain random pair (no two-token head): flat distributions, so at temperature > 0 the accept
-    and the residual draw depend on every draft probability (a peaked pair's hardly do)."""
+    and the residual draw depend on every draft probability (a peaked pair's hardly do); no
+    confidence head."""
     p = KindPair(tmp_path_factory.mktemp("batch_dspark_flat"), "dspark", seed=fresh_seed(), block_size=5,
-                 preset="tiny-llama")
+                 preset="tiny-llama", confidence_head=False)
     strong_markov(p.drafter, p.seed)
     return p
 
@@ -131,6 +132,7 @@ def test_sampled_flat_pair(flat_pair):
                 for r, t in zip(requests, (1.0, 0.6, 1.3, 2.0, 0.9))]
     engine = engine_for(flat_pair, max_batch=4)
     refs = check(flat_pair, requests, run_staggered(engine, requests, every=1))
+    assert flat_pair.drafter.confidence is None
     assert any(a > 1 for r in refs for a in r.acceptance_lengths), "no draft accepted: q never tested"
 
 
