@@ -139,11 +139,17 @@ def test_sampled_flat_pair(flat_pair):
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_graphed_verify(pair, temperature):
     """The verify through the graphed path (StaticShapeStep on the CPU), the drafting eager: the blocks
-    go through the gather branch of step._launch_graphed."""
+    go through the gather branch of step._launch_graphed. After warmup the run captures nothing new."""
     requests = requests_for(pair.seed + 3, temperature)
     engine = engine_for(pair, BatchConfig(), graph_step_factory=StaticShapeStep)
+    engine.warmup(max(len(r.prompt_ids) + r.max_new_tokens for r in requests))
+    captured, calls = set(engine.graphs.steps), []
+    original = engine.graphs.target
+    engine.graphs.target = lambda *a: calls.append(1) or original(*a)
     check(pair, requests, run_staggered(engine, requests))
-    assert {key[0] for key in engine.graphs.steps} == {"target"}, "the graphed verify never ran (or DFlash's draft did)"
+    assert calls, "the graphed verify never ran"
+    assert set(engine.graphs.steps) == captured, f"captured during the run: {set(engine.graphs.steps) - captured}"
+    assert {key[0] for key in captured} == {"target"}, "DFlash's draft graphs were captured for a DSpark drafter"
 
 
 def test_adaptive_verify_tokens_equal(pair):
