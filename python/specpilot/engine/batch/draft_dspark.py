@@ -39,6 +39,8 @@ class Drafting:
         self.confidence = {}                 # request id -> the last step's confidence [drafts] (or None)
 
     def propose(self, group: list, segments: list) -> tuple:
+        """kind_drafting.py's propose: request r's verify segment of `rows` rows -> its draft block
+        segment of rows - 1 rows at the same start, all of them drafting."""
         engine, d = self.engine, self.drafter
         self._append_context(group)
         blocks = [forward.Segment(seg.pages, seg.start, seg.rows - 1) for seg in segments]
