@@ -28,7 +28,7 @@ from __future__ import annotations
 import importlib
 
 # kind -> module of this package holding its Drafting (None: step.py's built-in DFlash path)
-MODULES = {"dflash": None, "dflash2": ".draft_dflash2", "pard": ".draft_pard"}
+MODULES = {"dflash": None, "dflash2": ".draft_dflash2", "dspark": ".draft_dspark", "pard": ".draft_pard"}
 
 
 def supported() -> tuple:
