@@ -27,7 +27,7 @@ from specpilot.ops.norm_rope import add_rms_norm
 from specpilot.verify.sampling import sample_probs, sampling_probs
 
 from . import forward
-from .step import _take_context
+from .step import append_context
 
 
 class Drafting:
@@ -43,12 +43,7 @@ class Drafting:
         """The group's pending context appended, then one block forward over all its blocks:
         (plan, its uploaded inputs, hidden [1, M, H] of the drafting rows, blocks concatenated)."""
         engine, drafter = self.engine, self.drafter
-        pending = [(s, *_take_context(s)) for s in group if s.ctx]
-        if pending:
-            layout = forward.Layout([forward.Segment(s.pages, first, f.shape[0]) for s, f, first in pending],
-                                    engine.page_size, engine.staging)
-            with engine.kernels(layout.positions.shape[0]):
-                forward.draft_context(drafter, engine.draft_cache, layout, torch.cat([f for _, f, _ in pending]))
+        append_context(engine, group)
         plan = _BlockPlan(drafter.config, group, segments)
         layout = forward.Layout(segments, engine.page_size, engine.staging, last=forward.block_last(segments),
                                 extra=plan.arrays())

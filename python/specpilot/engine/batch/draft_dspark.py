@@ -26,11 +26,10 @@ import numpy as np
 import torch
 
 from specpilot.ops import linear
-from specpilot.ops.norm_rope import add_rms_norm
 from specpilot.verify.sampling import sample_probs, sampling_probs
 
 from . import forward
-from .step import _take_context
+from .step import append_context
 
 
 class Drafting:
@@ -42,7 +41,7 @@ class Drafting:
         """kind_drafting.py's propose: request r's verify segment of `rows` rows -> its draft block
         segment of rows - 1 rows at the same start, all of them drafting."""
         engine, d = self.engine, self.drafter
-        self._append_context(group)
+        append_context(self.engine, group)
         blocks = [forward.Segment(seg.pages, seg.start, seg.rows - 1) for seg in segments]
         counts = [b.rows for b in blocks]
         offsets = np.cumsum([0] + counts)[:-1]
@@ -64,17 +63,6 @@ class Drafting:
 
     def release(self, state) -> None:
         self.confidence.pop(state.id, None)
-
-    def _append_context(self, group: list) -> None:
-        """Every pending committed row's target features -> the drafter's context K/V (one forward)."""
-        pending = [(s, *_take_context(s)) for s in group if s.ctx]
-        if not pending:
-            return
-        engine = self.engine
-        layout = forward.Layout([forward.Segment(s.pages, first, f.shape[0]) for s, f, first in pending],
-                                engine.page_size, engine.staging)
-        with engine.kernels(layout.positions.shape[0]):
-            forward.draft_context(self.drafter, engine.draft_cache, layout, torch.cat([f for _, f, _ in pending]))
 
     def _markov(self, group, counts, rows_at, hidden, ids) -> tuple:
         """DSparkDrafter.draft over the group: row k of every block that has one in one product.
@@ -108,17 +96,4 @@ class Drafting:
 def block_hidden(drafter, cache, layout, block_ids: torch.Tensor) -> torch.Tensor:
     """DSparkDrafter.forward_hidden over segments: block ids [N] -> final-normed hidden [N, H] of every
     row (the layout built with forward.block_last: each row sees its request's context and whole block)."""
-    c = drafter.config
-    x, delta = drafter.embed(block_ids[None]), None                               # its own embedding, unscaled
-    cos, sin = drafter.rope_cos[layout.positions], drafter.rope_sin[layout.positions]
-    mask = layout.mask(c.num_heads // c.num_kv_heads, x.dtype)
-    for i, layer in enumerate(drafter.layers):
-        block_input, normed = add_rms_norm(x, delta, layer.attn_norm.weight, layer.attn_norm.eps)
-        attn = layer.attn
-        q = attn.project_to_cache(normed, cos, sin, layout.slots, cache.k[i], cache.v[i],
-                                  q=linear.linear(attn.q, normed))
-        attn_out = linear.linear(attn.o, layout.attend(q, cache.k[i], cache.v[i], mask, attn.scale))
-        h, normed = add_rms_norm(block_input, attn_out, layer.mlp_norm.weight, layer.mlp_norm.eps)
-        x, delta = h, layer.mlp(normed)
-    _, x = add_rms_norm(x, delta, drafter.norm.weight, drafter.norm.eps)
-    return x[0]
+    return forward.draft_layers(drafter, cache, layout, drafter.embed(block_ids[None]))[0]   # its own embedding, unscaled

@@ -23,7 +23,7 @@ import torch
 from specpilot.verify.sampling import sample_probs, sampling_probs
 
 from . import forward
-from .step import _take_context
+from .step import take_context
 
 
 def pard_forward(drafter, cache, layout: forward.Layout, ids: torch.Tensor, features, logit_rows: torch.Tensor):
@@ -111,7 +111,7 @@ class Drafting:
         """PARD-2: the feature rows of the `real` committed rows from `first`: row p gets the target's
         feature at p - 1 (zeros for p = 0), taken from state.ctx."""
         need = max(first - 1, 0)
-        feats, at = _take_context(s) if s.ctx else (None, need)
+        feats, at = take_context(s) if s.ctx else (None, need)
         have = 0 if feats is None else feats.shape[0]
         want = real - (1 if first == 0 else 0)
         if at != need or have != want:

@@ -249,15 +249,23 @@ def draft_context(drafter, cache, layout, features: torch.Tensor) -> None:
 
 def draft_block(drafter, cache, layout: Layout, block_ids: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """Each segment a block [anchor, mask ...] -> draft logits [N - segments, V] at the rows `keep`
-    (block_keep: the rows after each anchor, segment by segment; the layout built with block_last). Non-causal: every row of a block sees its request's context and the whole
-    block (DFlashDrafter.forward_block over segments)."""
+    (block_keep: the rows after each anchor, segment by segment; the layout built with block_last).
+    DFlashDrafter.forward_block over segments: the target's embedding, scaled as the drafter's config says."""
+    x = drafter.target.embed(block_ids[None])
+    if drafter.config.input_embedding_scale != 1.0:
+        x = x * drafter.config.input_embedding_scale
+    x = draft_layers(drafter, cache, layout, x)
+    return drafter.compute_logits(x[:, keep])[0]
+
+
+def draft_layers(drafter, cache, layout: Layout, x: torch.Tensor) -> torch.Tensor:
+    """A block drafter's layers and final norm over the layout's rows: embedded blocks x [1, N, H] ->
+    final-normed hidden [1, N, H]. Non-causal when the layout was built with block_last: every row sees
+    its request's context and its whole block."""
     c = drafter.config
-    x, delta = drafter.target.embed(block_ids[None]), None
-    if c.input_embedding_scale != 1.0:
-        x = x * c.input_embedding_scale
+    delta = None
     cos, sin = drafter.rope_cos[layout.positions], drafter.rope_sin[layout.positions]
-    groups = c.num_heads // c.num_kv_heads
-    mask = layout.mask(groups, x.dtype)                       # non-causal (block_last): each row sees its whole block
+    mask = layout.mask(c.num_heads // c.num_kv_heads, x.dtype)
     for i, layer in enumerate(drafter.layers):
         block_input, normed = add_rms_norm(x, delta, layer.attn_norm.weight, layer.attn_norm.eps)
         attn = layer.attn
@@ -267,7 +275,7 @@ def draft_block(drafter, cache, layout: Layout, block_ids: torch.Tensor, keep: t
         h, normed = add_rms_norm(block_input, attn_out, layer.mlp_norm.weight, layer.mlp_norm.eps)
         x, delta = h, layer.mlp(normed)
     _, x = add_rms_norm(x, delta, drafter.norm.weight, drafter.norm.eps)
-    return drafter.compute_logits(x[:, keep])[0]
+    return x
 
 
 def block_last(segments: list) -> np.ndarray:

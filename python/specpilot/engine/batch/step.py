@@ -33,7 +33,7 @@ def _groups(states: list, together: bool) -> list:
     return [states] if together else [[s] for s in states]
 
 
-def _take_context(state) -> tuple:
+def take_context(state) -> tuple:
     """The request's committed rows not yet in the draft cache: (features [C, F], first position)."""
     feats, first = [f for f, _ in state.ctx], state.ctx[0][1]
     expect = first
@@ -43,6 +43,17 @@ def _take_context(state) -> tuple:
         expect += f.shape[0]
     state.ctx = []
     return torch.cat(feats) if len(feats) > 1 else feats[0], first
+
+
+def append_context(engine, group: list) -> None:
+    """Every pending committed row's target features (state.ctx) -> the drafter's context K/V, in one
+    eager forward over the group (forward.draft_context: the block drafters' fc / hidden_norm)."""
+    pending = [(s, *take_context(s)) for s in group if s.ctx]
+    if pending:
+        layout = forward.Layout([forward.Segment(s.pages, first, f.shape[0]) for s, f, first in pending],
+                                engine.page_size, engine.staging)
+        with engine.kernels(layout.positions.shape[0]):
+            forward.draft_context(engine.drafter, engine.draft_cache, layout, torch.cat([f for _, f, _ in pending]))
 
 
 def draft_all(engine, decoding: list) -> dict:
@@ -56,15 +67,8 @@ def draft_all(engine, decoding: list) -> dict:
     drafter = engine.drafter
     drafts = {}
     for group in _groups(decoding, engine.config.batched_draft):
-        if _context_graphed(engine, group):
-            pending = []
-        else:
-            pending = [(s, *_take_context(s)) for s in group if s.ctx]
-        if pending:
-            layout = forward.Layout([forward.Segment(s.pages, first, f.shape[0]) for s, f, first in pending],
-                                    engine.page_size, engine.staging)
-            with engine.kernels(layout.positions.shape[0]):
-                forward.draft_context(drafter, engine.draft_cache, layout, torch.cat([f for _, f, _ in pending]))
+        if not _context_graphed(engine, group):
+            append_context(engine, group)
         segments = [forward.Segment(s.pages, s.start, min(engine.block_size, s.max_length - s.start)) for s in group]
         last = forward.block_last(segments)
         if engine.graphs is not None and engine.config.batched_draft:
