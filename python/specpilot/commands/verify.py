@@ -73,13 +73,14 @@ def run(args) -> int:
 def print_report(report) -> None:
     """Per prompt, the referee and its noise, every excused / failed record (up to SHOWN_RECORDS a
     list), the agreement with the referee per path, and the verdict line."""
-    from specpilot.verify.target_greedy import STOCK
+    from specpilot.verify.target_greedy import runs_stock_pair
 
-    reference = "stock" if report.reference == STOCK else "the target's greedy AR"
+    stock_pair = runs_stock_pair(report.reference)
+    reference = "stock" if stock_pair else "the target's greedy AR"
     print(f"reference: {report.reference}")
     for row in report.per_prompt:
         bad = row["mismatches"] + row["spec_mismatches"]
-        tau = f"stock {row['stock_tau']:.2f} " if report.reference == STOCK else ""
+        tau = f"stock {row['stock_tau']:.2f} " if stock_pair else ""
         spec = f"identical to {reference}" if row["spec_identical"] else \
             f"forks from {reference} at token {row['spec_fork']}"
         ar = "identical to our AR output" if row["ar_identical"] else \

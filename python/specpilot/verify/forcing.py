@@ -28,13 +28,14 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from specpilot.engine.cache import target_cache
+from specpilot.engine.engine import drafter_kind
 from specpilot.progress import progress
 
 from .arbiter_error import ArbiterErrorTally
 from .referee import Referee, load_referee, scored_logits
 from .spec_checks import spec_disagreements
 from .stock import StockPair, hf_logits, run_stock
-from .target_greedy import STOCK, reference_for, run_target_greedy
+from .target_greedy import STOCK, reference_for, run_target_greedy, runs_stock_pair
 from .verdict import (PRECISION_FACTOR, REFEREE_K, AgreementTally, Rule, disagreement, distinct_contexts, excuse_cap,
                       judge, noise_and_imprecise)
 
@@ -138,8 +139,9 @@ def token_force(engine, stock: StockPair, prompts, max_new_tokens: int, stop_ids
         referee = load_referee(target.source_dir, target.dtype, str(target.device.type))
     tally, agreement = ArbiterErrorTally(), AgreementTally()
     forced_items, spec_items, rows = [], [], []
-    report = ForcingReport(reference=reference_for(target), referee=referee.kind, referee_note=referee.note)
-    run_reference = run_stock if report.reference == STOCK else run_target_greedy
+    report = ForcingReport(reference=reference_for(target, drafter_kind(engine.drafter)), referee=referee.kind,
+                           referee_note=referee.note)
+    run_reference = run_stock if runs_stock_pair(report.reference) else run_target_greedy
     verify_block = block_size or (engine.drafter.block_size if engine.drafter is not None else 1)
     for index, prompt in enumerate(progress(prompts, desc="stock runs + token forcing", unit="prompt")):
         name = ids[index] if ids is not None else index
@@ -217,11 +219,11 @@ def _decide(report: ForcingReport, run_dtype, tally, agreement, forced_items, sp
     # accepted counts are step for step stock's (a stale draft context, say, changes them, not the
     # output). In bf16 / fp16 the drafter's own near-ties may differ: reported, not judged.
     report.acceptance_mismatches = sum(r["spec_identical"] and not r["acceptance_identical"] for r in rows) \
-        if report.reference == STOCK else 0
+        if runs_stock_pair(report.reference) else 0
     # The target's greedy AR (hybrid targets) has no acceptance; a reduced draft vocabulary
     # (EngineConfig.draft_vocab) changes the drafts, tree verification (tree_budget) the steps, by
     # design: none of these is judged.
-    report.acceptance_judged = run_dtype == torch.float32 and report.reference == STOCK and drafts_are_stocks
+    report.acceptance_judged = run_dtype == torch.float32 and runs_stock_pair(report.reference) and drafts_are_stocks
     reasons = []
     if report.acceptance_judged and report.acceptance_mismatches:
         reasons.append(f"{report.acceptance_mismatches} prompts with stock's output but other acceptance lengths "

@@ -19,9 +19,22 @@ TARGET_GREEDY = ("the target's own greedy AR (transformers generate): stock dfla
                  "hybrid recurrent targets (its cache crop cannot restore recurrent state)")
 
 
-def reference_for(target) -> str:
-    """Which transcript `token_force` forces against for this (our) target."""
-    return TARGET_GREEDY if getattr(target, "is_hybrid", False) else STOCK
+# Drafter kinds with no installable stock: their reference loops play stock's part (verify/stock.py load).
+REFERENCE_LOOPS = {"dspark": "the DSpark reference loop (verify/dspark_reference.py, after DeepSpec's evaluator)",
+                   "pard": "the PARD reference loop (verify/pard_reference.py, after PARD's pard_infer.py)"}
+
+
+def reference_for(target, drafter_kind: str | None = None) -> str:
+    """Which transcript `token_force` forces against for this (our) target and drafter kind."""
+    if getattr(target, "is_hybrid", False):
+        return TARGET_GREEDY
+    return REFERENCE_LOOPS.get(drafter_kind, STOCK)
+
+
+def runs_stock_pair(reference: str) -> bool:
+    """Whether the reference is the stock pair's run (dflash_generate or a kind's reference loop, with
+    acceptance lengths to compare), not the target's greedy AR."""
+    return reference != TARGET_GREEDY
 
 
 @torch.inference_mode()
