@@ -17,6 +17,9 @@ A step:
             the request's own generator at temperature > 0), commit, stop / finish
 Every request's tokens equal what Engine.generate_spec (generate_ar without a drafter) makes for it
 alone: the same forwards row for row, the same accept rule, the same draws from its own generator.
+Hybrid recurrent targets (HybridLM): the attention layers' K/V in the paged cache, each request's GDN
+conv and recurrent state in a slot of its own (hybrid_state.py), the target forward forward_hybrid.py's;
+eager only (no CUDA graphs), with a DFlash drafter or none.
 """
 from __future__ import annotations
 

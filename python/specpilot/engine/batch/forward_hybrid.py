@@ -78,8 +78,8 @@ def _gdn(mixer, h, slots, entries: list, bounds: list):
     outs = []
     for (s, _), lo, hi in zip(entries, bounds[:-1], bounds[1:]):
         conv_state, state = slots.layer_state(s.id, mixer.layer)
-        every = slots.pending[s.id][1]
-        out, window, states = mixer.mix(qkv[:, lo:hi], beta_in[:, lo:hi], a[:, lo:hi], conv_state, state, every)
+        out, window, states = mixer.mix(qkv[:, lo:hi], beta_in[:, lo:hi], a[:, lo:hi], conv_state, state,
+                                        slots.keeps_every_row(s.id))
         slots.stash(s.id, mixer.layer, window, states)
         outs.append(out)
     out = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]

@@ -84,6 +84,10 @@ class RecurrentSlots:
                                f"before the next forward over its rows")
         self.pending[request_id] = (rows, every, [None] * len(self.conv))
 
+    def keeps_every_row(self, request_id: int) -> bool:
+        """Whether the request's pending forward keeps the state after each of its rows."""
+        return self.pending[request_id][1]
+
     def stash(self, request_id: int, layer: int, window: torch.Tensor, states: torch.Tensor) -> None:
         """The forward's conv window [1, C, K-1+T] and states [1, T or 1, H, Dk, Dv] for GDN layer `layer`."""
         self.pending[request_id][2][self.gdn_index[layer]] = (window, states)
