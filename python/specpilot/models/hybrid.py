@@ -83,31 +83,34 @@ class GatedAttention(nn.Module):
     def forward(self, x, cos, sin, positions, k_cache, v_cache, kv_len, mask, sin_rows=None):
         """sin_rows: zero_centred.rope_rows(sin) when the compact elementwise forms run (HybridLM
         decides once per forward), else None."""
+        q, k, v, gate = self.heads(x, cos, sin, sin_rows)
+        k_cache.index_copy_(2, positions, k)                                    # no host sync: graphs capture it
+        v_cache.index_copy_(2, positions, v)
+        out = attend(q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], mask, self.scale)  # [B, T, Hq*D]
+        return self.gated_output(out, gate, sin_rows is not None)
+
+    def heads(self, x, cos, sin, sin_rows=None):
+        """x [B, T, H] -> q [B, Hq, T, D], k, v [B, Hkv, T, D] (q and k normed and rotated) and the
+        output gate (the batched engine attends over its paged cache between this and gated_output)."""
         b, t, _ = x.shape
         qg, k, v = project(self.qkv, x).split(
             (2 * self.nq * self.d, self.nkv * self.d, self.nkv * self.d), dim=-1)
         q, gate = qg.view(b, t, self.nq, 2 * self.d).chunk(2, dim=-1)          # per head: [query | gate]
-        if sin_rows is not None:
-            return self._compact(x, q, gate, k, v, cos, sin_rows, positions, k_cache, v_cache, kv_len, mask)
+        v = v.view(b, t, self.nkv, self.d).transpose(1, 2)
+        if sin_rows is not None:       # the compact forms (ops/zero_centred.py): q and k normed and rotated together
+            plus_one = self.qk_plus_one.get((self.q_norm.weight, self.k_norm.weight), (self.nq, self.nkv))
+            q, k = zero_centred.compact_qk_norm_rope(q, k.view(b, t, self.nkv, self.d), plus_one, cos, sin_rows,
+                                                     self.q_norm.eps)
+            return q.transpose(1, 2), k.transpose(1, 2), v, gate
         gate = gate.reshape(b, t, self.nq * self.d)
         q = partial_rope(self.q_norm(q).transpose(1, 2), cos, sin)              # [B, Hq, T, D]
         k = partial_rope(self.k_norm(k.view(b, t, self.nkv, self.d)).transpose(1, 2), cos, sin)
-        k_cache.index_copy_(2, positions, k)                                    # no host sync: graphs capture it
-        v_cache.index_copy_(2, positions, v.view(b, t, self.nkv, self.d).transpose(1, 2))
-        out = attend(q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], mask, self.scale)  # [B, T, Hq*D]
-        return project(self.o, out * torch.sigmoid(gate))
+        return q, k, v, gate
 
-    def _compact(self, x, q, gate, k, v, cos, sin_rows, positions, k_cache, v_cache, kv_len, mask):
-        """forward's arithmetic in few kernels (ops/zero_centred.py): q and k normed and rotated together,
-        the gate read in place."""
-        b, t, _ = x.shape
-        plus_one = self.qk_plus_one.get((self.q_norm.weight, self.k_norm.weight), (self.nq, self.nkv))
-        q, k = zero_centred.compact_qk_norm_rope(q, k.view(b, t, self.nkv, self.d), plus_one, cos, sin_rows,
-                                                 self.q_norm.eps)
-        k_cache.index_copy_(2, positions, k.transpose(1, 2))
-        v_cache.index_copy_(2, positions, v.view(b, t, self.nkv, self.d).transpose(1, 2))
-        out = attend(q.transpose(1, 2), k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], mask, self.scale)
-        return project(self.o, zero_centred.output_gate(out, gate))
+    def gated_output(self, out, gate, compact: bool):
+        """The attention's output [B, T, Hq*D] -> times sigmoid(gate) -> output projection (compact: the
+        gate read in place)."""
+        return project(self.o, zero_centred.output_gate(out, gate) if compact else out * torch.sigmoid(gate))
 
 
 class GatedDeltaNet(nn.Module):
@@ -132,52 +135,68 @@ class GatedDeltaNet(nn.Module):
         """tree: TreeInputs (engine/tree/layout.py): x holds its nodes, each continuing its parent
         (models/gdn_tree.py); the per-node conv windows and states are stashed for the path commit."""
         b, t, _ = x.shape
-        qkv, z, beta_in, a = project(self.in_proj, x).split(
-            (self.conv_dim, self.value_dim, self.nv, self.nv), dim=-1)
+        qkv, z, beta_in, a = self.project_in(x)
         conv_state, state = cache.layer_state(self.layer)
         # the cache's reserved buffers for this T (graphed steps write at fixed addresses), or None;
         # a tree's conv windows have another shape: only its per-node states go there
         window_out, states_out = (cache.buffers(self.layer, t) if every_position else None) or (None, None)
-        if tree is not None:
-            window_out = None
-        if tree is not None and gdn_tree_kernels.takes(qkv, self.conv_weight, self.dk, self.dv):
+        if tree is None:
+            out, window, snapshots = self.mix(qkv, beta_in, a, conv_state, state, every_position, window_out,
+                                              states_out)
+            cache.stash(self.layer, window, snapshots)
+            return self.output(out, z, b, t)
+        if gdn_tree_kernels.takes(qkv, self.conv_weight, self.dk, self.dv):
             return self._tree_kernels(qkv, z, beta_in, a, conv_state, state, cache, tree, states_out)
-        if (tree is None and every_position and gdn_chain.takes(qkv, self.dk, self.dv)
+        mixed, window = gdn_tree.tree_conv(qkv, conv_state, self.conv_weight,
+                                           tree.conv_window_index(self.conv_weight.shape[1]))
+        beta, g = gdn.gates(beta_in, a, self.A_log, self.dt_bias)
+        q, k, v = self._heads(mixed)
+        out, snapshots = gdn_tree.tree_gated_delta_rule(q, k, v, g, beta, state, tree, states_out)
+        cache.stash(self.layer, window, snapshots)
+        return self.output(out, z, b, t)
+
+    def project_in(self, x):
+        """x [B, T, H] -> (qkv [B, T, C], z, b, a): the fused input projection, split."""
+        return project(self.in_proj, x).split((self.conv_dim, self.value_dim, self.nv, self.nv), dim=-1)
+
+    def mix(self, qkv, beta_in, a, conv_state, state, every_position: bool, window_out=None, states_out=None):
+        """A chain of T tokens continuing the state (conv_state [B, C, K-1], state [B, H, Dk, Dv] fp32,
+        neither written): the short conv, the gates and the delta rule -> (out [B, T, H, Dv], the conv
+        window [B, C, K-1+T], states [B, T, H, Dk, Dv] after every token when every_position, else the
+        final one [B, 1, H, Dk, Dv]). window_out / states_out: buffers to write those into (or None)."""
+        if (every_position and gdn_chain.takes(qkv, self.dk, self.dv)
                 and gdn_fused.takes_prologue(qkv, conv_state, self.conv_weight, (self.A_log, self.dt_bias))):
             # two CUDA kernels per layer: the prologue (conv window, conv, SiLU, gates), then the chain
             mixed, window, g, beta = gdn_fused.prologue(qkv, beta_in, a, conv_state, self.conv_weight, self.A_log,
                                                         self.dt_bias, window_out)
             out, snapshots = gdn_chain.gdn_chain(mixed, self.nk, self.dk, g, beta, state[0],
                                                  None if states_out is None else states_out[0])
-            cache.stash(self.layer, window, snapshots[None])
-            return self._output(out[None], z, b, t)
-        if tree is not None:
-            mixed, window = gdn_tree.tree_conv(qkv, conv_state, self.conv_weight,
-                                               tree.conv_window_index(self.conv_weight.shape[1]))
-        else:
-            window = torch.cat([conv_state, qkv.transpose(1, 2)], dim=-1, out=window_out)   # [B, C, K-1+T]
-            mixed = gdn.causal_conv(window, self.conv_weight).transpose(1, 2)   # [B, T, C]
+            return out[None], window, snapshots[None]
+        window = torch.cat([conv_state, qkv.transpose(1, 2)], dim=-1, out=window_out)   # [B, C, K-1+T]
+        mixed = gdn.causal_conv(window, self.conv_weight).transpose(1, 2)   # [B, T, C]
         beta, g = gdn.gates(beta_in, a, self.A_log, self.dt_bias)
-        if tree is None and every_position and gdn_chain.takes(mixed, self.dk, self.dv):       # one CUDA kernel per layer
+        if every_position and gdn_chain.takes(mixed, self.dk, self.dv):       # one CUDA kernel per layer
             out, snapshots = gdn_chain.gdn_chain(mixed[0].contiguous(), self.nk, self.dk, g[0], beta[0].float(),
                                                  state[0], None if states_out is None else states_out[0])
-            cache.stash(self.layer, window, snapshots[None])
-            return self._output(out[None], z, b, t)
-        q, k, v = mixed.split((self.key_dim, self.key_dim, self.value_dim), dim=-1)
-        q, k = q.reshape(b, t, self.nk, self.dk), k.reshape(b, t, self.nk, self.dk)
-        v = v.reshape(b, t, self.nv, self.dv)
-        if self.nv > self.nk:
-            q, k = (y.repeat_interleave(self.nv // self.nk, dim=2) for y in (q, k))
-        if tree is not None:
-            out, snapshots = gdn_tree.tree_gated_delta_rule(q, k, v, g, beta, state, tree, states_out)
-        elif every_position:
+            return out[None], window, snapshots[None]
+        q, k, v = self._heads(mixed)
+        if every_position:
             out, _, snapshots = gdn.recurrent_gated_delta_rule(q, k, v, g, beta, state, keep_states=True,
                                                                states_out=states_out)
         else:
             out, final = gdn.chunked_gated_delta_rule(q, k, v, g, beta, state)
             snapshots = final[:, None]
-        cache.stash(self.layer, window, snapshots)
-        return self._output(out, z, b, t)
+        return out, window, snapshots
+
+    def _heads(self, mixed):
+        """The conv's output [B, T, C] -> q, k [B, T, Hv, Dk] (repeated to the value heads), v [B, T, Hv, Dv]."""
+        b, t, _ = mixed.shape
+        q, k, v = mixed.split((self.key_dim, self.key_dim, self.value_dim), dim=-1)
+        q, k = q.reshape(b, t, self.nk, self.dk), k.reshape(b, t, self.nk, self.dk)
+        v = v.reshape(b, t, self.nv, self.dv)
+        if self.nv > self.nk:
+            q, k = (y.repeat_interleave(self.nv // self.nk, dim=2) for y in (q, k))
+        return q, k, v
 
     def _tree_kernels(self, qkv, z, beta_in, a, conv_state, state, cache, tree, states_out=None):
         """The tree forward in two CUDA launches (kernels/gdn_tree.py): the conv over each node's
@@ -190,9 +209,9 @@ class GatedDeltaNet(nn.Module):
                                                           tree.parents,
                                                           None if states_out is None else states_out[0])
         cache.stash(self.layer, window[None], snapshots[None])
-        return self._output(out[None], z, b, t)
+        return self.output(out[None], z, b, t)
 
-    def _output(self, out, z, b: int, t: int):
+    def output(self, out, z, b: int, t: int):
         """out [B, T, H, Dv] of the delta rule -> gated RMSNorm -> output projection."""
         z = z.reshape(b, t, self.nv, self.dv)
         if gdn_fused.takes_gated_norm(out, z, self.norm_weight):

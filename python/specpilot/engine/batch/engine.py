@@ -17,6 +17,9 @@ A step:
             the request's own generator at temperature > 0), commit, stop / finish
 Every request's tokens equal what Engine.generate_spec (generate_ar without a drafter) makes for it
 alone: the same forwards row for row, the same accept rule, the same draws from its own generator.
+Hybrid recurrent targets (HybridLM): the attention layers' K/V in the paged cache, each request's GDN
+conv and recurrent state in a slot of its own (hybrid_state.py), the target forward forward_hybrid.py's;
+eager only (no CUDA graphs), with a DFlash drafter or none.
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ from .adaptive import AcceptanceEstimator, StepCostTable, choose_step_rows, veri
 from .config import BatchConfig
 from .forward import Staging
 from .graphed import DecodeGraphs, request_bucket
-from . import kind_drafting
+from . import hybrid_state, kind_drafting
 from .paged import PagedKV, PagePool, pages_for
 from .request import BatchResult, Request, RequestState, request_problem
 
@@ -62,8 +65,10 @@ class BatchEngine:
         if kind is not None and kind not in kind_drafting.supported():
             raise ValueError(f"the batched engine drafts with {', '.join(kind_drafting.supported())} drafters only "
                              f"(engine/batch/kind_drafting.py); a {kind} drafter runs single-request (Engine.generate_spec)")
-        if not all(isinstance(layer.attn, Attention) for layer in target.layers):
-            raise ValueError("the batched engine runs dense attention targets only (every layer an Attention)")
+        hybrid = getattr(target, "is_hybrid", False)
+        if not hybrid and not all(isinstance(layer.attn, Attention) for layer in target.layers):
+            raise ValueError("the batched engine runs dense attention targets or hybrid recurrent targets "
+                             "(HybridLM) only")
         if drafter is not None:
             block_size = drafter.block_size if block_size is None else block_size
             if isinstance(block_size, bool) or not isinstance(block_size, int) or not 2 <= block_size <= drafter.block_size:
@@ -71,17 +76,25 @@ class BatchEngine:
         if config.verify_prefix and drafter is not None and config.verify_prefix >= block_size:
             raise ValueError(f"BatchConfig.verify_prefix={config.verify_prefix} must be below the block size "
                              f"{block_size} (at the block size the first pass is the whole block)")
+        if hybrid:
+            graphed = graph_step_factory is not None or (target.device.type == "cuda" and engine_config.cuda_graphs)
+            problem = hybrid_state.unsupported(kind, config, block_size if drafter is not None else 1, graphed)
+            if problem is not None:
+                raise ValueError(problem)
         self.target, self.drafter = target, drafter
         self.config, self.engine_config = config, engine_config
         self.max_batch = max_batch
         self.device = target.device
         self.page_size = config.page_size
+        # a hybrid target's per-request recurrent state (hybrid_state.py), before the pages take the memory
+        self.recurrent = hybrid_state.RecurrentSlots(target.config, max_batch, self.device, target.dtype) if hybrid else None
         self.pool = PagePool(pages_for(target, drafter, config.page_size, kv_pages, memory_fraction))
         pages = self.pool.num_pages
         c = target.config
         # One page past the pool: the trash page that padded rows of a graphed forward write to.
         self.trash_slot = pages * self.page_size
-        self.cache = PagedKV(c.num_layers, c.num_kv_heads, c.head_dim, pages + 1, self.page_size, self.device, target.dtype)
+        kv_layers = len(c.attention_layers) if hybrid else c.num_layers       # a hybrid's GDN layers keep no K/V
+        self.cache = PagedKV(kv_layers, c.num_kv_heads, c.head_dim, pages + 1, self.page_size, self.device, target.dtype)
         self.draft_cache = None
         if drafter is not None:
             d = drafter.config
@@ -192,11 +205,15 @@ class BatchEngine:
     def _admit(self) -> None:
         while self.queue and len(self.running) < self.max_batch:
             state = self.queue[0]
+            if self.recurrent is not None and not self.recurrent.free_slots:
+                return                                  # it waits for a recurrent state slot
             pages = self.pool.alloc(self.pages_needed(state.req))
             if pages is None:
                 return                                  # first come, first served: it waits for pages
             self.queue.pop(0)
             state.pages = pages
+            if self.recurrent is not None:
+                self.recurrent.take(state.id)
             for model in (self.target, self.drafter):
                 if model is not None:
                     model.ensure_rope(state.max_length)
@@ -208,6 +225,8 @@ class BatchEngine:
         if state.pages:
             self.pool.release(state.pages)
             state.pages = []
+        if self.recurrent is not None:
+            self.recurrent.release(state.id)
         result = state.result(self.clock(), error)
         if self.drafter is None:                        # AR: no verify steps, as Engine.generate_ar
             result.acceptance_lengths, result.steps = [], max(len(result.tokens) - 1, 0)

@@ -55,7 +55,8 @@ class PagedKV:
 def page_bytes(target, drafter, page_size: int) -> int:
     """Bytes one page costs across the target cache and (if any) the drafter cache."""
     c = target.config
-    per_slot = 2 * c.num_layers * c.num_kv_heads * c.head_dim
+    kv_layers = len(c.attention_layers) if getattr(target, "is_hybrid", False) else c.num_layers
+    per_slot = 2 * kv_layers * c.num_kv_heads * c.head_dim
     if drafter is not None:
         d = drafter.config
         per_slot += 2 * d.num_layers * d.num_kv_heads * d.head_dim

@@ -10,7 +10,7 @@ import torch
 from specpilot.engine.accept import commit, matched_drafts, new_tokens
 from specpilot.verify.sampling import rejection_sample, sample_probs, sampling_probs
 
-from . import forward, graphed
+from . import forward, forward_hybrid, graphed
 from .paged import slots_of
 
 
@@ -239,8 +239,12 @@ def _verify_eager(engine, decoding: list, drafts: dict, windows: dict, chunks: l
         host_dev, flat_dev, logit_rows_dev = layout.extra
         ids = torch.cat(pieces + [host_dev])[flat_dev]
         with engine.kernels(at):
-            logits, features = forward.target_forward(engine.target, engine.cache, layout, ids,
-                                                      engine.feature_layers, logit_rows_dev)
+            if engine.recurrent is not None:                # a hybrid recurrent target
+                logits, features = forward_hybrid.target_forward(engine, layout, ids, [(s, v) for s, _, v in group],
+                                                                 logit_rows_dev)
+            else:
+                logits, features = forward.target_forward(engine.target, engine.cache, layout, ids,
+                                                          engine.feature_layers, logit_rows_dev)
         posterior, ids_host, extra_host = _read_back(logits, ids, also_read if extra is None else None)
         extra = extra_host if extra is None else extra
         at = lrow = 0
@@ -340,6 +344,8 @@ def commit_step(engine, s, draft, rows: int, accepted: int, new: list, features)
     """Commits a verify step's decision (`accepted` drafts of a `rows`-row block; `new`: the accepted
     drafts and the bonus): the tokens (room, stop ids), the draft context's features, the stats."""
     produced, s.stopped = commit(new, s.max_length - s.start - 1, set(s.req.stop_ids), s.tokens)
+    if engine.recurrent is not None:        # a hybrid target's state: after the anchor and the accepted drafts
+        engine.recurrent.commit(s.id, produced)
     if features is not None:
         s.ctx.append((features[:produced], s.start))
     s.start += produced
