@@ -39,13 +39,15 @@ class KindPair:
         return torch.randint(0, 318, (length,), generator=torch.Generator().manual_seed(fresh_seed())).tolist()
 
 
-def accepting_pair(folder_factory, kind, tries: int = 12, preset="tiny-llama", **options) -> KindPair:
-    """tiny-llama by default: its untied head with two hot rows gives mixed 0 / 1 outputs (tied
-    tiny-qwen3 settles on one repeated token)."""
+def accepting_pair(folder_factory, kind, tries: int = 12, preset="tiny-llama", accepts=None, **options) -> KindPair:
+    """The first pair of consecutive seeds that `accepts` (default: >= 2 drafts accepted in one step
+    on the probe prompt). tiny-llama by default: its untied head with two hot rows gives mixed 0 / 1
+    outputs (tied tiny-qwen3 settles on one repeated token)."""
+    accepts = accepts or (lambda pair: pair.longest_acceptance() >= 3)
     base = fresh_seed()
     for i in range(tries):
         pair = KindPair(folder_factory(), kind, base + i, preset=preset, two_token_head=True, **options)
-        if pair.longest_acceptance() >= 3:
-            print(f"{kind} pair: seed {pair.seed} accepts >= 2 drafts on the probe prompt")
+        if accepts(pair):
+            print(f"{kind} pair: seed {pair.seed} accepts >= 2 drafts")
             return pair
-    raise AssertionError(f"no {kind} pair of seeds {base}..{base + tries - 1} accepted two drafts on the probe")
+    raise AssertionError(f"no {kind} pair of seeds {base}..{base + tries - 1} accepted two drafts")

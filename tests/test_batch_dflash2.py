@@ -34,7 +34,13 @@ LAYOUTS = {"full": {},
 def pair(request, tmp_path_factory):
     count = itertools.count()
     return accepting_pair(lambda: tmp_path_factory.mktemp(f"dflash2_{request.param}{next(count)}"), "dflash2",
-                          **LAYOUTS[request.param])
+                          accepts=accepts_on_the_requests, **LAYOUTS[request.param])
+
+
+def accepts_on_the_requests(pair) -> bool:
+    """>= 2 drafts accepted in some step of the tests' own requests (so that the comparisons see
+    multi-token steps: test_accepts_several_drafts)."""
+    return max(a for req in requests_for(pair) for a in single(pair, req).acceptance_lengths) > 2
 
 
 def single(pair, req: Request, block_size=None):

@@ -210,3 +210,37 @@ def test_refuses_what_it_does_not_run(pair):
         BatchEngine(target, other_kind, BatchConfig(), kv_pages=8)
     engine = BatchEngine(target, drafter, BatchConfig(), kv_pages=8, engine_config=EngineConfig(cuda_graphs=False))
     assert len(engine.cache.k) == len(target.config.attention_layers) and engine.recurrent.free_slots == 8
+
+
+def test_step_costs_of_a_hybrid_engine(pair):
+    """The eager step-cost profile runs the hybrid forward (per-request state slots borrowed and given
+    back, nothing committed) at buckets up to the engine's slots."""
+    from specpilot.engine.batch.profile import measure_step_costs
+
+    target, drafter, _ = pair
+    engine = BatchEngine(target, drafter, BatchConfig(adaptive_verify=True), max_batch=2, kv_pages=64)
+    table = measure_step_costs(engine, buckets=(4, 8, 16), rows_per_request=4, context=8, repeats=1)
+    assert list(table.tokens) == [4, 8] and all(s > 0 for s in table.seconds)
+    check_released(engine, 64)
+
+
+def test_step_bytes_bounds_the_pending_records(pair, monkeypatch):
+    """step_bytes (what the engine keeps off a memory-sized page pool) is what a step's pending
+    records really hold: summed over the requests pending at each commit, at most
+    step_bytes(their rows, their count), and equal when every record keeps a state per row."""
+    target, drafter, seed = pair
+    seen = []
+    original = RecurrentSlots.commit
+
+    def measuring_commit(self, request_id, n):
+        records = self.pending.values()
+        held = sum(t.numel() * t.element_size() for _, _, layers in records for pair in layers for t in pair)
+        seen.append((held, self.step_bytes(sum(r[0] for r in records), len(records)), all(r[1] for r in records)))
+        original(self, request_id, n)
+
+    monkeypatch.setattr(RecurrentSlots, "commit", measuring_commit)
+    engine = BatchEngine(target, drafter, BatchConfig(prefill_chunk=16), max_batch=3, kv_pages=64)
+    run_staggered(engine, mixed_requests(seed, lengths=(3, 80, 9), max_new=(17, 5, 30)))   # 80: the chunked form
+    assert seen and all(held <= bound for held, bound, _ in seen)
+    assert all(held == bound for held, bound, every in seen if every)
+    assert any(not every for _, _, every in seen), "no chunked-form prefill record was measured"

@@ -1,5 +1,5 @@
 """The batched engine on hybrid recurrent targets on a CUDA GPU (the coordinator runs these:
-pytest -m gpu tests/test_batch_hybrid_gpu.py). The batched hybrid runs eagerly (no CUDA graphs).
+pytest -m gpu tests/test_batch_hybrid_gpu.py). The batched hybrid runs eagerly (no CUDA graphs: asked for, it says why in eager_reason).
 
 fp32 on CUDA: batched == single-request tokens and acceptance lengths exactly. bf16 at the widths our
 GDN kernels take (the conv prologue, the chain, the gated norm, over each request's row slice of the
@@ -15,7 +15,7 @@ from conftest import requires_gpu
 from test_engine_helpers import fresh_seed
 from specpilot.config import EngineConfig
 from specpilot.engine import Engine
-from specpilot.engine.batch import BatchEngine, Request
+from specpilot.engine.batch import BatchEngine, Request, hybrid_state
 
 pytestmark = requires_gpu
 EAGER = EngineConfig(cuda_graphs=False)
@@ -62,8 +62,9 @@ def test_bf16_kernel_widths_run_through():
     drafter = random_drafter(drafter_config_for(cfg, 2, block_size=4, layer_ids=[0, 2]), target, seed + 1)
     target, drafter = _to_cuda(target, drafter)
     requests = _requests(seed)
-    with pytest.raises(ValueError, match="eagerly only"):
-        BatchEngine(target, drafter, CONFIGS["all-on"], max_batch=3, kv_pages=64)       # graphs: refused
+    graphed = BatchEngine(target, drafter, CONFIGS["all-on"], max_batch=3, kv_pages=64)   # graphs asked for: eager
+    assert graphed.graphs is None and graphed.eager_reason == hybrid_state.EAGER
+    del graphed
     for name in ("all-on", "all-off"):
         batch = BatchEngine(target, drafter, CONFIGS[name], max_batch=3, kv_pages=64, engine_config=EAGER)
         results = run_staggered(batch, requests)

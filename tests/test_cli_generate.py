@@ -71,7 +71,8 @@ def test_stream_flag_prints_the_same_text_as_without(pair, capsys):
     plain = capsys.readouterr().out
     assert main(common + ["--stream"]) == 0
     streamed = capsys.readouterr().out
-    assert body(streamed) == body(plain) and last_json(streamed)["tokens"] == last_json(plain)["tokens"] == 12
+    assert body(streamed) == body(plain) and last_json(streamed)["tokens"] == last_json(plain)["tokens"]
+    assert 1 <= last_json(plain)["tokens"] <= 12                      # the random target's eos may stop both
 
 
 def test_cpu_defaults_fp32_and_threads(pair, capsys, monkeypatch):

@@ -64,4 +64,5 @@ def test_generate_on_a_hybrid_pair(pair, capsys):
     assert "hybrid recurrent target: a CUDA graph per AR / verify step" in printed.err   # the engine says why
     assert main(["generate", "--ar", *common]) == 0
     ar = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert spec["mode"] == "spec" and ar["mode"] == "ar" and spec["tokens"] == ar["tokens"] == 12
+    assert spec["mode"] == "spec" and ar["mode"] == "ar"
+    assert spec["tokens"] == ar["tokens"] and 1 <= ar["tokens"] <= 12          # the random target's eos may stop both

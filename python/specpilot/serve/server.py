@@ -36,6 +36,8 @@ def make_served(target, drafter, tokenizer, model_name: str, stop_ids=(), max_ba
     engine = BatchEngine(target, drafter, config, max_batch=max_batch, kv_pages=kv_pages, block_size=block_size,
                          step_costs=step_costs)
     t0 = time.perf_counter()
+    if engine.eager_reason:
+        log.info("%s", engine.eager_reason)
     graphs = engine.warmup(max_model_len)          # every decode graph before the first request (CUDA)
     if graphs:
         log.info("captured %d CUDA graphs of the decode steps (batch sizes up to %d, %d positions) in %.1f s",

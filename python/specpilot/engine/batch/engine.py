@@ -23,6 +23,7 @@ eager only (no CUDA graphs), with a DFlash drafter or none.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -76,11 +77,15 @@ class BatchEngine:
         if config.verify_prefix and drafter is not None and config.verify_prefix >= block_size:
             raise ValueError(f"BatchConfig.verify_prefix={config.verify_prefix} must be below the block size "
                              f"{block_size} (at the block size the first pass is the whole block)")
+        self.eager_reason = None
         if hybrid:
-            graphed = graph_step_factory is not None or (target.device.type == "cuda" and engine_config.cuda_graphs)
-            problem = hybrid_state.unsupported(kind, config, block_size if drafter is not None else 1, graphed)
+            problem = hybrid_state.unsupported(kind, config, block_size if drafter is not None else 1,
+                                               graph_step_factory is not None)
             if problem is not None:
                 raise ValueError(problem)
+            if target.device.type == "cuda" and engine_config.cuda_graphs:
+                self.eager_reason = hybrid_state.EAGER
+                engine_config = dataclasses.replace(engine_config, cuda_graphs=False)
         self.target, self.drafter = target, drafter
         self.config, self.engine_config = config, engine_config
         self.max_batch = max_batch
@@ -88,7 +93,9 @@ class BatchEngine:
         self.page_size = config.page_size
         # a hybrid target's per-request recurrent state (hybrid_state.py), before the pages take the memory
         self.recurrent = hybrid_state.RecurrentSlots(target.config, max_batch, self.device, target.dtype) if hybrid else None
-        self.pool = PagePool(pages_for(target, drafter, config.page_size, kv_pages, memory_fraction))
+        step_states = self.recurrent.step_bytes(max_batch * (block_size if drafter is not None else 1)
+                                                + config.prefill_chunk, max_batch) if hybrid else 0
+        self.pool = PagePool(pages_for(target, drafter, config.page_size, kv_pages, memory_fraction, step_states))
         pages = self.pool.num_pages
         c = target.config
         # One page past the pool: the trash page that padded rows of a graphed forward write to.

@@ -19,11 +19,14 @@ import torch
 from specpilot.engine.recurrent_state import MAX_SNAPSHOT_T
 
 
-def unsupported(kind, config, block_size: int, graphed: bool) -> str | None:
+EAGER = ("the batched engine runs hybrid recurrent targets eagerly (no CUDA graphs): each request's GDN "
+         "recurrence runs from its own state slot, per request")
+
+
+def unsupported(kind, config, block_size: int, graph_step_factory: bool) -> str | None:
     """Why the batched engine cannot run this hybrid target set-up (None: it can)."""
-    if graphed:
-        return ("the batched engine runs hybrid recurrent targets eagerly only: pass "
-                "EngineConfig(cuda_graphs=False) and no graph_step_factory")
+    if graph_step_factory:
+        return "the batched engine runs hybrid recurrent targets eagerly only: pass no graph_step_factory"
     if kind not in (None, "dflash"):
         return (f"the batched engine drafts for hybrid recurrent targets with DFlash drafters (or none) only; "
                 f"a {kind} drafter runs single-request (Engine.generate_spec)")
@@ -52,6 +55,17 @@ class RecurrentSlots:
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.conv + self.state)
+
+    def step_bytes(self, rows: int, requests: int) -> int:
+        """What one step's pending records hold at most, over `rows` rows of `requests` requests: per
+        GDN layer and row, the state after it (fp32) and its conv input, and per request the conv's
+        K-1 previous inputs; kept off the page pool when that is sized from free memory."""
+        total = 0
+        for conv, state in zip(self.conv, self.state):
+            row_state = state[0].numel() * state.element_size()
+            conv_row = conv.shape[1] * conv.element_size()
+            total += rows * (row_state + conv_row) + requests * self.width * conv_row
+        return total
 
     def take(self, request_id: int) -> None:
         """A zeroed slot for a new request."""
@@ -91,6 +105,10 @@ class RecurrentSlots:
     def stash(self, request_id: int, layer: int, window: torch.Tensor, states: torch.Tensor) -> None:
         """The forward's conv window [1, C, K-1+T] and states [1, T or 1, H, Dk, Dv] for GDN layer `layer`."""
         self.pending[request_id][2][self.gdn_index[layer]] = (window, states)
+
+    def discard(self, request_id: int) -> None:
+        """Drops the pending forward uncommitted (the slot's state stays as it was)."""
+        self.pending.pop(request_id)
 
     def commit(self, request_id: int, n: int) -> None:
         """The state after the pending forward's first n rows becomes the slot's state."""

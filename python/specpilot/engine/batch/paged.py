@@ -63,9 +63,10 @@ def page_bytes(target, drafter, page_size: int) -> int:
     return per_slot * page_size * torch.empty((), dtype=target.dtype).element_size()
 
 
-def pages_for(target, drafter, page_size: int, kv_pages, memory_fraction) -> int:
-    """The pool size: `kv_pages` when given, else `memory_fraction` of the device's free memory (CUDA
-    only: on the CPU the page count must be explicit)."""
+def pages_for(target, drafter, page_size: int, kv_pages, memory_fraction, reserved_bytes: int = 0) -> int:
+    """The pool size: `kv_pages` when given, else `memory_fraction` of the device's free memory less
+    `reserved_bytes` (what the steps allocate besides the pages; CUDA only: on the CPU the page count
+    must be explicit)."""
     if (kv_pages is None) == (memory_fraction is None):
         raise ValueError("give exactly one of kv_pages (a page count) or memory_fraction (of free GPU memory)")
     if kv_pages is not None:
@@ -78,9 +79,10 @@ def pages_for(target, drafter, page_size: int, kv_pages, memory_fraction) -> int
     if device.type != "cuda":
         raise ValueError(f"memory_fraction sizes the cache from free GPU memory; on {device.type} give kv_pages")
     free, _ = torch.cuda.mem_get_info(device)
-    pages = int(free * memory_fraction) // page_bytes(target, drafter, page_size)
+    pages = (int(free * memory_fraction) - reserved_bytes) // page_bytes(target, drafter, page_size)
     if pages < 1:
-        raise ValueError(f"memory_fraction={memory_fraction} of {free / 2**30:.2f} GiB free holds no KV page")
+        less = f", less {reserved_bytes / 2**30:.2f} GiB the steps need," if reserved_bytes else ""
+        raise ValueError(f"memory_fraction={memory_fraction} of {free / 2**30:.2f} GiB free{less} holds no KV page")
     return pages
 
 

@@ -5,17 +5,20 @@ would run: R requests (every request bucket up to max_batch) x T verify rows (ev
 engine.verify_row_choices), each request at `context` positions; the table's fixed part is the
 graphed draft block forward at the largest bucket (the draft does not change with the verify length).
 Without graphs, each bucket of n rows is one eager forward over n / rows_per_request requests of
-`rows_per_request` rows. Pages are borrowed from the pool and returned (what they hold is never read:
+`rows_per_request` rows (a hybrid target's: each request verifying from a state slot of its own, up
+to the engine's slots). Pages are borrowed from the pool and returned (what they hold is never read:
 a request reads only positions it wrote itself).
 """
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
 from specpilot import config as config_module
 
-from . import forward
+from . import forward, forward_hybrid
 from .adaptive import StepCostTable
 from .graphed import REQUEST_BUCKETS, request_bucket
 
@@ -84,19 +87,33 @@ def _eager(engine, buckets, rows_per_request: int, context: int, repeats: int) -
     for n in buckets:
         requests = max(1, n // rows_per_request)
         rows = min(rows_per_request, n)
+        slots = engine.recurrent
+        if slots is not None and requests > slots.free_slots:
+            continue                                    # more requests than the hybrid engine runs at once
         pages, tables = _borrow(engine, requests, rows, context)
         if pages is None:
             continue
+        verifying = [SimpleNamespace(id=-1 - r, prompt_len=context) for r in range(requests)]   # ids no request has
         try:
             layout = forward.Layout([forward.Segment(t, context, rows) for t in tables], engine.page_size, engine.staging)
             ids = torch.zeros(rows * requests, dtype=torch.long, device=engine.device)
+            for s in verifying if slots is not None else ():
+                slots.take(s.id)
 
             def call():
                 with engine.kernels(ids.shape[0]):
-                    forward.target_forward(engine.target, engine.cache, layout, ids, engine.feature_layers)
+                    if slots is None:
+                        forward.target_forward(engine.target, engine.cache, layout, ids, engine.feature_layers)
+                        return
+                    # a verify step of a hybrid target: every row's state kept, then dropped uncommitted
+                    forward_hybrid.target_forward(engine, layout, ids, [(s, True) for s in verifying])
+                    for s in verifying:
+                        slots.discard(s.id)
             points.append((rows * requests, _median_seconds(engine, call, repeats)))
         finally:
             engine.pool.release(pages)
+            for s in verifying if slots is not None else ():
+                slots.release(s.id)
     if not points:
         raise ValueError(f"no bucket of {list(buckets)} fits the free KV pool ({engine.pool.free_pages} pages)")
     return StepCostTable(points)
