@@ -40,6 +40,17 @@ def accepting_pair(vocab: int, block_size: int, seed: int, requests_for, tries: 
     raise RuntimeError(f"no pair seed in [{seed}, {seed + tries}) accepts drafts; vocab {vocab} too large?")
 
 
+def check_equal(target, drafter, requests, results, seed, acceptance=True):
+    """Every batched result has the tokens (and with `acceptance`, the acceptance lengths) that the
+    single-request engine gives its request alone."""
+    for i, req in enumerate(requests):
+        ref, got = single(target, drafter, req), results[i]
+        assert got.error is None, got.error
+        assert got.tokens == ref.tokens, f"seed {seed}, request {i}"
+        if acceptance:
+            assert got.acceptance_lengths == ref.acceptance_lengths, f"seed {seed}, request {i}"
+
+
 def random_prompts(vocab: int, lengths, seed: int) -> list:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab - 2, (n,), generator=g).tolist() for n in lengths]   # no eos / mask ids

@@ -5,7 +5,7 @@ lengths equal too wherever full blocks are verified."""
 import pytest
 import torch
 
-from batch_helpers import CONFIGS, EAGER_ADAPTIVE, accepting_pair, random_prompts, run_staggered, single
+from batch_helpers import CONFIGS, EAGER_ADAPTIVE, check_equal, accepting_pair, random_prompts, run_staggered, single
 from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU thread)
 from test_engine_helpers import fresh_seed
 from specpilot.engine.batch import BatchConfig, BatchEngine, Request
@@ -37,15 +37,6 @@ def mixed_requests(vocab, seed, stop_from=None):
     prompts = random_prompts(vocab, (3, 21, 9, 14, 6), seed)
     lengths = (17, 5, 30, 1, 11)
     return [Request(tuple(p), m, stop_ids=stop_from(p) if stop_from else ()) for p, m in zip(prompts, lengths)]
-
-
-def check_equal(target, drafter, requests, results, acceptance: bool, seed):
-    for i, req in enumerate(requests):
-        ref, got = single(target, drafter, req), results[i]
-        assert got.error is None, got.error
-        assert got.tokens == ref.tokens, f"seed {seed}, request {i}"
-        if acceptance:
-            assert got.acceptance_lengths == ref.acceptance_lengths, f"seed {seed}, request {i}"
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))

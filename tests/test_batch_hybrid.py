@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from batch_helpers import CONFIGS, EAGER_ADAPTIVE, random_prompts, run_staggered, single, tiny_pair
+from batch_helpers import CONFIGS, EAGER_ADAPTIVE, check_equal, random_prompts, run_staggered, single, tiny_pair
 from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU thread)
 from test_engine_helpers import fresh_seed
 from specpilot.config import EngineConfig
@@ -40,15 +40,6 @@ def pair():
         if multi >= 3:
             return target, drafter, seed
     raise RuntimeError(f"no hybrid pair seed in [{start}, {start + 30}) accepts drafts")
-
-
-def check_equal(target, drafter, requests, results, seed, acceptance=True):
-    for i, req in enumerate(requests):
-        ref, got = single(target, drafter, req), results[i]
-        assert got.error is None, got.error
-        assert got.tokens == ref.tokens, f"seed {seed}, request {i}"
-        if acceptance:
-            assert got.acceptance_lengths == ref.acceptance_lengths, f"seed {seed}, request {i}"
 
 
 def check_released(engine, pages):
