@@ -2,7 +2,7 @@
 # The GPU check: from a clean tree on a bare machine (no network), build the extension with CUDA
 # (sm_90a), run the GPU tests, run the kernel / engine / agent benchmarks, print a short table last.
 # Logs and JSON go to $OUT (the device tool's folder) or out/gpu_check.
-# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|trees|split12|gemv|skinny|engine|ab|defaults_ab|cost_8b|agents|bench_zoo|bench_8b|scale_8b|five_8b|batch|batch_profile|drafters|hybrid|gdn_trees|gdn_fla|embedded_pair|paged|serve|results ...]
+# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|trees|split12|gemv|skinny|engine|ab|defaults_ab|cost_8b|agents|bench_zoo|bench_8b|scale_8b|five_8b|batch|batch_hybrid|batch_profile|drafters|hybrid|gdn_trees|gdn_fla|embedded_pair|paged|serve|results ...]
 # (GPU_TESTS: the test files the tests step runs, default all)
 # (default: all but prebuilt, in order). `prebuilt` replaces `build` when device time is short: it stages
 # the package in /tmp/sp with the extension that scripts/prebuild_cuda_ext.sh made on a CPU machine
@@ -151,6 +151,20 @@ for packed in glob.glob('_C.*.so.xz'): open('/tmp/sp_tree/specpilot/' + packed[:
              [ "${BATCH_ZOO_S:-150}" = 0 ] || run_step batch_zoo timeout ${BATCH_ZOO_S:-150} python3 -m specpilot bench --target "$SPECPILOT_ZOO/code-tiny" \
                --drafter "$SPECPILOT_ZOO/code-tiny-dflash-b16" --concurrency 1,16 --limit 32 --max-new-tokens 128 \
                --datasets "$SPECPILOT_ZOO/prompts" --benchmarks humaneval,pystdlib --dtype bf16 --out "$OUT/batch_zoo" ;;
+    # The batched engine on hybrid targets (eager): its GPU tests, the zoo hybrid pair's verdict at C=8,
+    # the zoo hybrid pair's real-tier speedups over batched AR and the Qwen3.5-9B shape's at a replayed tau.
+    batch_hybrid) run_step batch_hybrid_tests timeout 120 python3 -m pytest -q -m gpu tests/test_batch_hybrid_gpu.py
+             tail -1 "$OUT/batch_hybrid_tests.log" | tee -a "$summary"
+             run_step batch_hybrid_force timeout 150 python3 -m specpilot verify --target "$SPECPILOT_ZOO/hybrid-tiny" \
+               --drafter "$SPECPILOT_ZOO/hybrid-tiny-dflash-b16" --prompts "$SPECPILOT_ZOO/prompts/humaneval.jsonl" \
+               --limit 16 --max-new-tokens 128 --device cuda --dtype bf16 --concurrency 8
+             grep '^verdict' "$OUT/batch_hybrid_force.log" | tee -a "$summary"
+             run_step batch_hybrid_zoo timeout 150 python3 -m specpilot bench --target "$SPECPILOT_ZOO/hybrid-tiny" \
+               --drafter "$SPECPILOT_ZOO/hybrid-tiny-dflash-b16" --concurrency 1,8 --limit 16 --max-new-tokens 128 \
+               --datasets "$SPECPILOT_ZOO/prompts" --benchmarks humaneval --dtype bf16 --out "$OUT/batch_hybrid_zoo"
+             run_step batch_hybrid_9b timeout ${BATCH_HYBRID_S:-200} python3 -m specpilot bench --target random:qwen3.5-9b \
+               --concurrency 1,8 --replay 6.49 --datasets "$SPECPILOT_DATASETS" --limit 4 --max-new-tokens 64 --dtype bf16 \
+               --ablations spec --out "$OUT/batch_hybrid_9b" ;;
     # The server (specpilot serve) against the in-process batched engine at C=32, same card, one call.
     # Its client and server packages come from .whl/serve (pip download openai starlette uvicorn).
     serve)   python3 -c "import openai, starlette, uvicorn" 2>/dev/null || python3 -m pip install -q --no-index \
