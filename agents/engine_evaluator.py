@@ -18,6 +18,7 @@ Gate, by precision:
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -45,32 +46,50 @@ class EngineEvaluator:
 
     def __init__(self, target_dir, drafter_dir, prompts, max_new_tokens: int = 32, device: str = "cpu",
                  dtype=torch.float32, repeats: int = 1, replay_tau: float | None = None):
+        """drafter_dir: a drafter folder, or a list of those that fit the target (run.drafter picks one)."""
+        from specpilot.agents.mechanisms import MAX_DRAFTERS
         from specpilot.models import load_drafter, load_target
-        from specpilot.verify.stock import load_stock
 
         if not prompts or not all(prompts):
             raise ValueError("EngineEvaluator needs at least one non-empty prompt (token-id lists)")
-        self.target_dir, self.drafter_dir, self.device, self.dtype = target_dir, drafter_dir, device, dtype
+        self.drafter_dirs = [drafter_dir] if isinstance(drafter_dir, (str, os.PathLike)) else list(drafter_dir)
+        if not 1 <= len(self.drafter_dirs) <= MAX_DRAFTERS:
+            raise ValueError(f"EngineEvaluator takes 1 to {MAX_DRAFTERS} drafters, got {len(self.drafter_dirs)}")
+        self.target_dir, self.device, self.dtype = target_dir, device, dtype
         self.prompts = [list(map(int, p)) for p in prompts]
         self.max_new_tokens, self.repeats, self.replay_tau = max_new_tokens, repeats, replay_tau
         self._transcripts = {}
         self._referee = None
         self.name = f"engine-{device}-{str(dtype).replace('torch.', '')}"
-        self._targets = {}
-        self.drafter_dir = drafter_dir
+        self._targets, self._drafters, self._stocks = {}, {}, {}
         self._load_target, self._load_drafter = load_target, load_drafter
-        self.stock = load_stock(target_dir, drafter_dir, device=device, dtype=dtype)
+        self.stock = self._stock(0)
+        for i in range(1, len(self.drafter_dirs)):      # each candidate loads against the target: a misfit fails here
+            self._pair("bf16", i)
 
-    def _pair(self, weights: str):
+    def _stock(self, drafter: int):
+        """The stock pair of the target and drafter `drafter` (forcing's reference run)."""
+        from specpilot.verify.stock import load_stock
+
+        if drafter not in self._stocks:
+            self._stocks[drafter] = load_stock(self.target_dir, self.drafter_dirs[drafter], device=self.device,
+                                               dtype=self.dtype)
+        return self._stocks[drafter]
+
+    def _pair(self, weights: str, drafter: int = 0):
         if weights not in self._targets:
             kw = {} if weights == "bf16" else {"weights": weights}
-            target = self._load_target(self.target_dir, device=self.device, dtype=self.dtype, **kw)
-            self._targets[weights] = (target, self._load_drafter(self.drafter_dir, target))
-        return self._targets[weights]
+            self._targets[weights] = self._load_target(self.target_dir, device=self.device, dtype=self.dtype, **kw)
+        target = self._targets[weights]
+        if (weights, drafter) not in self._drafters:
+            self._drafters[weights, drafter] = self._load_drafter(self.drafter_dirs[drafter], target)
+        return target, self._drafters[weights, drafter]
 
     def models(self, mechanism) -> bool:
         if mechanism.name in SLOW:
             return False
+        if mechanism.name == "run.drafter":
+            return len(self.drafter_dirs) > 1
         if self.device == "cuda":
             return mechanism.name != "engine.draft_vocab" or self._has_ranking()
         return mechanism.name in SEEN_ON_CPU
@@ -78,11 +97,14 @@ class EngineEvaluator:
     noisy = True   # measured: a would-be winner is re-timed beside the incumbent (mechanism_search)
 
     def allows(self, name: str, value) -> bool:
-        """Block sizes below the drafter's own (None runs its own; the batched engine refuses longer)."""
+        """Block sizes below every candidate drafter's own (None runs its own; the batched engine refuses
+        longer); drafter indices of the candidates given."""
         if name == "run.block_size" and value is not None:
             from specpilot.cost.gaps import _drafter_block_size
 
-            return int(value) < _drafter_block_size(self.drafter_dir)
+            return all(int(value) < _drafter_block_size(d) for d in self.drafter_dirs)
+        if name == "run.drafter":
+            return value < len(self.drafter_dirs)
         return True
 
     def time(self, dep, a: dict) -> float:
@@ -93,7 +115,7 @@ class EngineEvaluator:
     def _has_ranking(self) -> bool:
         from pathlib import Path
 
-        return (Path(self.drafter_dir) / "token_ranking.json").exists()
+        return all((Path(d) / "token_ranking.json").exists() for d in self.drafter_dirs)
 
     def gaps(self, dep, a: dict) -> dict:
         """The cost model's gap table of this pair on this device, by family (cost/gaps.py rows). tau 1:
@@ -101,7 +123,7 @@ class EngineEvaluator:
         from specpilot.cost import cost_report
 
         _, _, run = configs_for(a, dep.weights)
-        report = cost_report(self.target_dir, self.drafter_dir, batch=dep.concurrency, block_size=run["block_size"],
+        report = cost_report(self.target_dir, self.drafter_dirs[run["drafter"]], batch=dep.concurrency, block_size=run["block_size"],
                              tau=1.0, device=self.device, weights=run["weights"] if self.device == "cuda" else "bf16",
                              quick=self.device == "cpu")
         lost = {}
@@ -140,7 +162,7 @@ class EngineEvaluator:
         from specpilot.engine.batch.run import pool_pages
         from specpilot.engine.replay import AcceptanceReplay
 
-        target, drafter = self._pair(run["weights"])
+        target, drafter = self._pair(run["weights"], run["drafter"])
         plans = ([(lambda t=t: AcceptanceReplay(t, self.replay_tau)) for t in self._transcript(run["weights"])]
                  if replay else [lambda: None] * len(self.prompts))
         best, outputs = None, None
@@ -192,13 +214,13 @@ class EngineEvaluator:
         from specpilot.verify.forcing import token_force
         from specpilot.verify.referee import load_referee
 
-        target, drafter = self._pair(run["weights"])
+        target, drafter = self._pair(run["weights"], run["drafter"])
         engine = Engine(target, drafter, config=engine_cfg)
         if self._referee is None:        # loaded once: the target at a higher precision is large
             self._referee = load_referee(self.target_dir, self.dtype, self.device)
         referee = self._referee
         spec = [engine.generate_spec(p, self.max_new_tokens, block_size=run["block_size"]) for p in self.prompts]
-        report = token_force(engine, self.stock, self.prompts, self.max_new_tokens, block_size=run["block_size"],
+        report = token_force(engine, self._stock(run["drafter"]), self.prompts, self.max_new_tokens, block_size=run["block_size"],
                              spec_results=spec, referee=referee)
         reasons = list(report.reasons)
         if batched is not None:

@@ -16,7 +16,7 @@ def add_arguments(parser) -> None:
                         "real engine on --target / --drafter, every candidate token-forced")
     g.add_argument("--target-shape", default=None, help="the deployment's target shape (default: the --target "
                                                         "folder's name; cost-model: a random_ckpt preset, e.g. qwen3-8b)")
-    g.add_argument("--drafter-kind", default=None, help="default: the --drafter folder's name, or none")
+    g.add_argument("--drafter-kind", default=None, help="default: the --drafter folders' names joined by '+', or none")
     g.add_argument("--card", default=None, help="H100 | H200 | cpu (default: this machine's)")
     g.add_argument("--concurrency", type=int, default=1)
     g.add_argument("--weights", choices=("bf16", "split12"), default=None,
@@ -42,6 +42,14 @@ def card_name(device: str) -> str:
 
     name = torch.cuda.get_device_name(0)
     return next((c for c in ("H200", "H100") if c in name), name.replace("|", "/").replace(" ", "-"))
+
+
+def drafters(option: str) -> list:
+    """--drafter's comma list of drafter folders (one, or the candidates run.drafter chooses among)."""
+    dirs = [d.strip() for d in option.split(",") if d.strip()]
+    if not dirs:
+        raise ValueError(f"--drafter {option!r} names no drafter folder")
+    return dirs
 
 
 def _prompts(target_dir, n: int, seed: int) -> list:
@@ -81,14 +89,15 @@ def run(args, device: str) -> int:
         if not args.target or not args.drafter:
             raise ValueError("--evaluator engine needs --target and --drafter checkpoint folders")
         dtype = torch.bfloat16 if device == "cuda" else torch.float32
-        evaluator = EngineEvaluator(args.target, args.drafter, _prompts(args.target, args.prompts, args.seed),
+        evaluator = EngineEvaluator(args.target, drafters(args.drafter), _prompts(args.target, args.prompts, args.seed),
                                     args.max_new_tokens, device=device, dtype=dtype, repeats=args.repeats,
                                     replay_tau=args.replay)
         card = args.card or card_name(device)
         shape = args.target_shape or Path(args.target).resolve().name
     if not shape:
         raise ValueError("--search mechanisms needs --target-shape (cost model) or --target")
-    drafter = args.drafter_kind or (Path(args.drafter).resolve().name if args.drafter else "none")
+    drafter = args.drafter_kind or ("+".join(Path(d).resolve().name for d in drafters(args.drafter))
+                                    if args.drafter else "none")
     weights = args.weights or ("split12" if device == "cuda" or args.evaluator == "cost-model" else "bf16")
     dep = Deployment(shape, drafter, card, args.concurrency, weights)
     memory = Memory(args.memory or settings.get().memory_url)

@@ -52,12 +52,17 @@ BATCH_TABLE = {
     "page_size": ("attention", "batched", (16, 32, 64)),
     "prefill_chunk": ("launches", "batched", (128, 256, 512)),
 }
-# Knobs of a run that are not config fields: generate_spec(block_size=...) and load_target(weights=...).
+# Knobs of a run that are not config fields: generate_spec(block_size=...), load_target(weights=...) and
+# which drafter of the deployment's candidates loads (an index: the candidates are the deployment's own).
+MAX_DRAFTERS = 4
 RUN_TABLE = {
     "block_size": ("spec.knob", "drafter", (None, 4, 8, 12, 16), None,
                    "Tokens drafted and verified per speculative step (None: the drafter's own block; at most it)."),
     "weights": ("weights", "split12", ("bf16", "split12"), "split12",
                 "The target's weight format: split12 streams 1.5 bytes per weight, bf16 two."),
+    "drafter": ("spec.knob", "drafter", tuple(range(MAX_DRAFTERS)), 0,
+                "Which of the deployment's drafters drafts (its index in the --drafter list; searched where "
+                "several fit the target)."),
 }
 # Fields deliberately not searched, with the reason (a new field must land in a table or here).
 NOT_SEARCHED = {
@@ -156,7 +161,7 @@ def list_lines() -> list:
 
 
 def configs_for(assignment: dict, weights: str) -> tuple:
-    """{mechanism name: value} -> (EngineConfig, BatchConfig, run knobs {"block_size", "weights"}).
+    """{mechanism name: value} -> (EngineConfig, BatchConfig, run knobs {"block_size", "weights", "drafter"}).
     Mechanisms not named keep the shipped default (the weights: the deployment's `weights`); an
     unknown name or a value outside the candidate list is an error naming it."""
     known = by_name()
@@ -170,12 +175,14 @@ def configs_for(assignment: dict, weights: str) -> tuple:
         {"EngineConfig": engine, "BatchConfig": batch, "run": run}[m.owner][m.field] = value
     run.setdefault("block_size", None)
     run.setdefault("weights", weights)
+    run.setdefault("drafter", 0)
     return EngineConfig(**engine), BatchConfig(**batch), run
 
 
 def plainest(mechanisms) -> dict:
     """The de-tuned start: every switch off, every choice at its plainest (the first non-default
-    value for choices: sdpa attention, bf16 weights, the full draft head, no two-level, block as is)."""
+    value for choices: sdpa attention, bf16 weights, the full draft head, no two-level, block as is,
+    the first drafter)."""
     plain = {}
     for m in mechanisms:
         if m.values == (True, False):

@@ -174,6 +174,29 @@ def test_engine_search_on_the_tiny_pair_is_forced_and_recorded(tiny_pair, tmp_pa
     assert len(data["mech_evals"]) == total and len(data["mech_winners"]) == 2
 
 
+def test_engine_search_chooses_among_drafters(tiny_pair, tmp_path):
+    """Two drafters that fit the target (the second pair's drafter has the first target's shapes):
+    run.drafter is searched, a run with each drafter is gated (fp32: the target's greedy output), and a
+    third index (no such drafter) is never tried."""
+    from specpilot.agents.engine_evaluator import EngineEvaluator
+    from specpilot.agents.mechanisms import by_name
+
+    (td, dd), (_, dd2) = tiny_pair
+    ev = EngineEvaluator(td, [dd, dd2], [[5, 6, 7, 8], [9, 10, 11]], max_new_tokens=12)
+    assert ev.models(by_name()["run.drafter"]) and not EngineEvaluator(td, dd, [[5]]).models(by_name()["run.drafter"])
+    assert ev.allows("run.drafter", 1) and not ev.allows("run.drafter", 2)
+    dep = Deployment("tiny-llama", "a+b", "cpu", 2, "bf16")
+    mem = Memory(str(tmp_path / "m.db"))
+    start = {"run.drafter": 1}
+    r = search_mechanisms(dep, ev, mem, budget=8, start=start, log=lambda m: None)
+    evals = mem.mech_evals(deployment=dep.key)
+    drafters_tried = {e["config"]["run.drafter"] for e in evals}
+    assert r.verdict == "pass" and drafters_tried == {0, 1} and all(e["verdict"] == "pass" for e in evals)
+    assert ev(dep, {"run.drafter": 1}).outputs == ev.reference(dep)
+    with pytest.raises(ValueError, match="takes 1 to 4 drafters"):
+        EngineEvaluator(td, [], [[5]])
+
+
 def test_engine_gate_fails_against_another_pairs_reference(tiny_pair, tmp_path):
     """The gate is not a formality: the same prompts judged against another target's greedy output."""
     from specpilot.agents.engine_evaluator import EngineEvaluator

@@ -45,7 +45,8 @@ def test_configs_for_maps_names_to_the_dataclasses_and_refuses_bad_input():
     engine, batch, run = M.configs_for({"engine.cuda_graphs": False, "batch.ragged_verify": False,
                                         "run.block_size": 8}, "split12")
     assert engine == EngineConfig(cuda_graphs=False) and batch == BatchConfig(ragged_verify=False)
-    assert run == {"block_size": 8, "weights": "split12"}
+    assert run == {"block_size": 8, "weights": "split12", "drafter": 0}
+    assert M.configs_for({"run.drafter": 2}, "bf16")[2]["drafter"] == 2
     with pytest.raises(ValueError, match="unknown mechanism 'engine.warp_speed'"):
         M.configs_for({"engine.warp_speed": True}, "bf16")
     with pytest.raises(ValueError, match="batch.page_size: value 7 is not one of"):
@@ -56,7 +57,7 @@ def test_plainest_turns_every_switch_off():
     plain = M.plainest(M.registry())
     assert plain["engine.cuda_graphs"] is False and plain["batch.ragged_verify"] is False
     assert plain["engine.attention"] == "sdpa" and plain["run.weights"] == "bf16"
-    assert plain["engine.two_level"] == "off" and plain["engine.draft_vocab"] == 0
+    assert plain["engine.two_level"] == "off" and plain["engine.draft_vocab"] == 0 and plain["run.drafter"] == 0
 
 
 def test_deployment_key_round_trip_scopes_and_distance():

@@ -9,7 +9,9 @@ from specpilot import settings
 def configure(parser):
     parser.add_argument("--target", default=None, help="target checkpoint folder (config.json); required but "
                         "for --list-mechanisms and --search mechanisms --evaluator cost-model")
-    parser.add_argument("--drafter", default=None)
+    parser.add_argument("--drafter", default=None,
+                        help="the drafter folder (--search mechanisms: a comma list of drafters that fit the "
+                             "target, among which run.drafter chooses)")
     parser.add_argument("--op", action="append", choices=("split12_gemv", "engine.block_size"),
                         help="ops the agents may act on (repeatable; default both)")
     parser.add_argument("--rounds", type=int, default=4)
