@@ -9,6 +9,11 @@ on, and each mechanism off alone (the ablation), and the mechanisms that are off
 (adaptive verify; prefix-first verification at --verify-prefix P, default 4). Writes concurrency.jsonl, concurrency.md and
 concurrency.png (speedup vs C, with the published anchors drawn in) to --out.
 
+Open loop (--arrival-rate R): instead of clients, the prompts arrive on one seeded Poisson process of R
+requests per second, the same arrival times for every run; C caps the requests in flight (the rest
+queue), and TTFT counts from the arrival. Below saturation the arrivals bound tokens/s (the speedup
+column then tends to 1x): compare TPOT and TTFT there.
+
 Scale tier (random weights accept ~nothing): --replay TAU gives every request AcceptanceReplay over
 its own greedy transcript (from the AR run), as `bench --replay` does for the single-request engine.
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -54,39 +60,58 @@ def select_ablations(ablations: dict, names) -> dict:
 
 
 def closed_loop(target, drafter, config, concurrency: int, prompts: list, max_new_tokens: int, stop_ids=(),
-                replays=None, step_costs=None) -> tuple:
-    """Runs every prompt through C closed-loop clients; (metrics dict, results in prompt order)."""
+                replays=None, step_costs=None, arrivals=None) -> tuple:
+    """Runs every prompt through C closed-loop clients, or with `arrivals` (seconds from the start, one
+    per prompt: poisson_arrivals) each prompt submitted at its arrival time into an engine of at most C
+    requests; (metrics dict, results in prompt order). TTFT counts from the arrival (closed loop: from
+    the submit), queueing included."""
     engine = BatchEngine(target, drafter, config, max_batch=concurrency, step_costs=step_costs,
                          kv_pages=pool_pages(prompts, max_new_tokens, concurrency, config.page_size))
-    streams = [list(range(i, len(prompts), concurrency)) for i in range(concurrency)]
-    owner, results = {}, {}
+    streams = [list(range(i, len(prompts), concurrency)) for i in range(concurrency)] if arrivals is None else []
+    pending = list(range(len(prompts)))                 # open loop: prompts not yet arrived, in arrival order
+    owner, results, late = {}, {}, {}
+
+    def submit(index, client=None):
+        replay = replays[index]() if replays is not None else None
+        rid = engine.submit(Request(tuple(prompts[index]), max_new_tokens, stop_ids=tuple(stop_ids), replay=replay))
+        owner[rid] = (client, index)
 
     def submit_next(client):
         if streams[client]:
-            index = streams[client].pop(0)
-            replay = replays[index]() if replays is not None else None
-            rid = engine.submit(Request(tuple(prompts[index]), max_new_tokens, stop_ids=tuple(stop_ids), replay=replay))
-            owner[rid] = (client, index)
+            submit(streams[client].pop(0), client)
+
+    def submit_arrived(now):
+        while pending and arrivals[pending[0]] <= now - t0:
+            index = pending.pop(0)
+            late[index] = now - t0 - arrivals[index]    # between its arrival and this submit (one step at most)
+            submit(index)
 
     # Graphs are captured before the clock, as a server captures them at startup (BatchEngine.warmup).
     warm_t0 = engine.clock()
     graphs = engine.warmup(max(len(p) for p in prompts) + max_new_tokens)
     warmup_s = engine.clock() - warm_t0
     t0 = engine.clock()
-    for client in range(concurrency):
-        submit_next(client)
-    while not engine.idle:
+    if arrivals is None:
+        for client in range(concurrency):
+            submit_next(client)
+    while len(results) < len(prompts):
+        if arrivals is not None:
+            submit_arrived(engine.clock())
+            if engine.idle:                             # nothing in flight: wait for the next arrival
+                time.sleep(max(0.0, t0 + arrivals[pending[0]] - engine.clock()))
+                continue
         for r in engine.step():
             if r.error:
                 raise RuntimeError(f"prompt {owner[r.request_id][1]} failed: {r.error}")
             client, index = owner[r.request_id]
             results[index] = r
-            submit_next(client)
+            if arrivals is None:
+                submit_next(client)
     wall = engine.clock() - t0
     ordered = [results[i] for i in range(len(prompts))]
     tokens = sum(len(r.tokens) for r in ordered)
     tpot = [r.decode_s / (len(r.tokens) - 1) for r in ordered if len(r.tokens) > 1]
-    ttft = [r.prefill_s for r in ordered]
+    ttft = [r.prefill_s + late.get(i, 0.0) for i, r in enumerate(ordered)]
     taus = [r.tau for r in ordered if r.acceptance_lengths]
     metrics = {"concurrency": concurrency, "prompts": len(prompts), "tokens": tokens, "seconds": wall,
                "tokens_per_s": tokens / wall, "tau": float(np.mean(taus)) if taus else None,
@@ -98,13 +123,23 @@ def closed_loop(target, drafter, config, concurrency: int, prompts: list, max_ne
     return metrics, ordered
 
 
+def poisson_arrivals(count: int, rate: float, seed: int = 0) -> list:
+    """Arrival times (seconds from the start) of `count` requests at `rate` requests per second: a
+    Poisson process (exponential gaps, the first request at 0), the same for every run of one seed."""
+    if not rate > 0:
+        raise ValueError(f"--arrival-rate {rate!r} must be > 0 requests per second")
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=count)
+    return np.concatenate([[0.0], np.cumsum(gaps[1:])]).tolist()
+
+
 def _pct(values, q):
     return float(np.percentile(values, q) * 1e3) if values else None
 
 
 def run_levels(target, drafter, prompts, levels, max_new_tokens, stop_ids=(), replay_tau=None, ablations=ABLATIONS,
-               log=sys.stderr, step_costs=None) -> list:
-    """Every run at every level: rows {method, concurrency, ... metrics, speedup}."""
+               log=sys.stderr, step_costs=None, arrivals=None) -> list:
+    """Every run at every level: rows {method, concurrency, ... metrics, speedup}. arrivals: open-loop
+    arrival times (poisson_arrivals), the same for every run; each level then caps the batch."""
     from specpilot.engine.replay import AcceptanceReplay
 
     rows, replays = [], None
@@ -113,13 +148,15 @@ def run_levels(target, drafter, prompts, levels, max_new_tokens, stop_ids=(), re
         closed_loop(target, None if name == "ar" else drafter, config, 1, warm, min(8, max_new_tokens), stop_ids,
                     None if name == "ar" or replay_tau is None else [lambda: AcceptanceReplay([0] * 8, replay_tau)])
     for c in levels:
-        ar, ar_results = closed_loop(target, None, BatchConfig(), c, prompts, max_new_tokens, stop_ids)
+        ar, ar_results = closed_loop(target, None, BatchConfig(), c, prompts, max_new_tokens, stop_ids,
+                                     arrivals=arrivals)
         rows.append({"method": "ar", **ar, "speedup": 1.0})
         print(f"C={c} ar: {ar['tokens_per_s']:.1f} tok/s", file=log, flush=True)
         if replay_tau is not None and replays is None:
             replays = [(lambda t=r.tokens: AcceptanceReplay(t, replay_tau)) for r in ar_results]
         for name, config in ablations.items():
-            m, _ = closed_loop(target, drafter, config, c, prompts, max_new_tokens, stop_ids, replays, step_costs)
+            m, _ = closed_loop(target, drafter, config, c, prompts, max_new_tokens, stop_ids, replays, step_costs,
+                               arrivals)
             rows.append({"method": name, **m, "speedup": m["tokens_per_s"] / ar["tokens_per_s"]})
             print(f"C={c} {name}: {m['tokens_per_s']:.1f} tok/s, {rows[-1]['speedup']:.2f}x, tau {m['tau']}",
                   file=log, flush=True)
@@ -245,13 +282,16 @@ def cli_run(args, load_tokenizer) -> int:
         skipped["with_prefix_first"] = ablations.pop("with_prefix_first")
         print("with_prefix_first skipped: the batched engine runs no prefix-first verify on hybrid recurrent "
               "targets", file=sys.stderr)
+    rate = getattr(args, "arrival_rate", None)
+    arrivals = poisson_arrivals(len(prompts), rate) if rate is not None else None
     rows = run_levels(target, drafter, prompts, levels, args.max_new_tokens, stop_ids, replay_tau, ablations=ablations,
-                      step_costs=costs)
+                      step_costs=costs, arrivals=arrivals)
     info = {"target": args.target, "drafter": args.drafter or "random", "device": device_name(target.device),
             "dtype": args.dtype, "prompts": len(prompts), "benchmarks": ",".join(names),
             "max_new_tokens": args.max_new_tokens, "replay tau": replay_tau,
             "step costs": "measured" if costs else "roofline (no CUDA)", "verify prefix": prefix,
-            **({"skipped": ",".join(skipped)} if skipped else {})}
+            **({"skipped": ",".join(skipped)} if skipped else {}),
+            **({"arrivals": f"Poisson, {rate} requests/s (seed 0), C caps the batch"} if rate else {})}
     write(rows, info, Path(args.out))
     print(markdown(rows, info))
     return 0

@@ -61,3 +61,25 @@ def test_bench_concurrency_command(tmp_path, capsys):
     assert rc == 0, printed
     assert "| 1 |" in printed and "| 2 |" in printed
     assert {p.name for p in Path(out).iterdir()} >= {"concurrency.jsonl", "concurrency.md", "concurrency.png"}
+
+
+def test_poisson_arrivals_are_seeded_and_at_the_rate():
+    times = concurrency.poisson_arrivals(4000, rate=50.0)
+    assert times[0] == 0.0 and all(b >= a for a, b in zip(times, times[1:]))
+    assert times == concurrency.poisson_arrivals(4000, rate=50.0)
+    assert abs(len(times) / times[-1] - 50.0) < 5.0                    # 4000 gaps: within ~3 sigma of the rate
+    with pytest.raises(ValueError, match="must be > 0 requests per second"):
+        concurrency.poisson_arrivals(3, rate=0.0)
+
+
+def test_open_loop_submits_at_arrival_times_and_counts_ttft_from_them():
+    """Arrivals far apart: each request runs alone, after its arrival (the wall covers the last
+    arrival); with every arrival at 0 and C=2, the later requests queue, so TTFT p99 grows."""
+    target, drafter = tiny_pair(10, 4, 5)
+    prompts = random_prompts(10, (4, 7, 5), 5)
+    spread, results = concurrency.closed_loop(target, drafter, concurrency.BatchConfig(), 2, prompts, 6,
+                                              arrivals=[0.0, 0.3, 0.6])
+    assert spread["seconds"] >= 0.6 and [len(r.tokens) for r in results] == [6, 6, 6]
+    burst, _ = concurrency.closed_loop(target, drafter, concurrency.BatchConfig(), 1, prompts, 6, arrivals=[0.0] * 3)
+    assert burst["ttft_p99_ms"] > burst["ttft_p50_ms"] > 0
+    assert burst["seconds"] < spread["seconds"]

@@ -50,6 +50,9 @@ def configure(parser):
                         help="comma list (e.g. 1,2,4,8,16,32): the batched engine under that many closed-loop "
                              "clients instead of the per-prompt methods; speedup over batched AR, TTFT / TPOT, "
                              "the ablation of each batching mechanism, a plot (--replay takes a TAU only)")
+    parser.add_argument("--arrival-rate", type=float, default=None, metavar="R",
+                        help="with --concurrency: open loop, the prompts arrive as a Poisson process of R requests/s "
+                             "(seed 0: the same arrivals every run) and each concurrency caps the batch; default: closed-loop clients")
     parser.add_argument("--ablations", default=None,
                         help="with --concurrency: the comma list of runs beside batched AR (default: all of "
                              "spec,no_ragged_verify,no_batched_draft,with_adaptive_verify,with_prefix_first)")
