@@ -3,8 +3,6 @@ request's tokens and acceptance lengths equal what Engine.generate_spec makes fo
 Engine.generate_ar's), with requests joining and leaving mid-run, recurrent state slots reused,
 prompts prefilled over several chunks, each batching mechanism on and off. Planted bugs (the state
 committed one row late, a reused slot not cleared) must make these comparisons fail."""
-from types import SimpleNamespace
-
 import pytest
 
 from batch_helpers import CONFIGS, EAGER_ADAPTIVE, check_equal, random_prompts, run_staggered, single, tiny_pair
@@ -196,9 +194,6 @@ def test_refuses_what_it_does_not_run(pair):
         BatchEngine(target, drafter, BatchConfig(), kv_pages=8, graph_step_factory=object())
     with pytest.raises(ValueError, match="verify_prefix"):
         BatchEngine(target, drafter, BatchConfig(verify_prefix=2), kv_pages=8)
-    other_kind = SimpleNamespace(kind="pard", target=target, block_size=4)
-    with pytest.raises(ValueError, match="DFlash drafters"):
-        BatchEngine(target, other_kind, BatchConfig(), kv_pages=8)
     engine = BatchEngine(target, drafter, BatchConfig(), kv_pages=8, engine_config=EngineConfig(cuda_graphs=False))
     assert len(engine.cache.k) == len(target.config.attention_layers) and engine.recurrent.free_slots == 8
 

@@ -79,7 +79,7 @@ class BatchEngine:
                              f"{block_size} (at the block size the first pass is the whole block)")
         self.eager_reason = None
         if hybrid:
-            problem = hybrid_state.unsupported(kind, config, block_size if drafter is not None else 1,
+            problem = hybrid_state.unsupported(config, block_size if drafter is not None else 1,
                                                graph_step_factory is not None)
             if problem is not None:
                 raise ValueError(problem)

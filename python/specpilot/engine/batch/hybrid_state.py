@@ -23,13 +23,10 @@ EAGER = ("the batched engine runs hybrid recurrent targets eagerly (no CUDA grap
          "recurrence runs from its own state slot, per request")
 
 
-def unsupported(kind, config, block_size: int, graph_step_factory: bool) -> str | None:
+def unsupported(config, block_size: int, graph_step_factory: bool) -> str | None:
     """Why the batched engine cannot run this hybrid target set-up (None: it can)."""
     if graph_step_factory:
         return "the batched engine runs hybrid recurrent targets eagerly only: pass no graph_step_factory"
-    if kind not in (None, "dflash"):
-        return (f"the batched engine drafts for hybrid recurrent targets with DFlash drafters (or none) only; "
-                f"a {kind} drafter runs single-request (Engine.generate_spec)")
     if config.verify_prefix:
         return ("BatchConfig.verify_prefix (prefix-first verify) is not supported on hybrid recurrent targets: "
                 "its second pass would continue an uncommitted recurrent state")

@@ -12,12 +12,13 @@ drafting 12 tokens.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import torch
 
 from .. import hf_names
 from ..config import TargetConfig
+from ..hybrid_config import HybridConfig
+from ..hybrid_names import hybrid_to_hf
 from ..random_ckpt import (TARGET_PRESETS, _fill_random, drafter_config_for, hf_drafter_config, random_target,
                            save_safetensors, write_byte_tokenizer, write_configs)
 
@@ -32,12 +33,14 @@ SCALE_SHAPES = {
 }
 
 
-def _tiny_pard_shape(target: TargetConfig) -> TargetConfig:
-    """A PARD drafter of half the target's depth and width (same vocab and rope)."""
+def _tiny_pard_shape(target) -> TargetConfig:
+    """A PARD drafter of half the target's depth and width (same vocab and rope; a dense Qwen3 for a
+    hybrid target, as PARD drafters are)."""
     heads = max(2, target.num_heads // 2)
-    return replace(target, hidden_size=target.hidden_size // 2, num_layers=max(1, target.num_layers // 2),
-                   num_heads=heads, num_kv_heads=max(1, min(target.num_kv_heads, heads)),
-                   intermediate_size=target.intermediate_size // 2, tie_word_embeddings=True)
+    return TargetConfig("qwen3" if isinstance(target, HybridConfig) else target.family, target.vocab_size,
+                        target.hidden_size // 2, max(1, target.num_layers // 2), heads,
+                        max(1, min(target.num_kv_heads, heads)), target.head_dim, target.intermediate_size // 2,
+                        target.rms_norm_eps, target.rope, True, target.max_position_embeddings, target.eos_token_ids)
 
 
 @torch.no_grad()
@@ -73,7 +76,8 @@ def write_kind_pair(out, kind: str, target_cfg="tiny-qwen3", drafter_layers: int
     target = random_target(cfg, device, dtype, seed)
     if two_token_head:
         _two_token_head(target.lm_head.weight)
-    save_safetensors(hf_names.target_to_hf(target.state_dict(), cfg), tdir, max_shard_bytes)
+    to_hf = hybrid_to_hf if isinstance(cfg, HybridConfig) else hf_names.target_to_hf
+    save_safetensors(to_hf(target.state_dict(), cfg), tdir, max_shard_bytes)
     extra_pard_copy = extra.get("pard_shape") == "target"
     config_json, drafter, to_hf = _build(kind, cfg, dcfg, block_size, target, extra)
     _fill_random(drafter, target.device, target.dtype, seed + 1)
