@@ -277,11 +277,6 @@ def cli_run(args, load_tokenizer) -> int:
     prefix = batch_options(args).get("verify_prefix", DEFAULT_VERIFY_PREFIX)
     ablations = select_ablations({**ABLATIONS, "with_prefix_first": BatchConfig(verify_prefix=prefix)},
                                  getattr(args, "ablations", None))
-    skipped = {}
-    if getattr(target, "is_hybrid", False) and getattr(args, "ablations", None) is None:
-        skipped["with_prefix_first"] = ablations.pop("with_prefix_first")
-        print("with_prefix_first skipped: the batched engine runs no prefix-first verify on hybrid recurrent "
-              "targets", file=sys.stderr)
     rate = getattr(args, "arrival_rate", None)
     arrivals = poisson_arrivals(len(prompts), rate) if rate is not None else None
     rows = run_levels(target, drafter, prompts, levels, args.max_new_tokens, stop_ids, replay_tau, ablations=ablations,
@@ -290,7 +285,6 @@ def cli_run(args, load_tokenizer) -> int:
             "dtype": args.dtype, "prompts": len(prompts), "benchmarks": ",".join(names),
             "max_new_tokens": args.max_new_tokens, "replay tau": replay_tau,
             "step costs": "measured" if costs else "roofline (no CUDA)", "verify prefix": prefix,
-            **({"skipped": ",".join(skipped)} if skipped else {}),
             **({"arrivals": f"Poisson, {rate} requests/s (seed 0), C caps the batch"} if rate else {})}
     write(rows, info, Path(args.out))
     print(markdown(rows, info))

@@ -3,6 +3,8 @@ request's tokens and acceptance lengths equal what Engine.generate_spec makes fo
 Engine.generate_ar's), with requests joining and leaving mid-run, recurrent state slots reused,
 prompts prefilled over several chunks, each batching mechanism on and off. Planted bugs (the state
 committed one row late, a reused slot not cleared) must make these comparisons fail."""
+from dataclasses import replace
+
 import pytest
 
 from batch_helpers import CONFIGS, EAGER_ADAPTIVE, check_equal, random_prompts, run_staggered, single, tiny_pair
@@ -110,8 +112,8 @@ def replay_requests(target, drafter, seed):
     return out
 
 
-def run_replay(target, drafter, requests, max_batch=2):
-    engine = BatchEngine(target, drafter, CONFIGS["full-verify"], max_batch=max_batch, kv_pages=64)
+def run_replay(target, drafter, requests, max_batch=2, config=CONFIGS["full-verify"]):
+    engine = BatchEngine(target, drafter, config, max_batch=max_batch, kv_pages=64)
     return run_staggered(engine, requests), engine
 
 
@@ -192,8 +194,6 @@ def test_refuses_what_it_does_not_run(pair):
     target, drafter, _ = pair
     with pytest.raises(ValueError, match="eagerly only"):
         BatchEngine(target, drafter, BatchConfig(), kv_pages=8, graph_step_factory=object())
-    with pytest.raises(ValueError, match="verify_prefix"):
-        BatchEngine(target, drafter, BatchConfig(verify_prefix=2), kv_pages=8)
     engine = BatchEngine(target, drafter, BatchConfig(), kv_pages=8, engine_config=EngineConfig(cuda_graphs=False))
     assert len(engine.cache.k) == len(target.config.attention_layers) and engine.recurrent.free_slots == 8
 
@@ -230,3 +230,52 @@ def test_step_bytes_bounds_the_pending_records(pair, monkeypatch):
     assert seen and all(held <= bound for held, bound, _ in seen)
     assert all(held == bound for held, bound, every in seen if every)
     assert any(not every for _, _, every in seen), "no chunked-form prefill record was measured"
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_prefix_first_equals_single_request(pair, temperature):
+    """Prefix-first on a hybrid (P = 1): pass 1's rows are committed to the state before pass 2
+    continues it; tokens (and, greedy, acceptance lengths) equal the single-request engine's."""
+    target, drafter, seed = pair
+    requests = mixed_requests(seed, temperature)
+    engine = BatchEngine(target, drafter, BatchConfig(verify_prefix=1), max_batch=3, kv_pages=64)
+    check_equal(target, drafter, requests, run_staggered(engine, requests), seed, acceptance=temperature == 0)
+    assert temperature > 0 or engine.second_pass_requests > 0
+    check_released(engine, 64)
+
+
+@pytest.mark.parametrize("prefix", [1, 2, 3])
+def test_prefix_first_replay_commits_across_both_passes(pair, prefix):
+    """Planned accept lengths 1..4 at P = 1..3: pass 2 runs from the state after P rows and the commit
+    counts pass 1's rows once (tokens equal the AR transcript, no shortfall)."""
+    target, drafter, seed = pair
+    requests = replay_requests(target, drafter, seed)
+    results, engine = run_replay(target, drafter, requests, config=BatchConfig(verify_prefix=prefix))
+    for i, r in enumerate(requests):
+        assert results[i].tokens == r.replay.transcript and results[i].replay_shortfalls == 0, f"seed {seed}, request {i}"
+    assert engine.second_pass_requests > 0
+    check_released(engine, 64)
+
+
+def test_prefix_first_with_stops_inside_pass_one(pair):
+    """A stop id among pass 1's committed rows ends the request with pass 2's record dropped."""
+    target, drafter, seed = pair
+    requests = [replace(r, stop_ids=(t,)) for r, t in zip(mixed_requests(seed), (0, 1, 2, 3, 4))]
+    engine = BatchEngine(target, drafter, BatchConfig(verify_prefix=1), max_batch=3, kv_pages=64)
+    check_equal(target, drafter, requests, run_staggered(engine, requests), seed)
+    check_released(engine, 64)
+
+
+def test_prefix_first_wrong_advance_is_caught(pair, monkeypatch):
+    """The replay test above can fail: pass 2 continuing from the state one row short of pass 1's
+    changes the output."""
+    target, drafter, seed = pair
+    requests = replay_requests(target, drafter, seed)
+
+    def advance_short(self, request_id, n):
+        self.commit(request_id, n - 1)
+        self.ahead[request_id] = n
+
+    monkeypatch.setattr(RecurrentSlots, "advance", advance_short)
+    results, _ = run_replay(target, drafter, requests, config=BatchConfig(verify_prefix=2))
+    assert any(results[i].tokens != r.replay.transcript for i, r in enumerate(requests))

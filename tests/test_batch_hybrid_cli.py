@@ -1,7 +1,7 @@
 """The batched engine on a hybrid recurrent target through the CLI (a tiny random Qwen3.5-layout pair,
 fp32, CPU): `verify --concurrency` judges it against the target's own greedy AR and the single-request
-engine, `generate --concurrency` writes what one request at a time writes, `bench --concurrency`
-leaves out the run the hybrid batch does not have (prefix-first) and says so."""
+engine, `generate --concurrency` writes what one request at a time writes, `bench --concurrency` runs
+every ablation."""
 import json
 
 import pytest
@@ -45,14 +45,13 @@ def test_generate_concurrency_on_a_hybrid(pair, tmp_path, capsys):
     assert texts[0] == texts[1] and len(texts[0]) == 3
 
 
-def test_bench_concurrency_skips_prefix_first_on_a_hybrid(pair, tmp_path, capsys):
+def test_bench_concurrency_on_a_hybrid(pair, tmp_path, capsys):
     t, d, prompts = pair
     datasets = tmp_path / "datasets"
     datasets.mkdir()
     (datasets / "tiny.jsonl").write_text(prompts.read_text())
     assert main(["bench", "--target", str(t), "--drafter", str(d), "--concurrency", "2", "--datasets", str(datasets),
                  "--benchmarks", "tiny", "--limit", "3", "--max-new-tokens", "6", "--device", "cpu", "--dtype", "fp32",
-                 "--out", str(tmp_path / "out")]) == 0
-    assert "with_prefix_first skipped" in capsys.readouterr().err
+                 "--two-level", "prefix-first", "--verify-prefix", "2", "--out", str(tmp_path / "out")]) == 0
     methods = {json.loads(line)["method"] for line in (tmp_path / "out" / "concurrency.jsonl").read_text().splitlines()}
-    assert methods == {"ar", "spec", "no_ragged_verify", "no_batched_draft", "with_adaptive_verify"}
+    assert methods == {"ar", "spec", "no_ragged_verify", "no_batched_draft", "with_adaptive_verify", "with_prefix_first"}

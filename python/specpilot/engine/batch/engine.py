@@ -79,8 +79,7 @@ class BatchEngine:
                              f"{block_size} (at the block size the first pass is the whole block)")
         self.eager_reason = None
         if hybrid:
-            problem = hybrid_state.unsupported(config, block_size if drafter is not None else 1,
-                                               graph_step_factory is not None)
+            problem = hybrid_state.unsupported(block_size if drafter is not None else 1, graph_step_factory is not None)
             if problem is not None:
                 raise ValueError(problem)
             if target.device.type == "cuda" and engine_config.cuda_graphs:

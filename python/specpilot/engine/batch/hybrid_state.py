@@ -10,7 +10,7 @@ previous inputs, T new ones] and the state after each of the T rows (or only aft
 chunked prefill). `commit(request, n)` then makes the state after the record's first n rows the
 slot's state: exactly what AR decoding would have reached after those tokens (the single-request
 engine's HybridCache.commit, per slot). A prefill chunk commits all its rows at once; a verify
-commits its accepted prefix (step.commit_step).
+commits its accepted prefix (step.commit_step; with prefix-first, pass 1's rows before pass 2).
 """
 from __future__ import annotations
 
@@ -23,13 +23,10 @@ EAGER = ("the batched engine runs hybrid recurrent targets eagerly (no CUDA grap
          "recurrence runs from its own state slot, per request")
 
 
-def unsupported(config, block_size: int, graph_step_factory: bool) -> str | None:
+def unsupported(block_size: int, graph_step_factory: bool) -> str | None:
     """Why the batched engine cannot run this hybrid target set-up (None: it can)."""
     if graph_step_factory:
         return "the batched engine runs hybrid recurrent targets eagerly only: pass no graph_step_factory"
-    if config.verify_prefix:
-        return ("BatchConfig.verify_prefix (prefix-first verify) is not supported on hybrid recurrent targets: "
-                "its second pass would continue an uncommitted recurrent state")
     if block_size > MAX_SNAPSHOT_T:
         return f"block_size={block_size}: hybrid targets keep per-position states of at most {MAX_SNAPSHOT_T} rows"
     return None
@@ -45,6 +42,7 @@ class RecurrentSlots:
         self._free = list(range(slots - 1, -1, -1))        # pop() hands out low slots first
         self.slot_of = {}                                   # request id -> its slot
         self.pending = {}                                   # request id -> (rows, every, [(window, states)] per layer)
+        self.ahead = {}                                     # request id -> rows of this step committed by pass 1
 
     @property
     def free_slots(self) -> int:
@@ -80,6 +78,7 @@ class RecurrentSlots:
         """The request left: its slot goes back (no-op for a request that never took one)."""
         slot = self.slot_of.pop(request_id, None)
         self.pending.pop(request_id, None)
+        self.ahead.pop(request_id, None)
         if slot is not None:
             self._free.append(slot)
 
@@ -102,6 +101,22 @@ class RecurrentSlots:
     def stash(self, request_id: int, layer: int, window: torch.Tensor, states: torch.Tensor) -> None:
         """The forward's conv window [1, C, K-1+T] and states [1, T or 1, H, Dk, Dv] for GDN layer `layer`."""
         self.pending[request_id][2][self.gdn_index[layer]] = (window, states)
+
+    def advance(self, request_id: int, n: int) -> None:
+        """Prefix-first's pass 1: its n rows are all committed tokens, so their state is committed now
+        (pass 2 continues from it); the step's commit_step counts them."""
+        self.commit(request_id, n)
+        self.ahead[request_id] = n
+
+    def commit_step(self, request_id: int, produced: int) -> None:
+        """After a verify step that produced `produced` tokens: the state after the anchor and the
+        accepted drafts (`produced` rows of the step, less those pass 1 committed). Fewer produced
+        than pass 1 committed (a stop id inside them) ends the request: its record is dropped."""
+        n = produced - self.ahead.pop(request_id, 0)
+        if n > 0:
+            self.commit(request_id, n)
+        else:
+            self.discard(request_id)
 
     def discard(self, request_id: int) -> None:
         """Drops the pending forward uncommitted (the slot's state stays as it was)."""

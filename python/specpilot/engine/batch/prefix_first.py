@@ -9,7 +9,9 @@ step's verify in two target passes, so that requests whose drafts fail early ver
           prefix's K/V that pass 1 wrote (a causal row sees the same keys as in one pass over the
           block). Their decision is made over both passes' rows.
 Both passes run graphed (padded R x T layouts with T = P and T = block - P) where the one-pass verify
-would, else eager and varlen.
+would, else eager and varlen. On a hybrid target the P rows of pass 1 (anchor and P-1 accepted drafts)
+are committed to a pass-2 request's recurrent state before pass 2 (RecurrentSlots.advance), so pass 2
+continues the state the one-pass forward reaches after them.
 
 Lossless: each row's logits are the one-pass forward's (same rows, same keys), and the decision is the
 single-request rule on them. Sampled: the uniforms of the whole block are drawn in pass 1, in the one
@@ -47,6 +49,8 @@ def verify_and_accept(engine, decoding: list, drafts: dict, chunks: list) -> Non
             engine.verify_rows -= d.rows - p                 # _iterate counted the whole block
         else:
             pending[s.id] = (s, state[1], ids, posterior, features)   # pass 2 decides
+            if engine.recurrent is not None:    # a hybrid's state: pass 2 continues after pass 1's P rows
+                engine.recurrent.advance(s.id, p)
     if not pending:
         return
     states = [entry[0] for entry in pending.values()]

@@ -345,7 +345,7 @@ def commit_step(engine, s, draft, rows: int, accepted: int, new: list, features)
     drafts and the bonus): the tokens (room, stop ids), the draft context's features, the stats."""
     produced, s.stopped = commit(new, s.max_length - s.start - 1, set(s.req.stop_ids), s.tokens)
     if engine.recurrent is not None:        # a hybrid target's state: after the anchor and the accepted drafts
-        engine.recurrent.commit(s.id, produced)
+        engine.recurrent.commit_step(s.id, produced)
     if features is not None:
         s.ctx.append((features[:produced], s.start))
     s.start += produced
