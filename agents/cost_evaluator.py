@@ -284,7 +284,7 @@ def _probe_share() -> float:
 
 
 def _family(comp) -> str:
-    if comp.kind == "launches":
+    if comp.kind in ("launches", "recurrent"):     # a hybrid's GDN kernels are fused_kernels' (launches family)
         return "launches"
     if comp.kind == "attention":
         return "attention"

@@ -129,6 +129,7 @@ class EngineEvaluator:
         lost = {}
         for r in report.rows:
             fam = ("spec.knob" if r["kind"] == "knob" else r["kind"] if r["kind"] in ("launches", "attention")
+                   else "launches" if r["kind"] == "recurrent"       # the GDN kernels are fused_kernels
                    else "draft.lm_head" if r["name"] == "draft.lm_head" else
                    "verify.lm_head" if (r["step"], r["name"]) == ("verify", "lm_head") else
                    "launches" if r["kind"] == "accept" else

@@ -5,7 +5,8 @@ measured: the live implementation timed on the device (on the GPU: our one-token
 at M = 1, our skinny GEMM (ops/linear.py) at 2..16 rows, bf16 matmul above, or, for split12 weights
 where the op is built, split12_linear with the kernel the engine picks for the row count
 (engine/linear_kernels.py); attention by our decode / verify kernel where it takes the call, SDPA
-otherwise; fp32 matmul and SDPA on the CPU). On the GPU each is timed as graph replays (timer.py)
+otherwise; fp32 matmul and SDPA on the CPU); a hybrid target's GDN layers by the delta rule keeping
+every row's state (the chain kernel per request on the GPU, the torch reference on the CPU). On the GPU each is timed as graph replays (timer.py)
 cycling through enough copies of its weights or KV cache to exceed twice the L2, so that they
 stream from HBM as a step's once-read operands do.
 ceiling: max(bytes / copy bandwidth, flops / matmul rate, one launch).
@@ -21,7 +22,7 @@ spec / AR cannot be met with this pair, format and tau on this device.
 """
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -144,6 +145,31 @@ class _Measurer:
         return self._time_each(lambda kv: F.scaled_dot_product_attention(q, kv[0], kv[1]), caches)
 
     @functools.lru_cache(maxsize=None)
+    def recurrent(self, batch: int, rows: int, recurrent) -> float:
+        """One GDN layer's delta rule over `rows` rows of each of `batch` requests, every row's state
+        kept: the chain kernel once per request as the engine runs it (CUDA bf16 where built), else the
+        torch reference over the batch. The conv and gates are not in it (elementwise, small)."""
+        from specpilot.kernels import gdn_chain
+        from specpilot.models import gdn
+
+        r = recurrent
+        mixed = torch.randn(rows, 2 * r.key_heads * r.key_dim + r.value_heads * r.value_dim, device=self.device,
+                            dtype=self.dtype)
+        g = -torch.rand(rows, r.value_heads, device=self.device)
+        beta = torch.rand(rows, r.value_heads, device=self.device)
+        states = [torch.zeros(r.value_heads, r.key_dim, r.value_dim, device=self.device)
+                  for _ in range(self.copies(r.state_bytes * (1 + rows)))]
+        if gdn_chain.takes(mixed[None], r.key_dim, r.value_dim):
+            return batch * self._time_each(
+                lambda st: gdn_chain.gdn_chain(mixed, r.key_heads, r.key_dim, g, beta, st), states)
+        q = torch.randn(batch, rows, r.value_heads, r.key_dim, device=self.device, dtype=self.dtype)
+        v = torch.randn(batch, rows, r.value_heads, r.value_dim, device=self.device, dtype=self.dtype)
+        gb, bb = g.expand(batch, -1, -1), beta.expand(batch, -1, -1)
+        initial = torch.zeros(batch, r.value_heads, r.key_dim, r.value_dim, device=self.device)
+        return time_call(lambda: gdn.recurrent_gated_delta_rule(q, q, v, gb, bb, initial, keep_states=True),
+                         self.device, self.reps)
+
+    @functools.lru_cache(maxsize=None)
     def accept(self, m: int, vocab: int) -> float:
         logits = torch.randn(m, vocab, device=self.device, dtype=self.dtype)
         return time_call(lambda: logits.argmax(dim=-1), self.device, self.reps)
@@ -214,6 +240,9 @@ def work(c, device: str, target, drafter, batch, context, weights) -> tuple:
         return c.n * c.k * bpw + (c.m * c.k + c.m * c.n) * elem, 2.0 * c.m * c.n * c.k
     if c.kind == "attention":
         return c.extra[0] * elem / 2, 4.0 * batch * shape.heads * (c.m // batch) * context * shape.head_dim
+    if c.kind == "recurrent":     # fp32 states; per row and value head: k.S, the rank-1 update, q.S
+        r = shape.recurrent
+        return c.extra[0], 6.0 * c.m * r.value_heads * r.key_dim * r.value_dim
     if c.kind == "accept":
         return c.m * c.n * elem, 0.0
     return 0.0, 0.0          # launches: the untimed kernels at the launch floor each, against one launch
@@ -233,6 +262,8 @@ def _row(c, ceil: Ceilings, meas: _Measurer, target, drafter, batch, context, to
         measured = meas.linear(c.m, c.n, c.k)
     elif c.kind == "attention":
         measured = meas.attention(batch, max(1, c.m // batch), shape.heads, shape.kv_heads, context, shape.head_dim)
+    elif c.kind == "recurrent":
+        measured = meas.recurrent(batch, max(1, c.m // batch), shape.recurrent)
     elif c.kind == "accept":
         measured = meas.accept(c.m, c.n)
     else:
@@ -241,7 +272,8 @@ def _row(c, ceil: Ceilings, meas: _Measurer, target, drafter, batch, context, to
     lost = max(0.0, measured - ceiling) * c.count / tokens_per_step
     agent_op = "split12_gemv" if (c.kind == "linear" and c.m == 1) else None
     shape_of = {"linear": [c.n, c.k] if agent_op else [c.m, c.n, c.k], "accept": [c.m, c.n], "launches": [c.extra[0] if c.extra else 0],
-                "attention": [c.m, shape.heads, context, shape.head_dim]}
+                "attention": [c.m, shape.heads, context, shape.head_dim],
+                "recurrent": [c.m, *astuple(shape.recurrent)[1:]] if shape.recurrent else []}
     return {"key": f"{c.step}:{c.name}:{c.m}x{c.n}x{c.k}", "step": c.step, "name": c.name, "kind": c.kind,
             "op": agent_op or c.kind, "shape": shape_of[c.kind], "count": c.count,
             "measured_s": measured, "ceiling_s": ceiling, "bound": bound, "bytes": nbytes, "flops": flops,

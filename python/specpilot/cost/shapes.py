@@ -12,12 +12,27 @@ from pathlib import Path
 class Component:
     step: str        # decode | draft | verify
     name: str        # qkv, o, gate_up, down, lm_head, fc, draft.qkv, ..., attention, accept, launches
-    kind: str        # linear | attention | accept | launches
+    kind: str        # linear | attention | recurrent (a hybrid's GDN state) | accept | launches
     m: int = 0
     n: int = 0
     k: int = 0
     count: float = 1  # instances per step (an expected count for a conditional component)
-    extra: tuple = ()  # kind-specific: attention (kv_bytes,), launches (kernels not timed as components,)
+    extra: tuple = ()  # kind-specific: attention (kv_bytes,), recurrent (state bytes,), launches (kernels not timed as components,)
+
+
+@dataclass(frozen=True)
+class Recurrent:
+    """A hybrid target's Gated DeltaNet layers (Qwen3.5 / Qwen3-Next): their count and head shapes."""
+    layers: int
+    key_heads: int
+    value_heads: int
+    key_dim: int
+    value_dim: int
+
+    @property
+    def state_bytes(self) -> int:
+        """One request's fp32 delta-rule state of one layer [value heads, Dk, Dv]."""
+        return self.value_heads * self.key_dim * self.value_dim * 4
 
 
 @dataclass(frozen=True)
@@ -30,6 +45,8 @@ class ModelShape:
     layers: int
     vocab: int
     name: str
+    recurrent: Recurrent | None = None    # hybrid targets: the GDN layers among `layers`
+    gated_attention: bool = False         # q_proj also produces the output gate (Qwen3.5 / Qwen3-Next)
 
     @staticmethod
     def from_dir(path) -> "ModelShape":
@@ -37,21 +54,46 @@ class ModelShape:
         if not cfg_path.exists():
             raise FileNotFoundError(f"no config.json in {path}")
         c = json.loads(cfg_path.read_text())
+        c = c.get("text_config", c) if "hidden_size" not in c else c      # Qwen3_5ForConditionalGeneration
         try:
             h, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
+            recurrent, gated = None, False
+            if "linear_attention" in c.get("layer_types", ()):
+                recurrent = Recurrent(c["layer_types"].count("linear_attention"), int(c["linear_num_key_heads"]),
+                                      int(c["linear_num_value_heads"]), int(c["linear_key_head_dim"]),
+                                      int(c["linear_value_head_dim"]))
+                gated = bool(c.get("attn_output_gate", True))
             return ModelShape(h, heads, int(c.get("num_key_value_heads", heads)), int(c.get("head_dim", h // heads)),
                               int(c["intermediate_size"]), int(c["num_hidden_layers"]), int(c["vocab_size"]),
-                              Path(path).resolve().name)
+                              Path(path).resolve().name, recurrent, gated)
         except KeyError as e:
-            raise ValueError(f"{cfg_path}: missing {e.args[0]} (need a Qwen3/LLaMA-style config)") from None
+            raise ValueError(f"{cfg_path}: missing {e.args[0]} (need a Qwen3 / LLaMA / Qwen3.5-style config)") from None
 
-    def layer_gemms(self, m: int, prefix: str = ""):
-        qkv = (self.heads + 2 * self.kv_heads) * self.head_dim
-        return [(prefix + "qkv", m, qkv, self.hidden), (prefix + "o", m, self.hidden, self.heads * self.head_dim),
-                (prefix + "gate_up", m, 2 * self.intermediate, self.hidden), (prefix + "down", m, self.hidden, self.intermediate)]
+    @property
+    def attention_layers(self) -> int:
+        return self.layers - (self.recurrent.layers if self.recurrent else 0)
+
+    def gemms(self, m: int, prefix: str = ""):
+        """(name, M, N, K, layers that run it) of every linear in a layer stack at m rows."""
+        q = self.heads * self.head_dim * (2 if self.gated_attention else 1)
+        out = [(prefix + "qkv", m, q + 2 * self.kv_heads * self.head_dim, self.hidden, self.attention_layers),
+               (prefix + "o", m, self.hidden, self.heads * self.head_dim, self.attention_layers)]
+        r = self.recurrent
+        if r is not None:     # in_proj_qkvz + in_proj_ba as one row block, out_proj
+            qkvz = 2 * r.key_heads * r.key_dim + 2 * r.value_heads * r.value_dim
+            out += [(prefix + "gdn.in_proj", m, qkvz + 2 * r.value_heads, self.hidden, r.layers),
+                    (prefix + "gdn.out_proj", m, self.hidden, r.value_heads * r.value_dim, r.layers)]
+        return out + [(prefix + "gate_up", m, 2 * self.intermediate, self.hidden, self.layers),
+                      (prefix + "down", m, self.hidden, self.intermediate, self.layers)]
 
     def kv_bytes(self, batch: int, context: int, elem: int = 2) -> int:
         return batch * context * 2 * self.kv_heads * self.head_dim * elem  # K and V of one layer
+
+    def recurrent_bytes(self, batch: int, rows: int) -> int:
+        """One GDN layer's state traffic for `rows` rows over `batch` requests: each request's state
+        read once, and a state written per row (the per-row snapshots a verify keeps; a decode row's
+        new state)."""
+        return (batch + rows) * self.recurrent.state_bytes
 
 
 def drafter_target_layers(drafter_dir) -> int:
@@ -93,10 +135,13 @@ def step_components(target: ModelShape, drafter: ModelShape | None, n_target_fea
     out = []
 
     def layers(step, shape, m, prefix=""):
-        for name, mm, n, k in shape.layer_gemms(m, prefix):
-            out.append(Component(step, name, "linear", mm, n, k, shape.layers))
-        out.append(Component(step, prefix + "attention", "attention", m, count=shape.layers,
+        for name, mm, n, k, count in shape.gemms(m, prefix):
+            out.append(Component(step, name, "linear", mm, n, k, count))
+        out.append(Component(step, prefix + "attention", "attention", m, count=shape.attention_layers,
                              extra=(shape.kv_bytes(batch, context),)))
+        if shape.recurrent is not None:
+            out.append(Component(step, prefix + "gdn", "recurrent", m, count=shape.recurrent.layers,
+                                 extra=(shape.recurrent_bytes(batch, m),)))
 
     layers("decode", target, batch)
     out.append(Component("decode", "lm_head", "linear", batch, target.vocab, target.hidden))
