@@ -65,8 +65,9 @@ def test_bench_concurrency_has_a_prefix_first_row(tmp_path, capsys):
     rc = main(["bench", "--target", "random:tiny-qwen3", "--concurrency", "2", "--datasets", str(datasets),
                "--benchmarks", "gsm8k", "--limit", "2", "--max-new-tokens", "6", "--replay", "3",
                "--device", "cpu", "--dtype", "fp32", "--out", str(out), "--two-level", "prefix-first", "--verify-prefix", "2"])
-    printed = capsys.readouterr().out
-    assert rc == 0, printed
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert rc == 0, printed + captured.err[-3000:]
     rows = [json.loads(line) for line in (out / "concurrency.jsonl").read_text().splitlines()]
     prefix = [r for r in rows if r["method"] == "with_prefix_first"]
     assert len(prefix) == 1 and prefix[0]["info"]["verify prefix"] == 2 and prefix[0]["replay_shortfalls"] == 0
