@@ -149,7 +149,6 @@ def test_stale_slot_is_caught(pair, monkeypatch):
     """Slot reuse is tested: a slot handed to the next request without clearing it (its last request's
     state leaking in) changes that request's output."""
     target, drafter, seed = pair
-    requests = mixed_requests(seed)
     original = RecurrentSlots.take
 
     def take_uncleared(self, request_id):
@@ -160,8 +159,12 @@ def test_stale_slot_is_caught(pair, monkeypatch):
             state.copy_(s)
 
     monkeypatch.setattr(RecurrentSlots, "take", take_uncleared)
-    results = run_staggered(BatchEngine(target, drafter, CONFIGS["all-on"], max_batch=2, kv_pages=64), requests)
-    assert any(results[i].tokens != single(target, drafter, r).tokens for i, r in enumerate(requests))
+    for offset in range(5):         # request sets until the leak shows (a tiny random model may absorb one)
+        requests = mixed_requests(seed + offset)
+        results = run_staggered(BatchEngine(target, drafter, CONFIGS["all-on"], max_batch=2, kv_pages=64), requests)
+        if any(results[i].tokens != single(target, drafter, r).tokens for i, r in enumerate(requests)):
+            return
+    raise AssertionError(f"seed {seed}: a stale slot changed no output over 5 request sets")
 
 
 def test_cancel_frees_the_slot(pair):

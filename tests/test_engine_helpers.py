@@ -3,6 +3,7 @@ written with our random_ckpt and loaded both by us and by HF / dflash (stock).""
 import contextlib
 import dataclasses
 import os
+import random
 
 import pytest
 import torch
@@ -23,10 +24,21 @@ def one_cpu_thread():
     torch.set_num_threads(saved)
 
 
+# SPECPILOT_TEST_SEEDS=N: every fresh_seed call draws from one generator seeded N, so a whole run repeats
+# (CI sets it); each call still gets a seed of its own.
+_SEEDS = random.Random(int(os.environ["SPECPILOT_TEST_SEEDS"])) if os.environ.get("SPECPILOT_TEST_SEEDS") else None
+
+
 def fresh_seed() -> int:
-    """A new seed per run, or SPECPILOT_TEST_SEED to replay a failure. Printed, so that a failing
-    test's captured output names it."""
-    seed = int(os.environ.get("SPECPILOT_TEST_SEED") or int.from_bytes(os.urandom(4), "little") % (2**31))
+    """A new seed per call: random, or the next of SPECPILOT_TEST_SEEDS's sequence; SPECPILOT_TEST_SEED
+    to replay a failure (every call returns it). Printed, so that a failing test's captured output
+    names it."""
+    if os.environ.get("SPECPILOT_TEST_SEED"):
+        seed = int(os.environ["SPECPILOT_TEST_SEED"])
+    elif _SEEDS is not None:
+        seed = _SEEDS.randrange(2**31)
+    else:
+        seed = int.from_bytes(os.urandom(4), "little") % (2**31)
     print(f"fresh_seed: {seed} (SPECPILOT_TEST_SEED={seed} replays it)")
     return seed
 
