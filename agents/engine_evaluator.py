@@ -64,8 +64,6 @@ class EngineEvaluator:
         self._targets, self._drafters, self._stocks = {}, {}, {}
         self._load_target, self._load_drafter = load_target, load_drafter
         self.stock = self._stock(0)
-        for i in range(1, len(self.drafter_dirs)):      # each candidate loads against the target: a misfit fails here
-            self._pair("bf16", i)
 
     def _stock(self, drafter: int):
         """The stock pair of the target and drafter `drafter` (forcing's reference run)."""

@@ -5,13 +5,11 @@ distribution, and over many requests (each its own seed) the first three tokens 
 target's own (chi-square over the joint, vocab 6), with adaptive verify trimming blocks."""
 from dataclasses import replace
 
-import pytest
 import torch
 
 from batch_helpers import random_prompts
-from test_batch_sampling import DRAWS, NEW, PARTLY_TRIMMED, VOCAB, chi2, chi2_threshold, joint_probs
+from test_batch_sampling import DRAWS, NEW, PARTLY_TRIMMED, VOCAB, chi2, chi2_threshold, exercising_draws, joint_probs
 from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU thread)
-from test_engine_helpers import fresh_seed
 from specpilot.engine.batch import BatchEngine, Request
 from specpilot.models import load_drafter, load_target
 from specpilot.models.drafters.random_kinds import write_kind_pair
@@ -34,17 +32,8 @@ def run_draws(folder, seed, temperature, top_p):
 
 def test_sampled_top_p_output_distribution_is_the_targets(tmp_path_factory):
     temperature, top_p = 1.0, 0.8
-    # A pair that rarely accepts a draft is replaced by the next seed's (chosen on acceptance alone).
-    for seed in range(fresh_seed(), 2**31)[:5]:
-        target, prompt, results, engine = run_draws(tmp_path_factory.mktemp("dspark_draws"), seed, temperature, top_p)
-        multi = sum(a > 1 for r in results for a in r.acceptance_lengths)
-        if multi > DRAWS // 10 and engine.block_rows - engine.verify_rows > DRAWS // 20:
-            break
-    else:
-        pytest.fail(f"5 pairs from seed {seed - 4}: rejection sampling or the budget's trimming barely ran")
-    counts = {}
-    for r in results:
-        counts[tuple(r.tokens)] = counts.get(tuple(r.tokens), 0) + 1
+    seed, target, prompt, counts = exercising_draws(
+        lambda s: run_draws(tmp_path_factory.mktemp("dspark_draws"), s, temperature, top_p))
     stat, dof = chi2(counts, joint_probs(target, prompt, temperature, top_p), DRAWS)
     assert stat < chi2_threshold(dof), f"seed {seed}: chi2 {stat:.1f} with {dof} dof"
     # The test has power: the same draws against the distribution without top_p fail.

@@ -69,12 +69,13 @@ def run_draws(seed, temperature, top_p):
     return target, prompt, results, engine
 
 
-@pytest.mark.parametrize("temperature, top_p", [(1.5, 1.0), (1.0, 0.8)])
-def test_sampled_output_distribution_is_the_targets(temperature, top_p):
-    # The test needs rejection sampling and trimming to run often; a random pair that rarely accepts a
-    # draft is replaced by the next seed's (chosen on acceptance alone, before any distribution check).
+def exercising_draws(run) -> tuple:
+    """(seed, target, prompt, counts of each output) of run(seed) -> (target, prompt, results, engine)
+    for the first of 5 seeds whose draws run rejection sampling and the budget's trimming often: a random
+    pair that rarely accepts a draft is replaced by the next seed's (chosen on acceptance alone, before
+    any distribution check)."""
     for seed in range(fresh_seed(), 2**31)[:5]:
-        target, prompt, results, engine = run_draws(seed, temperature, top_p)
+        target, prompt, results, engine = run(seed)
         multi = sum(a > 1 for r in results for a in r.acceptance_lengths)
         if multi > DRAWS // 10 and engine.block_rows - engine.verify_rows > DRAWS // 20:
             break
@@ -83,6 +84,12 @@ def test_sampled_output_distribution_is_the_targets(temperature, top_p):
     counts = {}
     for r in results:
         counts[tuple(r.tokens)] = counts.get(tuple(r.tokens), 0) + 1
+    return seed, target, prompt, counts
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1.5, 1.0), (1.0, 0.8)])
+def test_sampled_output_distribution_is_the_targets(temperature, top_p):
+    seed, target, prompt, counts = exercising_draws(lambda s: run_draws(s, temperature, top_p))
     stat, dof = chi2(counts, joint_probs(target, prompt, temperature, top_p), DRAWS)
     assert stat < chi2_threshold(dof), f"seed {seed}: chi2 {stat:.1f} with {dof} dof"
     # The test has power: the same draws against a neighbouring distribution (another temperature) fail.

@@ -19,7 +19,7 @@ Every request's tokens equal what Engine.generate_spec (generate_ar without a dr
 alone: the same forwards row for row, the same accept rule, the same draws from its own generator.
 Hybrid recurrent targets (HybridLM): the attention layers' K/V in the paged cache, each request's GDN
 conv and recurrent state in a slot of its own (hybrid_state.py), the target forward forward_hybrid.py's;
-eager only (no CUDA graphs), with a DFlash drafter or none.
+eager only (no CUDA graphs), with a drafter of any kind or none.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ from .config import BatchConfig
 from .forward import Staging
 from .graphed import DecodeGraphs, request_bucket
 from . import hybrid_state, kind_drafting
-from .paged import PagedKV, PagePool, pages_for
+from .paged import PagedKV, PagePool, kv_layers, pages_for
 from .request import BatchResult, Request, RequestState, request_problem
 
 
@@ -99,8 +99,7 @@ class BatchEngine:
         c = target.config
         # One page past the pool: the trash page that padded rows of a graphed forward write to.
         self.trash_slot = pages * self.page_size
-        kv_layers = len(c.attention_layers) if hybrid else c.num_layers       # a hybrid's GDN layers keep no K/V
-        self.cache = PagedKV(kv_layers, c.num_kv_heads, c.head_dim, pages + 1, self.page_size, self.device, target.dtype)
+        self.cache = PagedKV(kv_layers(target), c.num_kv_heads, c.head_dim, pages + 1, self.page_size, self.device, target.dtype)
         self.draft_cache = None
         if drafter is not None:
             d = drafter.config

@@ -48,9 +48,6 @@ class RecurrentSlots:
     def free_slots(self) -> int:
         return len(self._free)
 
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.conv + self.state)
-
     def step_bytes(self, rows: int, requests: int) -> int:
         """What one step's pending records hold at most, over `rows` rows of `requests` requests: per
         GDN layer and row, the state after it (fp32) and its conv input, and per request the conv's

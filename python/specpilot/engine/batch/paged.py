@@ -52,11 +52,16 @@ class PagedKV:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
 
+def kv_layers(target) -> int:
+    """The target's layers that keep K/V (a hybrid's GDN layers keep a recurrent state instead)."""
+    c = target.config
+    return len(c.attention_layers) if getattr(target, "is_hybrid", False) else c.num_layers
+
+
 def page_bytes(target, drafter, page_size: int) -> int:
     """Bytes one page costs across the target cache and (if any) the drafter cache."""
     c = target.config
-    kv_layers = len(c.attention_layers) if getattr(target, "is_hybrid", False) else c.num_layers
-    per_slot = 2 * kv_layers * c.num_kv_heads * c.head_dim
+    per_slot = 2 * kv_layers(target) * c.num_kv_heads * c.head_dim
     if drafter is not None:
         d = drafter.config
         per_slot += 2 * d.num_layers * d.num_kv_heads * d.head_dim
