@@ -96,12 +96,7 @@ class AcceptanceReplay:
     def drafts(self, new_index: int, accept: int, count: int, vocab_size: int) -> list:
         """`count` draft tokens for the block whose anchor is new token `new_index`: the transcript's
         next `accept` tokens, then tokens that differ from the transcript (so they are rejected)."""
-        out = []
-        for j in range(count):
-            pos = new_index + 1 + j
-            want = self.transcript[pos] if pos < len(self.transcript) else None
-            if j < accept and want is not None:
-                out.append(want)
-            else:
-                out.append(((want if want is not None else 0) + 1) % vocab_size)
-        return out
+        window = self.transcript[new_index + 1:new_index + 1 + count]    # shorter past the transcript's end
+        kept = window[:max(accept, 0)]
+        # past the accepted ones: the transcript's token + 1, or token 1 where the transcript has ended
+        return kept + [(want + 1) % vocab_size for want in window[len(kept):]] + [1 % vocab_size] * (count - len(window))

@@ -25,7 +25,7 @@ from specpilot.kernels import paged_attention
 from specpilot.ops import linear
 from specpilot.ops.norm_rope import add_rms_norm, qk_norm_rope_cache
 
-from .paged import slots_of
+from .paged import key_slots, stack_tables, table_slots
 
 KEY_PAD = 64        # the padded key count of the attention batch is a multiple of this: few shapes, aligned masks
 # cuDNN's SDPA builds a graph per new shape on the host (~1 ms a call, every step a new key count), so CUDA
@@ -119,20 +119,22 @@ class Layout(_PaddedAttention):
     row sees (None: causal, its own position)."""
 
     def __init__(self, segments: list, page_size: int, staging: Staging, last=None, extra=()):
-        if not segments or any(s.rows < 1 for s in segments):
+        starts, counts = _starts_rows(segments)
+        if not segments or counts.min() < 1:
             raise ValueError("a varlen forward needs at least one segment, each of >= 1 row")
         self.segments = segments
-        pos = [np.arange(s.start, s.start + s.rows, dtype=np.int64) for s in segments]
-        positions = np.concatenate(pos)
-        slots = np.concatenate([slots_of(s.pages, p, page_size) for s, p in zip(segments, pos)])
-        bounds = np.cumsum([0] + [s.rows for s in segments])
-        self.max_rows = max(s.rows for s in segments)
-        self.max_keys = -(-max(s.start + s.rows for s in segments) // KEY_PAD) * KEY_PAD
-        rows, keys = np.arange(self.max_rows), np.arange(self.max_keys)
-        q_index = np.stack([b + np.minimum(rows, s.rows - 1) for b, s in zip(bounds, segments)])       # [R, Lm]
-        kv_index = np.stack([slots_of(s.pages, np.minimum(keys, s.start + s.rows - 1), page_size)
-                             for s in segments])                                                         # [R, S]
-        out_index = np.concatenate([i * self.max_rows + np.arange(s.rows) for i, s in enumerate(segments)])
+        ends = starts + counts - 1
+        self.max_rows = int(counts.max())
+        self.max_keys = -(-(int(ends.max()) + 1) // KEY_PAD) * KEY_PAD
+        table = stack_tables([s.pages for s in segments], ends, page_size)
+        bounds = np.cumsum(counts) - counts                      # each segment's first row
+        segment = np.repeat(np.arange(len(segments)), counts)    # each row's segment
+        within = np.arange(int(counts.sum())) - bounds[segment]  # each row's index in its segment
+        positions = starts[segment] + within
+        slots = table_slots(table, segment, positions, page_size)
+        q_index = bounds[:, None] + np.minimum(np.arange(self.max_rows), counts[:, None] - 1)      # [R, Lm]
+        kv_index = key_slots(table, ends, self.max_keys, page_size)                                 # [R, S]
+        out_index = segment * self.max_rows + within
         last = positions if last is None else np.asarray(last, dtype=np.int64)
         uploaded = staging.upload([positions, slots, q_index, kv_index, out_index, last[q_index], *extra])
         self.positions, self.slots, q_index, kv_index, self.out_index, padded_last = uploaded[:6]
@@ -183,27 +185,36 @@ def padded(segments: list, requests: int, rows: int, keys: int, page_size: int, 
     what its last row sees; padding requests write and read only the trash page. `last` [sum of
     rows]: as Layout's (None: causal)."""
     trash_page = trash_slot // page_size
+    key_width = keys // page_size if paged else keys
     positions = np.zeros((requests, rows), dtype=np.int64)
     slots = np.full((requests, rows), trash_slot, dtype=np.int64)
-    if paged:
-        key_array = np.full((requests, keys // page_size), trash_page, dtype=np.int64)
-    else:
-        key_array = np.full((requests, keys), trash_slot, dtype=np.int64)
+    key_array = np.full((requests, key_width), trash_page if paged else trash_slot, dtype=np.int64)
     padded_last = np.zeros((requests, rows), dtype=np.int64)
-    at, key_range = 0, np.arange(keys)
-    for r, s in enumerate(segments):
-        pos = np.arange(s.start, s.start + s.rows, dtype=np.int64)
-        own_last = pos if last is None else np.asarray(last[at:at + s.rows], dtype=np.int64)
-        at += s.rows
-        positions[r, :s.rows], positions[r, s.rows:] = pos, pos[-1]
-        slots[r, :s.rows] = slots_of(s.pages, pos, page_size)
-        padded_last[r, :s.rows], padded_last[r, s.rows:] = own_last, own_last[-1]
-        if paged:
-            table = s.pages[:key_array.shape[1]]
-            key_array[r, :len(table)] = table
+    n = len(segments)
+    if n:
+        starts, counts = _starts_rows(segments)
+        if counts.min() < 1 or counts.max() > rows:
+            raise ValueError(f"padded: segments of {counts.min()}..{counts.max()} rows do not fit {rows} rows each")
+        ends = starts + counts - 1
+        table = stack_tables([s.pages for s in segments], ends, page_size, trash_page, key_width if paged else 0)
+        real = np.arange(rows) < counts[:, None]
+        own = np.minimum(np.arange(rows), counts[:, None] - 1)       # padding rows repeat the segment's last row
+        positions[:n] = starts[:, None] + own
+        slots[:n] = np.where(real, table_slots(table, np.arange(n)[:, None], positions[:n], page_size), trash_slot)
+        if last is None:
+            padded_last[:n] = positions[:n]
         else:
-            key_array[r] = slots_of(s.pages, np.minimum(key_range, s.start + s.rows - 1), page_size)
+            padded_last[:n] = np.asarray(last, dtype=np.int64)[(np.cumsum(counts) - counts)[:, None] + own]
+        # the page table as it is (trash pages past each table), or each key's slot
+        key_array[:n] = table[:, :key_width] if paged else key_slots(table, ends, keys, page_size)
     return [positions.ravel(), slots.ravel(), key_array, padded_last]
+
+
+def _starts_rows(segments: list) -> tuple:
+    """The segments' first positions and row counts (int64 arrays)."""
+    n = len(segments)
+    return (np.fromiter((s.start for s in segments), dtype=np.int64, count=n),
+            np.fromiter((s.rows for s in segments), dtype=np.int64, count=n))
 
 
 def target_forward(target, cache, layout: Layout, ids: torch.Tensor, feature_layers=(), logit_rows=None):
@@ -280,10 +291,13 @@ def draft_layers(drafter, cache, layout: Layout, x: torch.Tensor) -> torch.Tenso
 
 def block_last(segments: list) -> np.ndarray:
     """`last` for a draft block forward: every row of a segment sees up to the segment's last row."""
-    return np.concatenate([np.full(s.rows, s.start + s.rows - 1, dtype=np.int64) for s in segments])
+    starts, counts = _starts_rows(segments)
+    return np.repeat(starts + counts - 1, counts)
 
 
 def block_keep(segments: list) -> np.ndarray:
     """The rows after each segment's anchor (the draft rows), as indices into the concatenated rows."""
-    bounds = np.cumsum([0] + [s.rows for s in segments])
-    return np.concatenate([np.arange(a + 1, b) for a, b in zip(bounds[:-1], bounds[1:])])
+    _, counts = _starts_rows(segments)
+    keep = np.ones(int(counts.sum()), dtype=bool)
+    keep[np.cumsum(counts) - counts] = False                     # the anchors
+    return np.flatnonzero(keep)

@@ -10,6 +10,8 @@ return to the pool when it finishes, fails or is cancelled.
 """
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import torch
 
@@ -94,3 +96,44 @@ def pages_for(target, drafter, page_size: int, kv_pages, memory_fraction, reserv
 def slots_of(pages: list, positions: np.ndarray, page_size: int) -> np.ndarray:
     """Physical slots (int64) of logical `positions` under a request's page table (host ints)."""
     return np.asarray(pages, dtype=np.int64)[positions // page_size] * page_size + positions % page_size
+
+
+# The many-request forms below lay out a whole step's requests in a few array ops: a per-request
+# slots_of call costs more host time than its arithmetic at a few dozen requests.
+
+def stack_tables(tables: list, ends: np.ndarray, page_size: int, fill: int = 0, width: int = 0) -> np.ndarray:
+    """Requests' page tables (lists of host ints) as one int64 array [R, max(width, longest)], each row
+    padded with `fill` past its own table. ends [R]: the last position each request reads or writes,
+    which its own table must hold (as slots_of would require: table_slots reads the padding silently)."""
+    lengths = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
+    short = ends // page_size >= lengths
+    if short.any():
+        r = int(np.argmax(short))
+        raise IndexError(f"request {r}: position {ends[r]} is past its page table of {lengths[r]} pages")
+    flat = np.fromiter(itertools.chain.from_iterable(tables), dtype=np.int64, count=int(lengths.sum()))
+    width = max(width, int(lengths.max(initial=0)))
+    table = np.full((len(tables), width), fill, dtype=np.int64)
+    table[np.arange(width) < lengths[:, None]] = flat
+    return table
+
+
+def table_slots(table: np.ndarray, requests: np.ndarray, positions: np.ndarray, page_size: int) -> np.ndarray:
+    """slots_of over many requests: the slot of position positions[i] under page table table[requests[i]]
+    (table [R, P] from stack_tables; requests and positions broadcast together)."""
+    return table[requests, positions // page_size] * page_size + positions % page_size
+
+
+def key_slots(table: np.ndarray, ends: np.ndarray, keys: int, page_size: int) -> np.ndarray:
+    """[R, keys]: row r the slots of key positions 0..keys-1 under page table table[r] (from
+    stack_tables, so that it holds ends[r]), positions past ends[r] reading the slot of ends[r]: per
+    request slots_of(pages, np.minimum(np.arange(keys), end)). Built page by page (no division per key);
+    only the keys between the shortest and the longest request's end need a per-key test."""
+    r = table.shape[0]
+    lo, hi = min(int(ends.min()) + 1, keys), min(int(ends.max()) + 1, keys)
+    pages = -(-hi // page_size)
+    last = (table[np.arange(r), ends // page_size] * page_size + ends % page_size)[:, None]
+    slots = np.empty((r, keys), dtype=np.int64)
+    slots[:, :hi] = ((table[:, :pages] * page_size)[:, :, None] + np.arange(page_size)).reshape(r, -1)[:, :hi]
+    slots[:, hi:] = last
+    np.copyto(slots[:, lo:hi], last, where=np.arange(lo, hi) > ends[:, None])
+    return slots

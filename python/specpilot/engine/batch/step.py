@@ -2,6 +2,7 @@
 one forward (the batching mechanisms on) or one request per forward (off)."""
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -11,7 +12,7 @@ from specpilot.engine.accept import commit, matched_drafts, new_tokens
 from specpilot.verify.sampling import rejection_sample, sample_probs, sampling_probs
 
 from . import forward, forward_hybrid, graphed
-from .paged import slots_of
+from .paged import stack_tables, table_slots
 
 
 @dataclass
@@ -127,51 +128,60 @@ def _context_graphed(engine, group: list) -> bool:
     if engine.graph_features is None or not states or not engine.config.batched_draft:
         return False
     features, first_rows = engine.graph_features
+    # row i of `features` sits at base + i * row_bytes: a piece's data pointer names its first row
+    # without a view per request
+    base, row_bytes = features.data_ptr(), features.stride(0) * features.element_size()
     if not all(len(s.ctx) == 1 and s.id in first_rows
-               and s.ctx[0][0].data_ptr() == features[first_rows[s.id]].data_ptr() for s in states):
+               and s.ctx[0][0].data_ptr() == base + first_rows[s.id] * row_bytes for s in states):
         return False
-    t = engine.block_size
-    requests = graphed.request_bucket(len(states))
-    index, positions = np.zeros(requests * t, dtype=np.int64), np.zeros(requests * t, dtype=np.int64)
-    slots = np.full(requests * t, engine.trash_slot, dtype=np.int64)
-    for i, s in enumerate(states):
-        (piece, start), first = s.ctx[0], first_rows[s.id]
-        produced = piece.shape[0]
-        pos = np.arange(start, start + produced)
-        index[i * t:i * t + produced] = np.arange(first, first + produced)
-        positions[i * t:i * t + t] = start                     # padding rows: a valid rope row, the trash slot
-        positions[i * t:i * t + produced] = pos
-        slots[i * t:i * t + produced] = slots_of(s.pages, pos, engine.page_size)
+    t, n = engine.block_size, len(states)
+    requests = graphed.request_bucket(n)
+    starts = np.fromiter((s.ctx[0][1] for s in states), dtype=np.int64, count=n)
+    produced = np.fromiter((s.ctx[0][0].shape[0] for s in states), dtype=np.int64, count=n)
+    first = np.fromiter((first_rows[s.id] for s in states), dtype=np.int64, count=n)
+    table = stack_tables([s.pages for s in states], starts + produced - 1, engine.page_size)
+    for s in states:
         s.ctx = []
-    index, positions, slots = engine.staging.upload([index, positions, slots])
+    index, positions = np.zeros((requests, t), dtype=np.int64), np.zeros((requests, t), dtype=np.int64)
+    slots = np.full((requests, t), engine.trash_slot, dtype=np.int64)
+    rows = np.arange(t)
+    real = rows < produced[:, None]
+    pos = starts[:, None] + np.minimum(rows, produced[:, None] - 1)
+    index[:n] = np.where(real, first[:, None] + rows, 0)
+    positions[:n] = np.where(real, pos, starts[:, None])         # padding rows: a valid rope row, the trash slot
+    slots[:n] = np.where(real, table_slots(table, np.arange(n)[:, None], pos, engine.page_size), engine.trash_slot)
+    index, positions, slots = engine.staging.upload([index.ravel(), positions.ravel(), slots.ravel()])
     engine.graphs.context(features[index], positions, slots)
     return True
 
 
 def _block_sources(engine, group, segments, offsets, draft_rows, total: int) -> list:
     """Host arrays of a group's block forward: its input ids [total] (each block's anchor, then mask
-    ids), the host tokens (anchors and replayed drafts) and `source` [total], which picks each block
-    row from [host tokens, the drafter's argmax rows]: the anchor, a planned draft (replay: the drafter
-    still runs, its tokens are overwritten) or the drafter's row (request r's at draft_rows[r] + j).
-    Padding rows pick host token 0 (never read)."""
+    ids), the host tokens (the anchors, request by request, then the replayed requests' planned drafts)
+    and `source` [total], which picks each block row from [host tokens, the drafter's argmax rows]: the
+    anchor, a planned draft (replay: the drafter still runs, its tokens are overwritten) or the
+    drafter's row (request r's at draft_rows[r] + j). Padding rows pick host token 0 (never read)."""
     drafter = engine.drafter
+    n = len(group)
+    offsets, draft_rows = np.asarray(offsets, dtype=np.int64), np.asarray(draft_rows, dtype=np.int64)
+    k = np.fromiter((seg.rows - 1 for seg in segments), dtype=np.int64, count=n)      # drafts per block
+    anchors = [s.tokens[-1] for s in group]
+    plans = [s.req.replay.planned_drafts(len(s.acceptance), s.start - s.prompt_len, seg.rows - 1,
+                                         drafter.config.vocab_size) if s.req.replay is not None else None
+             for s, seg in zip(group, segments)]
+    replayed = np.fromiter((p is not None for p in plans), dtype=bool, count=n)
+    host_tokens = np.fromiter(itertools.chain(anchors, *(p for p in plans if p is not None)), dtype=np.int64)
     block_in = np.full(total, drafter.mask_token_id, dtype=np.int64)
+    block_in[offsets] = anchors
     source = np.zeros(total, dtype=np.int64)
-    host_tokens = []
-    for s, seg, off, row in zip(group, segments, offsets, draft_rows):
-        k = seg.rows - 1
-        block_in[off] = s.tokens[-1]
-        source[off] = len(host_tokens)
-        host_tokens.append(s.tokens[-1])
-        if s.req.replay is not None:
-            plan = s.req.replay.planned_drafts(len(s.acceptance), s.start - s.prompt_len, k, drafter.config.vocab_size)
-            source[off + 1:off + 1 + k] = np.arange(len(host_tokens), len(host_tokens) + k)
-            host_tokens.extend(plan)
-        else:
-            source[off + 1:off + 1 + k] = -1 - np.arange(row, row + k)       # the drafter's rows, shifted below
-    drafted = source < 0
-    source[drafted] = len(host_tokens) - 1 - source[drafted]
-    return [block_in, np.asarray(host_tokens, dtype=np.int64), source]
+    source[offsets] = np.arange(n)
+    request = np.repeat(np.arange(n), k)                          # each draft row's request
+    j = np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k)  # and its index among the block's drafts
+    planned = k * replayed
+    plan_first = n + np.cumsum(planned) - planned                 # each replayed request's plan in host_tokens
+    source[offsets[request] + 1 + j] = np.where(replayed[request], plan_first[request] + j,
+                                                len(host_tokens) + draft_rows[request] + j)
+    return [block_in, host_tokens, source]
 
 
 def verify_and_accept(engine, decoding: list, drafts: dict, lengths: dict, chunks: list) -> None:
@@ -284,11 +294,12 @@ def _launch_graphed(engine, decoding: list, drafts: dict, windows: dict, t: int,
         positions, slots, keys, padded_last = engine.staging.upload(arrays)
         ids = drafts[decoding[0].id].blocks                 # [R*T]: the graphed draft's padded blocks
     elif drafts:
-        source = np.zeros(requests * t, dtype=np.int64)     # padding rows read block row 0 (never used)
-        for r, (s, seg) in enumerate(zip(decoding, segments)):
-            first = drafts[s.id].offset + windows[s.id][0]
-            source[r * t:(r + 1) * t] = first + np.minimum(np.arange(t), seg.rows - 1)
-        positions, slots, keys, padded_last, source = engine.staging.upload(arrays + [source])
+        n = len(decoding)
+        first = np.fromiter((drafts[s.id].offset + windows[s.id][0] for s in decoding), dtype=np.int64, count=n)
+        rows = np.fromiter((seg.rows for seg in segments), dtype=np.int64, count=n)
+        source = np.zeros((requests, t), dtype=np.int64)    # padding rows read block row 0 (never used)
+        source[:n] = first[:, None] + np.minimum(np.arange(t), rows[:, None] - 1)
+        positions, slots, keys, padded_last, source = engine.staging.upload(arrays + [source.ravel()])
         ids = drafts[decoding[0].id].blocks[source]
     else:
         anchors = np.zeros(requests * t, dtype=np.int64)
