@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -30,9 +31,9 @@ from specpilot.engine.batch import BatchConfig, BatchEngine, Request
 from specpilot.engine.cli_support import DEFAULT_VERIFY_PREFIX
 from specpilot.engine.batch.run import pool_pages
 
-ABLATIONS = {"spec": BatchConfig(), "no_ragged_verify": BatchConfig(ragged_verify=False),
-             "no_batched_draft": BatchConfig(batched_draft=False), "with_adaptive_verify": BatchConfig(adaptive_verify=True),
-             "with_prefix_first": BatchConfig(verify_prefix=DEFAULT_VERIFY_PREFIX)}
+# Each run beside batched AR: the BatchConfig fields it changes from the run's base config.
+ABLATIONS = {"spec": {}, "no_ragged_verify": {"ragged_verify": False}, "no_batched_draft": {"batched_draft": False},
+             "with_adaptive_verify": {"adaptive_verify": True}, "with_prefix_first": {"verify_prefix": DEFAULT_VERIFY_PREFIX}}
 # Published speedups over AR: the seed's stock and SpecPilot figures (flat lines), DFlash on SGLang (B200).
 ANCHOR_LINES = {"stock (seed) 1.94x": 1.94, "SpecPilot (seed) 3.93x": 3.93}
 ANCHOR_POINTS = {"DFlash on SGLang, B200": [(8, 4.5), (16, 3.9), (32, 2.8)]}
@@ -137,18 +138,21 @@ def _pct(values, q):
 
 
 def run_levels(target, drafter, prompts, levels, max_new_tokens, stop_ids=(), replay_tau=None, ablations=ABLATIONS,
-               log=sys.stderr, step_costs=None, arrivals=None) -> list:
-    """Every run at every level: rows {method, concurrency, ... metrics, speedup}. arrivals: open-loop
-    arrival times (poisson_arrivals), the same for every run; each level then caps the batch."""
+               log=sys.stderr, step_costs=None, arrivals=None, base=BatchConfig()) -> list:
+    """Every run at every level: rows {method, concurrency, ... metrics, speedup}. ablations: run name ->
+    the BatchConfig fields it changes from `base` (batched AR runs `base` itself, so that settings such
+    as the prefill chunk are the same on both sides of a speedup). arrivals: open-loop arrival times
+    (poisson_arrivals), the same for every run; each level then caps the batch."""
     from specpilot.engine.replay import AcceptanceReplay
 
+    ablations = {name: replace(base, **changes) for name, changes in ablations.items()}
     rows, replays = [], None
     warm = prompts[:1]
-    for name, config in [("ar", BatchConfig())] + list(ablations.items()):       # untimed warm-up of each path
+    for name, config in [("ar", base)] + list(ablations.items()):       # untimed warm-up of each path
         closed_loop(target, None if name == "ar" else drafter, config, 1, warm, min(8, max_new_tokens), stop_ids,
                     None if name == "ar" or replay_tau is None else [lambda: AcceptanceReplay([0] * 8, replay_tau)])
     for c in levels:
-        ar, ar_results = closed_loop(target, None, BatchConfig(), c, prompts, max_new_tokens, stop_ids,
+        ar, ar_results = closed_loop(target, None, base, c, prompts, max_new_tokens, stop_ids,
                                      arrivals=arrivals)
         rows.append({"method": "ar", **ar, "speedup": 1.0})
         print(f"C={c} ar: {ar['tokens_per_s']:.1f} tok/s", file=log, flush=True)
@@ -275,16 +279,18 @@ def cli_run(args, load_tokenizer) -> int:
     from specpilot.engine.cli_support import batch_options
 
     prefix = batch_options(args).get("verify_prefix", DEFAULT_VERIFY_PREFIX)
-    ablations = select_ablations({**ABLATIONS, "with_prefix_first": BatchConfig(verify_prefix=prefix)},
+    ablations = select_ablations({**ABLATIONS, "with_prefix_first": {"verify_prefix": prefix}},
                                  getattr(args, "ablations", None))
+    base = BatchConfig(**({"prefill_chunk": args.prefill_chunk} if getattr(args, "prefill_chunk", None) else {}))
     rate = getattr(args, "arrival_rate", None)
     arrivals = poisson_arrivals(len(prompts), rate) if rate is not None else None
     rows = run_levels(target, drafter, prompts, levels, args.max_new_tokens, stop_ids, replay_tau, ablations=ablations,
-                      step_costs=costs, arrivals=arrivals)
+                      step_costs=costs, arrivals=arrivals, base=base)
     info = {"target": args.target, "drafter": args.drafter or "random", "device": device_name(target.device),
             "dtype": args.dtype, "prompts": len(prompts), "benchmarks": ",".join(names),
             "max_new_tokens": args.max_new_tokens, "replay tau": replay_tau,
             "step costs": "measured" if costs else "roofline (no CUDA)", "verify prefix": prefix,
+            "prefill chunk": base.prefill_chunk,
             **({"arrivals": f"Poisson, {rate} requests/s (seed 0), C caps the batch"} if rate else {})}
     write(rows, info, Path(args.out))
     print(markdown(rows, info))

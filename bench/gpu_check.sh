@@ -2,8 +2,8 @@
 # The GPU check: from a clean tree on a bare machine (no network), build the extension with CUDA
 # (sm_90a), run the GPU tests, run the kernel / engine / agent benchmarks, print a short table last.
 # Logs and JSON go to $OUT (the device tool's folder) or out/gpu_check.
-# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|trees|split12|gemv|skinny|engine|ab|defaults_ab|cost_8b|agents|bench_zoo|bench_8b|scale_8b|five_8b|batch|batch_hybrid|batch_profile|drafters|hybrid|gdn_trees|gdn_fla|embedded_pair|paged|serve|results ...]
-# (GPU_TESTS: the test files the tests step runs, default all)
+# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|trees|split12|gemv|skinny|engine|ab|defaults_ab|cost_8b|agents|agents_demo|bench_zoo|bench_hybrid_zoo|bench_8b|scale_8b|five_8b|batch|batch_hybrid|batch_profile|drafters|hybrid|gdn_trees|trees_real|prefix_first|draft_vocab|gdn_fla|embedded_pair|paged|serve|results ...]
+# (GPU_TESTS: the test files the tests step runs, default all; BATCH_TESTS=0: the batch step without its tests; DEADLINE: see the loop below)
 # (default: all but prebuilt, in order). `prebuilt` replaces `build` when device time is short: it stages
 # the package in /tmp/sp with the extension that scripts/prebuild_cuda_ext.sh made on a CPU machine
 # (carried in .prebuilt/), so the device compiles nothing: `bash bench/gpu_check.sh prebuilt tests ...`;
@@ -25,7 +25,13 @@ if ! python3 -c "import dflash" 2>/dev/null; then
     || { echo "stock dflash is missing: put dflash-0.1.0-py3-none-any.whl in .whl/ (pip download --no-deps dflash==0.1.0)"; exit 1; }
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-# The zoo pair and datasets travel inside the checkout when ../shared is not there.
+# The zoo pair and datasets travel inside the checkout when ../shared is not there; a checkpoint may
+# travel xz-compressed (model.safetensors.xz: bf16 weights shrink ~30%, so a pair fits the call's 64 MiB).
+for packed in shared/zoo/*/model.safetensors.xz; do
+  [ -f "$packed" ] || continue
+  python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[1][:-3], 'wb'))" "$packed" \
+    && rm "$packed" || { echo "could not unpack $packed"; exit 1; }
+done
 [ -d shared/zoo ] && export SPECPILOT_ZOO=${SPECPILOT_ZOO:-shared/zoo}
 [ -d shared/datasets ] && export SPECPILOT_DATASETS=${SPECPILOT_DATASETS:-shared/datasets}
 
@@ -56,6 +62,9 @@ for packed in glob.glob('.prebuilt/_C.*.so.xz'):  # the extension, xz-compressed
 }
 
 for step in $steps; do
+  # DEADLINE (epoch seconds): steps not started by then are skipped, so a call's last steps and its
+  # table still fit the device's per-call limit.
+  if [ -n "${DEADLINE:-}" ] && [ "$(date +%s)" -ge "$DEADLINE" ]; then note "$step" "skipped (DEADLINE)"; continue; fi
   case $step in
     build)   run_step build build_here || exit 1 ;;
     prebuilt) if run_step prebuilt stage_prebuilt; then export PYTHONPATH=/tmp/sp${PYTHONPATH:+:$PYTHONPATH}
@@ -99,6 +108,12 @@ for step in $steps; do
                --drafter "$SPECPILOT_ZOO/code-tiny-dflash-b16" --datasets "$SPECPILOT_ZOO/prompts" \
                --benchmarks humaneval,pystdlib --limit ${ZOO_LIMIT:-12} --max-new-tokens 256 \
                --methods hf_ar,our_ar,stock,our_spec --out "$OUT/bench_zoo" ;;
+    # The zoo hybrid pair end to end (real tier): transformers' greedy AR (its own cache; fla's kernels
+    # when the gdn_fla step installed them first) beside our AR and spec.
+    bench_hybrid_zoo) run_step bench_hybrid_zoo timeout ${HYBRID_ZOO_S:-200} python3 -m specpilot bench \
+               --target "$SPECPILOT_ZOO/hybrid-tiny" --drafter "$SPECPILOT_ZOO/hybrid-tiny-dflash-b16" \
+               --datasets "$SPECPILOT_ZOO/prompts" --benchmarks humaneval,pystdlib --limit ${ZOO_LIMIT:-12} \
+               --max-new-tokens 256 --methods hf_static,our_ar,our_spec --out "$OUT/bench_hybrid_zoo" ;;
     # Scale tier: Qwen3-8B shapes, random weights, DFlash's published tau 6.49 replayed.
     bench_8b)  run_step bench_8b python3 -m specpilot bench --target random:qwen3-8b --methods our_ar,our_spec \
                --replay 6.49 --benchmarks gsm8k,humaneval --limit 2 --max-new-tokens 256 \
@@ -138,8 +153,10 @@ for packed in glob.glob('_C.*.so.xz'): open('/tmp/sp_tree/specpilot/' + packed[:
                --tree this=/tmp/sp --rounds ${TREES_ROUNDS:-2} --out "$OUT/trees.jsonl" ;;
     # The batched engine (engine/batch): its GPU tests, per-request forcing at C=8 on the zoo pair, the
     # scale tier under closed-loop clients (tau 6.49 replayed per request) and the real tier at C=16.
-    batch)   run_step batch_tests timeout 120 python3 -m pytest -q -m gpu tests/test_batch_gpu.py tests/test_batch_adaptive_gpu.py
-             tail -1 "$OUT/batch_tests.log" | tee -a "$summary"
+    batch)   if [ "${BATCH_TESTS:-1}" = 1 ]; then
+               run_step batch_tests timeout 120 python3 -m pytest -q -m gpu tests/test_batch_gpu.py tests/test_batch_adaptive_gpu.py
+               tail -1 "$OUT/batch_tests.log" | tee -a "$summary"
+             fi
              run_step batch_force timeout 150 python3 -m specpilot verify --target "$SPECPILOT_ZOO/code-tiny" \
                --drafter "$SPECPILOT_ZOO/code-tiny-dflash-b16" --prompts "$SPECPILOT_ZOO/prompts/humaneval.jsonl" \
                --limit 16 --max-new-tokens 128 --device cuda --dtype bf16 --concurrency 8
@@ -147,7 +164,7 @@ for packed in glob.glob('_C.*.so.xz'): open('/tmp/sp_tree/specpilot/' + packed[:
              run_step batch_scale timeout ${BATCH_SCALE_S:-300} python3 -m specpilot bench --target random:qwen3-8b \
                --concurrency ${BATCH_LEVELS:-8,16,32} --replay 6.49 --datasets "$SPECPILOT_DATASETS" \
                --limit ${BATCH_LIMIT:-13} --max-new-tokens ${BATCH_TOKENS:-96} --dtype bf16 --out "$OUT/batch_scale" \
-               ${BATCH_ABLATIONS:+--ablations $BATCH_ABLATIONS}
+               ${BATCH_ABLATIONS:+--ablations $BATCH_ABLATIONS} ${BATCH_PREFILL:+--prefill-chunk $BATCH_PREFILL}
              [ "${BATCH_ZOO_S:-150}" = 0 ] || run_step batch_zoo timeout ${BATCH_ZOO_S:-150} python3 -m specpilot bench --target "$SPECPILOT_ZOO/code-tiny" \
                --drafter "$SPECPILOT_ZOO/code-tiny-dflash-b16" --concurrency 1,16 --limit 32 --max-new-tokens 128 \
                --datasets "$SPECPILOT_ZOO/prompts" --benchmarks humaneval,pystdlib --dtype bf16 --out "$OUT/batch_zoo" ;;
@@ -212,6 +229,73 @@ for packed in glob.glob('_C.*.so.xz'): open('/tmp/sp_tree/specpilot/' + packed[:
              run_step gdn_fla timeout 200 python3 -m specpilot.bench.gdn_fla --out "$OUT/gdn_fla.jsonl" ;;
     # The paged decode attention kernel against the batched engine's gather + SDPA, one layer (fp64-checked).
     paged)   run_step paged timeout 200 python3 -m specpilot.bench.paged_attention_kernels --out "$OUT/paged_attention.jsonl" ;;
+    # Real-tier trees on each zoo pair carried (issue 34): tau per tree budget (fp32, the same prompts),
+    # then bf16 generations per budget (tau and tokens/s; 0 is chain) and the tree verdict.
+    trees_real) for pair in code-tiny hybrid-tiny; do
+                  [ -d "${SPECPILOT_ZOO:-}/$pair" ] || continue
+                  Z=$SPECPILOT_ZOO; P=$Z/prompts/pystdlib.jsonl
+                  run_step tree_tau_$pair timeout ${TREE_TAU_S:-120} python3 -m specpilot.bench.tree_tau --target $Z/$pair \
+                    --drafter $Z/$pair-dflash-b16 --prompts $P --limit ${TREE_LIMIT:-48} --budgets 0,8,16,32 --device cuda \
+                    --dtype fp32 --out "$OUT/tree_tau_$pair.json"
+                  for b in 0 16 32; do
+                    run_step tree_gen_${pair}_$b timeout ${TREE_GEN_S:-90} python3 -m specpilot generate --target $Z/$pair \
+                      --drafter $Z/$pair-dflash-b16 --prompts $P --limit ${TREE_LIMIT:-48} --max-new-tokens 256 --device cuda \
+                      --dtype bf16 --tree-budget $b
+                    tail -1 "$OUT/tree_gen_${pair}_$b.log" | tee -a "$summary"
+                  done
+                  run_step tree_verify_$pair timeout ${TREE_VERIFY_S:-90} python3 -m specpilot verify --target $Z/$pair \
+                    --drafter $Z/$pair-dflash-b16 --prompts $P --limit 16 --max-new-tokens 128 --device cuda --dtype bf16 \
+                    --tree-budget 32
+                  grep '^verdict' "$OUT/tree_verify_$pair.log" | tee -a "$summary"
+                done ;;
+    # Prefix-first (issue 36, C2) beside one-pass verify at C = 32, scale tier, a replayed tau that never
+    # runs pass 2 (3.1) and one that always does (6.49); then the zoo pair's real acceptance.
+    prefix_first) for tau in 3.1 6.49; do
+                    run_step prefix_first_tau$tau timeout ${PREFIX_S:-90} python3 -m specpilot bench --target random:qwen3-8b \
+                      --concurrency ${PREFIX_LEVELS:-32} --replay $tau --datasets "$SPECPILOT_DATASETS" --benchmarks gsm8k,humaneval \
+                      --limit 32 --max-new-tokens 128 --dtype bf16 --two-level prefix-first --verify-prefix 4 \
+                      --out "$OUT/prefix_first_tau$tau"
+                  done
+                  [ -d "${SPECPILOT_ZOO:-}/code-tiny" ] && run_step prefix_first_zoo timeout ${PREFIX_S:-90} python3 -m specpilot bench \
+                    --target $SPECPILOT_ZOO/code-tiny --drafter $SPECPILOT_ZOO/code-tiny-dflash-b16 --concurrency 8,32 \
+                    --datasets $SPECPILOT_ZOO/prompts --benchmarks humaneval,pystdlib --limit 16 --max-new-tokens 128 --dtype bf16 \
+                    --two-level prefix-first --verify-prefix 4 --out "$OUT/prefix_first_zoo" ;;
+    # The reduced draft vocabulary (issue 36): tau per size on the zoo pair (real tier, bf16), the draft
+    # and verify step per size on the Qwen3-8B shape (scale tier).
+    draft_vocab) Z=${SPECPILOT_ZOO:-}
+                 if [ -d "$Z/code-tiny" ]; then
+                   run_step draft_vocab_rank timeout 90 python3 -m specpilot draft-vocab --target $Z/code-tiny \
+                     --prompts $Z/prompts/humaneval.jsonl --prompts $Z/prompts/pystdlib.jsonl --skip 40 --greedy-tokens 64 \
+                     --out "$OUT/rank.json" --device cuda
+                   run_step draft_vocab_tau timeout 150 python3 -m specpilot.bench.draft_vocab_tau --target $Z/code-tiny \
+                     --drafter $Z/code-tiny-dflash-b16 --ranking "$OUT/rank.json" --prompts $Z/prompts/humaneval.jsonl \
+                     --prompts $Z/prompts/pystdlib.jsonl --limit 20 --sizes 0,512,1024,2048,4096 --max-new-tokens 256 \
+                     --device cuda --dtype bf16
+                 fi
+                 run_step draft_vocab_scale timeout 120 python3 -m specpilot.bench.draft_vocab_scale --preset qwen3-8b \
+                   --sizes 0,8192,16384,32768,65536 --device cuda ;;
+    # Issue 38's GPU demonstration (docs/agents.md): mechanism searches from the de-tuned start on the
+    # Qwen3-8B shape at C = 1 and C = 16 (cold), then the LLaMA-3.1-8B shape at C = 1 from memory and cold;
+    # each search stops after AGENTS_SEARCH_S seconds (the issue allows 600).
+    agents_demo) R8=${SCALE_DIR:-/tmp/specpilot_r8b}; L8=/tmp/specpilot_l8b; MEM=$OUT/agents_mech.sqlite
+                 [ -f "$R8/target/config.json" ] || run_step write_8b python3 -m specpilot.bench.random_checkpoint \
+                   --preset qwen3-8b --out "$R8" --device cuda
+                 [ -f "$L8/target/config.json" ] || run_step write_l8b python3 -m specpilot.bench.random_checkpoint \
+                   --preset llama-3.1-8b --out "$L8" --device cuda
+                 S=${AGENTS_SEARCH_S:-480}
+                 common=(--search mechanisms --evaluator engine --drafter-kind dflash-b16 --weights split12 --replay 6.49
+                         --max-new-tokens 128 --repeats 2 --budget 30 --time-budget $S --start detuned --device cuda)
+                 for run in qwen_c1 qwen_c16 llama_c1_memory llama_c1_cold; do
+                   case $run in
+                     qwen_c1)  args=(--target $R8/target --drafter $R8/drafter --target-shape qwen3-8b --concurrency 1 --prompts 2 --cold --memory $MEM) ;;
+                     qwen_c16) args=(--target $R8/target --drafter $R8/drafter --target-shape qwen3-8b --concurrency 16 --prompts 16 --cold --memory $MEM) ;;
+                     llama_c1_memory) args=(--target $L8/target --drafter $L8/drafter --target-shape llama-3.1-8b --concurrency 1 --prompts 2 --memory $MEM) ;;
+                     llama_c1_cold) args=(--target $L8/target --drafter $L8/drafter --target-shape llama-3.1-8b --concurrency 1 --prompts 2 --cold --memory $OUT/llama_cold.sqlite) ;;
+                   esac
+                   run_step agents_$run timeout $((S + 120)) python3 -m specpilot optimize "${common[@]}" "${args[@]}"
+                   tail -1 "$OUT/agents_$run.log" | cut -c1-400 | tee -a "$summary"
+                 done
+                 python3 -m specpilot memory export "$OUT/agents_mech.json" --memory $MEM > /dev/null ;;
     # docs/results.md's form of whatever of the engine and bench steps ran in this $OUT.
     results) runs=(); for r in engine.jsonl bench_zoo bench_8b hf_8b five_8b; do [ -e "$OUT/$r" ] && runs+=("$OUT/$r"); done
              if [ ${#runs[@]} -gt 0 ]; then
@@ -223,7 +307,7 @@ done
 
 echo
 echo "== tables"
-for name in trees split12 gemv skinny engine ab defaults_ab agents bench_zoo bench_8b hf_8b five_8b batch_scale batch_zoo gdn_fla; do
+for name in trees split12 gemv skinny engine ab defaults_ab agents bench_zoo bench_hybrid_zoo bench_8b hf_8b five_8b batch_scale batch_zoo batch_hybrid_zoo batch_hybrid_9b gdn_fla prefix_first_tau3.1 prefix_first_tau6.49 prefix_first_zoo; do
   [ -f "$OUT/$name.log" ] && { echo "-- $name"; grep -E '^\|' "$OUT/$name.log" | tail -25; }
 done
 for name in cost_bf16 cost_split12; do

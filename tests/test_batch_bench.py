@@ -83,3 +83,22 @@ def test_open_loop_submits_at_arrival_times_and_counts_ttft_from_them():
     burst, _ = concurrency.closed_loop(target, drafter, concurrency.BatchConfig(), 1, prompts, 6, arrivals=[0.0] * 3)
     assert burst["ttft_p99_ms"] > burst["ttft_p50_ms"] > 0
     assert burst["seconds"] < spread["seconds"]
+
+
+def test_base_config_reaches_batched_ar_and_every_run(monkeypatch):
+    """--prefill-chunk N: batched AR and every run beside it get the base config, each run with its
+    own changes on top, so both sides of a speedup prefill alike."""
+    seen = []
+
+    def fake_closed_loop(target, drafter, config, *args, **kwargs):
+        seen.append((drafter is not None, config))
+        return {"tokens_per_s": 1.0, "tau": None}, []
+    monkeypatch.setattr(concurrency, "closed_loop", fake_closed_loop)
+    base = concurrency.BatchConfig(prefill_chunk=1024)
+    ablations = {"spec": {}, "with_adaptive_verify": {"adaptive_verify": True}}
+    rows = concurrency.run_levels("target", "drafter", [[1, 2]], [4], 8, ablations=ablations, base=base,
+                                  log=open("/dev/null", "w"))
+    assert [r["method"] for r in rows] == ["ar", "spec", "with_adaptive_verify"]
+    assert all(config.prefill_chunk == 1024 for _, config in seen) and len(seen) == 6     # 3 warm-ups + 3 runs
+    assert [c.adaptive_verify for drafted, c in seen[3:]] == [False, False, True]
+    assert not seen[3][0] and seen[4][0]                                                  # AR runs without the drafter

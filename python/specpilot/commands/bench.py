@@ -56,12 +56,15 @@ def configure(parser):
     parser.add_argument("--ablations", default=None,
                         help="with --concurrency: the comma list of runs beside batched AR (default: all of "
                              "spec,no_ragged_verify,no_batched_draft,with_adaptive_verify,with_prefix_first)")
+    parser.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
+                        help="with --concurrency: prompt tokens prefilled per step over all newcomers, for batched "
+                             "AR and every run beside it (BatchConfig.prefill_chunk; default: its default)")
     from specpilot.engine.cli_support import add_mechanism_args
     add_mechanism_args(parser)
 
 
 def _check_args(args):
-    for name in ("limit", "max_new_tokens", "block_size", "max_seq_len", "repeats"):
+    for name in ("limit", "max_new_tokens", "block_size", "max_seq_len", "repeats", "prefill_chunk"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
