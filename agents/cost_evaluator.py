@@ -18,6 +18,7 @@ graphed as the engine runs it, with its probe step every BatchConfig.adaptive_pr
 in: the length chosen with every draft past L surely accepted; the estimate's few steps of learning
 are not modelled). What it does not
 (`models()` is False, the search skips them and says so): attention choices, PDL, early launch, step kernels, compile, page size, prefill chunk,
+the graphs' kv span buckets (graph_kv_step: the components attend to the exact context),
 draft_vocab (its tau cost is pair-specific: docs/two_level.md).
 """
 from __future__ import annotations

@@ -40,6 +40,7 @@ ENGINE_TABLE = {
     "attention": ("attention", "cuda", None),
     "attention_fused_rope": ("attention", "cuda", None),
     "attention_pdl": ("attention", "cuda", None),
+    "graph_kv_step": ("attention", "cuda", (0, 256, 512)),     # the graphed attention reads its whole span
     "draft_vocab": ("draft.lm_head", "drafter", (0, 4096, 16384, 32768)),
     "two_level": ("verify.lm_head", "drafter", None),
     "tree_budget": ("spec.knob", "drafter", (0, 8, 16, 32)),

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import torch
 
 from specpilot.engine.block_draft import block_draft
-from specpilot.engine.graphs import kv_bucket
 from specpilot.engine.spec_session import new_session
 from specpilot.ops import linear
 
@@ -112,7 +111,7 @@ def _dspark_plain_head(s: SteadyDraft):
 
 def _pard_unpadded(s: SteadyDraft):
     engine, runner, d, k = s.engine, s.engine.runner, s.session.drafter, s.drafts
-    span = kv_bucket(s.start + k, runner.capacity) if runner.use_graphs else s.start + k
+    span = runner.kv_span(s.start + k) if runner.use_graphs else s.start + k
 
     def fn(ids, positions):
         with runner.kernel_ctx(k):

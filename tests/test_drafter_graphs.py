@@ -43,10 +43,12 @@ def test_graphed_drafts_equal_eager(tmp_path_factory, kind):
 WARMUP_CASES = {"dflash": {}, "dflash2": {}, "dspark": {}, "pard": {}, "pard2": {"pard2_layers": [1, 3]}}
 
 
+@pytest.mark.parametrize("kv_step", [0, 192])
 @pytest.mark.parametrize("case", sorted(WARMUP_CASES))
-def test_warmup_captures_exactly_the_step_graphs_generation_uses(tmp_path, case):
+def test_warmup_captures_exactly_the_step_graphs_generation_uses(tmp_path, case, kv_step):
     """Engine.warmup on the CPU path (static-shape steps): every stepwise graph a greedy generation
-    runs is captured ahead, and none it never runs (plain PARD's verify reads no target features)."""
+    runs is captured ahead, and none it never runs (plain PARD's verify reads no target features);
+    under either kv span rule (EngineConfig.graph_kv_step)."""
     from specpilot.config import EngineConfig
     from specpilot.models import load_drafter, load_target
     from specpilot.models.drafters.random_kinds import write_kind_pair
@@ -55,14 +57,14 @@ def test_warmup_captures_exactly_the_step_graphs_generation_uses(tmp_path, case)
     t, d = write_kind_pair(tmp_path, kind, "tiny-qwen3", layer_ids=[0, 2], block_size=8, seed=fresh_seed(),
                            **WARMUP_CASES[case])
     target = load_target(t, dtype=torch.float32)
-    e = Engine(target, load_drafter(d, target), max_seq_len=600, config=EngineConfig(fused_steps=False))
+    e = Engine(target, load_drafter(d, target), max_seq_len=600, config=EngineConfig(fused_steps=False, graph_kv_step=kv_step))
     e.runner = StepRunner(e.target, e.drafter, e.cache, e.draft_cache, True, StaticShapeStep, config=e.config)
     assert e.warmup() > 0
     captured, ran = set(e.runner.graphs), set()
     for key, step in list(e.runner.graphs.items()):
         e.runner.graphs[key] = lambda *inputs, key=key, step=step: (ran.add(key), step(*inputs))[1]
     g = torch.Generator().manual_seed(fresh_seed())
-    for length, max_new in ((5, 40), (300, 70)):                  # kv spans 256 and 512
+    for length, max_new in ((5, 40), (300, 70)):          # kv spans 256 and 512 (192 and 384)
         e.generate_spec(torch.randint(0, 318, (length,), generator=g).tolist(), max_new)
     assert set(e.runner.graphs) == captured, set(e.runner.graphs) - captured
     verify_flags = {k[2] for k in captured if k[0] == "target" and k[1] == 8}

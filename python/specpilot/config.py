@@ -76,6 +76,10 @@ class EngineConfig:
     """Tree verification (docs/trees.md): each step verifies a tree of this many nodes (the anchor
     included) built from the drafter's block distributions, in one target pass, on the eager stepwise
     loop (greedy, or recursive rejection sampling at temperature > 0). 0: chain verification."""
+    graph_kv_step: int = 0
+    """The key span of a CUDA-graphed step (one graph per span; engine/graphs.py kv_bucket): 0, the next
+    power of two >= the context (from 256); N, a multiple of 64: the next multiple of N. A graphed
+    attention reads its whole span: finer spans read less at long contexts, for more graphs to capture."""
 
     def __post_init__(self):
         for f in fields(self):
@@ -94,6 +98,10 @@ class EngineConfig:
         if not isinstance(self.tree_budget, int) or isinstance(self.tree_budget, bool) or self.tree_budget < 0:
             raise ValueError(f"EngineConfig.tree_budget must be an int >= 0 (0: chain verification), "
                              f"got {self.tree_budget!r}")
+        if not isinstance(self.graph_kv_step, int) or isinstance(self.graph_kv_step, bool) or \
+                self.graph_kv_step < 0 or self.graph_kv_step % 64:
+            raise ValueError(f"EngineConfig.graph_kv_step must be 0 (powers of two) or a positive multiple of 64 "
+                             f"(the cache's slot alignment), got {self.graph_kv_step!r}")
         if self.draft_vocab_ranking is not None and not isinstance(self.draft_vocab_ranking, str):
             raise ValueError(f"EngineConfig.draft_vocab_ranking must be a path string or None, "
                              f"got {self.draft_vocab_ranking!r}")

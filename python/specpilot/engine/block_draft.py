@@ -1,14 +1,12 @@
 """Greedy draft steps of the block drafters behind sessions (DFlash2, DSpark), CUDA-graphed as
 StepRunner.draft_step graphs DFlash's: a full-size block with its context padded to the block's rows
-(padding written to the draft cache's trash slot, which no query sees) and a power-of-two kv span.
+(padding written to the draft cache's trash slot, which no query sees) and a bucketed kv span.
 Odd shapes (the first draft with the whole prompt as context, tail blocks) and sampled drafts (they
 draw from a host generator) run eagerly with the same function. `warm_block_drafts` captures every
 span ahead of a timed run, as Engine.warmup does for DFlash."""
 from __future__ import annotations
 
 import torch
-
-from .graphs import kv_bucket, kv_spans
 
 
 def block_draft(engine, key: str, draft_fn, ctx, ctx_start: int, block, start: int, full_block: int):
@@ -26,7 +24,7 @@ def block_draft(engine, key: str, draft_fn, ctx, ctx_start: int, block, start: i
     ctx_positions = torch.where(rows < c, ctx_start + rows, torch.full_like(rows, engine.draft_cache.trash_slot))
     if c < t:
         ctx = torch.cat([ctx, ctx.new_zeros(1, t - c, ctx.shape[2])], dim=1)
-    span = kv_bucket(start + t, runner.capacity)
+    span = runner.kv_span(start + t)
     graph_key = (key, t, span)
     if graph_key not in runner.graphs:
         def fn(f, cp, b, bp):
@@ -45,7 +43,7 @@ def warm_block_drafts(engine, block_size: int) -> None:
         return                                                # PARD-2 drafts eagerly (its features vary)
     rows = 2 * (block_size - 1) if pard else block_size       # PARD: the padded input (models/drafters/pard.py)
     width = len(engine.runner.feature_layers) * engine.target.config.hidden_size
-    for span in kv_spans(engine.runner.capacity):
+    for span in engine.runner.kv_spans():
         start = span - rows
         if start < 1:
             continue

@@ -14,7 +14,6 @@ from .ar_loop import run_ar
 from .block_draft import warm_block_drafts
 from .cache import drafter_cache, target_cache
 from .certified_head import CertifiedHead
-from .graphs import kv_spans
 from .replay import GREEDY
 from .result import GenerationResult
 from .spec import run_spec
@@ -105,7 +104,7 @@ class Engine:
             return 0
         b = block_size or (self.drafter.block_size if self.drafter is not None else 1)
         capacity = self.runner.capacity
-        spans = kv_spans(capacity)
+        spans = self.runner.kv_spans()                # the config's buckets: exactly those the steps ask for
         ids = torch.zeros(1, b, dtype=torch.long, device=self.device)
         # the verify reads target features only for a drafter that uses them (not plain PARD)
         verify_features = self.drafter is not None and new_session(self, b).uses_features

@@ -35,17 +35,28 @@ class GraphedStep:
         return self.outputs
 
 
-def kv_bucket(needed: int, capacity: int, smallest: int = 256) -> int:
-    """Attention span for a graphed step: the next power of two >= needed (>= smallest), capped."""
-    span = smallest
-    while span < needed:
-        span *= 2
+SMALLEST_SPAN = 256
+
+
+def kv_bucket(needed: int, capacity: int, step: int = 0) -> int:
+    """Attention span of a graphed step over `needed` cache slots, capped at `capacity`: the next power
+    of two >= needed (>= SMALLEST_SPAN) for step 0, else the next multiple of `step`
+    (EngineConfig.graph_kv_step). A graph attends to its whole span, so a span closer to `needed`
+    reads less; each distinct span is one more graph."""
+    if step:
+        span = -(-needed // step) * step
+    else:
+        span = SMALLEST_SPAN
+        while span < needed:
+            span *= 2
     return min(span, capacity)
 
 
-def kv_spans(capacity: int) -> list:
-    """Every span kv_bucket can return for a cache of `capacity` slots: the graphs warmup captures."""
-    return sorted({kv_bucket(n, capacity) for n in range(1, capacity + 1, 128)} | {capacity})
+def kv_spans(capacity: int, step: int = 0) -> list:
+    """Every span kv_bucket(n, capacity, step) returns for n in 1..capacity: the graphs warmup captures.
+    Sampling n every 64 slots sees every bucket: each bucket is an interval of at least 64 slots
+    starting after a multiple of 64 (powers of two from 256, multiples of a 64-aligned step)."""
+    return sorted({kv_bucket(n, capacity, step) for n in range(1, capacity + 1, 64)} | {capacity})
 
 
 class StaticShapeStep:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import torch
 
-from .graphs import kv_bucket
 from .recurrent_state import MAX_SNAPSHOT_T
 
 
@@ -55,7 +54,7 @@ class HybridGraphSteps:
 
     def _graph(self, ids, positions, start: int, with_features: bool):
         runner, t = self.runner, ids.shape[1]
-        span = kv_bucket(start + t, runner.capacity)
+        span = runner.kv_span(start + t)
         key = ("target", t, with_features, span)
         if key not in runner.graphs:
             runner.cache.reserve(t)

@@ -4,7 +4,8 @@ Graphed steps have fixed shapes: the AR step (T=1), the full-block verify (T=B) 
 draft step (context padded to B rows, padding written to the cache's trash slot). Odd shapes (the
 prefill, the tail block `verify_size < B`, the first draft after the prefill with the whole prompt as
 context) run eagerly with the same modules. Attention spans the cache slots [0, kv_len); graphs use
-a power-of-two bucket of kv_len (masked slots add nothing), eager calls the exact length.
+a bucket of kv_len (masked slots add nothing; EngineConfig.graph_kv_step picks the buckets:
+StepRunner.kv_span), eager calls the exact length.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from specpilot import config as config_module
 from specpilot.config import EngineConfig
 
 from .cache import KVCache
-from .graphs import GraphedStep, kv_bucket
+from .graphs import GraphedStep, kv_bucket, kv_spans
 from .linear_kernels import cuda_switchable, linear_kernel_for_rows
 
 
@@ -69,7 +70,15 @@ class StepRunner:
                                 draft=functools.partial(self.forward_draft, compiled=True))
         self.fused = FusedSteps(forwards, cache, draft_cache, drafter, target.dtype,   # whole greedy steps
                                 len(self.feature_layers) * target.config.hidden_size, use_graphs,
-                                self.step_factory, self.pool, config.step_kernels)
+                                self.step_factory, self.pool, config.step_kernels, config.graph_kv_step)
+
+    def kv_span(self, needed: int) -> int:
+        """The kv span of a graphed step over cache slots [0, needed), by the config's bucket rule."""
+        return kv_bucket(needed, self.capacity, self.config.graph_kv_step)
+
+    def kv_spans(self) -> list:
+        """Every span kv_span can return: the spans warmup captures graphs for."""
+        return kv_spans(self.capacity, self.config.graph_kv_step)
 
     @contextlib.contextmanager
     def kernel_ctx(self, rows: int):
@@ -105,7 +114,7 @@ class StepRunner:
             return self.forward_target(ids, positions, start + t, with_features, head=head)
         if self.hybrid is not None:
             return self.hybrid.step(ids, start, with_features)
-        span = kv_bucket(start + t, self.capacity)
+        span = self.kv_span(start + t)
         key = ("target", t, with_features, span)
         if key not in self.graphs:
             def fn(i, p):
@@ -153,7 +162,7 @@ class StepRunner:
         if c < t:
             pad = ctx_features.new_zeros(1, t - c, ctx_features.shape[2])
             ctx_features = torch.cat([ctx_features, pad], dim=1)
-        span = kv_bucket(start + t, self.capacity)
+        span = self.kv_span(start + t)
         key = ("draft", t, span)
         if key not in self.graphs:
             def fn(f, cp, b, bp):

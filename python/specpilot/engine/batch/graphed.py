@@ -4,7 +4,7 @@ verify (or AR) forward, captured per (kind, request bucket, rows per request, ke
 A graphed forward runs over a padded layout (forward.padded): R requests x T rows, request r's rows at
 [r*T, (r+1)*T), R the next request bucket >= the running count, T the block (1 for AR; prefix-first's
 passes: P and block - P; adaptive verify's quarters of the block), the attention's key columns the
-next power of two >= the longest context (graphs.kv_bucket). Padding rows and padding requests write
+longest context's bucket (graphs.kv_bucket, EngineConfig.graph_kv_step). Padding rows and padding requests write
 their K/V to the engine's trash slot and nobody reads it, so a real row's result is the eager
 forward's (same kernels, same shapes per request: tests/test_batch_graphs.py checks tokens against
 the eager engine). What stays eager: the prefill chunks (their own forward beside the graphed decode
@@ -12,6 +12,8 @@ rows), a draft context append whose rows are not the last graphed verify's, the 
 ablations, and the drafting of kinds other than DFlash (kind_drafting.py; their verify is graphed).
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -39,6 +41,9 @@ class DecodeGraphs:
         self.pool = torch.cuda.graph_pool_handle() if self.factory is GraphedStep else None
         self.steps = {}
         self.slots = engine.pool.num_pages * engine.page_size       # the trash slot's index = the last real + 1
+        # the paged kernel's page table covers keys // page_size pages: a step's spans are whole pages
+        step = engine.engine_config.graph_kv_step
+        self.kv_step = math.lcm(step, engine.page_size) if step else 0
         self.paged = self._paged_kernel_runs(engine)
         self.feature_width = len(engine.feature_layers) * engine.target.config.hidden_size
 
@@ -59,7 +64,11 @@ class DecodeGraphs:
     def shape(self, segments: list) -> tuple:
         """(request bucket, key bucket) of a forward over `segments`."""
         keys = max(s.start + s.rows for s in segments)
-        return request_bucket(len(segments)), kv_bucket(keys, max(self.slots, keys))
+        return request_bucket(len(segments)), self.key_bucket(keys)
+
+    def key_bucket(self, keys: int) -> int:
+        """The key columns of a graphed forward whose longest context is `keys` positions."""
+        return kv_bucket(keys, max(self.slots, keys), self.kv_step)
 
     def padded(self, segments: list, rows: int, last=None) -> tuple:
         """(R, S, host arrays) of forward.padded for `segments` padded to the buckets."""
@@ -83,7 +92,7 @@ class DecodeGraphs:
         t, top = self.engine.block_size, request_bucket(self.engine.max_batch)
         prefix = self.engine.config.verify_prefix if self.engine.drafter is not None else 0
         target_rows = (prefix, t - prefix) if prefix else self.engine.verify_row_choices   # prefix-first's two passes
-        keys = sorted({kv_bucket(n, max(self.slots, n)) for n in range(1, max_context + 1)})
+        keys = sorted({self.key_bucket(n) for n in range(1, max_context + 1)})
         for requests in [b for b in REQUEST_BUCKETS if b <= top] + ([top] if top > REQUEST_BUCKETS[-1] else []):
             for key_count in keys:
                 for rows in sorted({t} | set(target_rows)):

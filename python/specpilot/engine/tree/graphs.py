@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import torch
 
-from ..graphs import kv_bucket, kv_spans
 from ..recurrent_state import MAX_SNAPSHOT_T
 from .build import DraftTree
 from .commit import move_kv
@@ -37,7 +36,7 @@ def tree_forward(runner, layout: TreeLayout, with_features: bool, graphed: bool 
     hybrid = getattr(runner.target, "is_hybrid", False)
     if hybrid:
         cache.begin_tree(layout)                        # host: commit the last forward's accepted part
-    out = _graph(runner, n, kv_bucket(layout.start + n, runner.capacity), with_features)(layout.packed)
+    out = _graph(runner, n, runner.kv_span(layout.start + n), with_features)(layout.packed)
     if hybrid:
         _restash(cache, out[2:])
     return out[0], out[1]
@@ -63,7 +62,7 @@ def warm_tree_graphs(runner, nodes: int, with_features: bool) -> int:
     how many spans have a graph."""
     if getattr(runner.target, "is_hybrid", False) and nodes > MAX_SNAPSHOT_T:
         return 0                                        # refused by the first tree forward (begin_tree)
-    spans = [span for span in kv_spans(runner.capacity) if span - nodes >= 1]
+    spans = [span for span in runner.kv_spans() if span - nodes >= 1]
     for span in spans:
         _graph(runner, nodes, span, with_features)
     kv_mover(runner, nodes)

@@ -270,15 +270,13 @@ class PardSession:
         return torch.argmax(logits, dim=-1), None
 
     def _graphed(self, start: int, k: int):
-        from specpilot.engine.graphs import kv_bucket
-
         engine, runner, p = self.engine, self.engine.runner, len(self.pending)
         rows, trash = 2 * k, engine.draft_cache.trash_slot
         first = start + 1 - p
         ids = torch.full((1, rows), self.drafter.mask_token_id, dtype=torch.long, device=engine.device)
         ids[0, :p] = torch.tensor(self.pending, dtype=torch.long, device=engine.device)
         positions = (first + torch.arange(rows, device=engine.device)).clamp_(max=trash)
-        span = kv_bucket(min(first + rows - 1, trash) + 1, runner.capacity)
+        span = runner.kv_span(min(first + rows - 1, trash) + 1)
         offset = torch.tensor([p - 1], dtype=torch.long, device=engine.device)
         key = ("pard", rows, span)
         if key not in runner.graphs:
