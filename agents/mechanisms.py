@@ -51,7 +51,7 @@ BATCH_TABLE = {
     "adaptive_verify": ("spec.linear", "batched", None),
     "verify_prefix": ("spec.linear", "batched", (0, 2, 3)),     # prefix-first; below every block size searched
     "page_size": ("attention", "batched", (16, 32, 64)),
-    "prefill_chunk": ("launches", "batched", (128, 256, 512)),
+    "prefill_chunk": ("launches", "batched", (128, 256, 512, 2048)),   # prefill is compute-bound: fewer, larger chunks
 }
 # Knobs of a run that are not config fields: generate_spec(block_size=...), load_target(weights=...) and
 # which drafter of the deployment's candidates loads (an index: the candidates are the deployment's own).
