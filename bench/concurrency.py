@@ -159,12 +159,22 @@ def run_levels(target, drafter, prompts, levels, max_new_tokens, stop_ids=(), re
         if replay_tau is not None and replays is None:
             replays = [(lambda t=r.tokens: AcceptanceReplay(t, replay_tau)) for r in ar_results]
         for name, config in ablations.items():
-            m, _ = closed_loop(target, drafter, config, c, prompts, max_new_tokens, stop_ids, replays, step_costs,
-                               arrivals)
+            try:
+                m, _ = closed_loop(target, drafter, config, c, prompts, max_new_tokens, stop_ids, replays, step_costs,
+                                   arrivals)
+            except RuntimeError as e:      # one run's failure (e.g. a CUDA graph capture) is a row, not the end
+                rows.append({"method": name, "concurrency": c, "error": str(e)[:500], "speedup": None})
+                print(f"C={c} {name}: FAILED: {rows[-1]['error']}", file=log, flush=True)
+                continue
             rows.append({"method": name, **m, "speedup": m["tokens_per_s"] / ar["tokens_per_s"]})
             print(f"C={c} {name}: {m['tokens_per_s']:.1f} tok/s, {rows[-1]['speedup']:.2f}x, tau {m['tau']}",
                   file=log, flush=True)
     return rows
+
+
+def failed(rows: list) -> list:
+    """The rows of runs that failed (run_levels keeps going past them)."""
+    return [r for r in rows if r.get("error")]
 
 
 def markdown(rows: list, info: dict) -> str:
@@ -178,16 +188,25 @@ def markdown(rows: list, info: dict) -> str:
         ar, sp = by[("ar", c)], by.get(("spec", c))
         if sp is None:
             continue
-        abl = [f"{by[(m, c)]['speedup']:.2f}x" if (m, c) in by else "-"
-               for m in ("no_ragged_verify", "no_batched_draft", "with_adaptive_verify")]
+        if sp.get("error"):
+            head.append(f"| {c} | {ar['tokens_per_s']:.1f} | failed | - | - | - | - | - | - | - | - | - |")
+            continue
+        abl = [_speedup(by.get((m, c))) for m in ("no_ragged_verify", "no_batched_draft", "with_adaptive_verify")]
         prefix = by.get(("with_prefix_first", c))
-        abl.append(f"{prefix['speedup']:.2f}x ({prefix['verified_rows_share']:.0%})" if prefix else "-")
+        abl.append(f"{prefix['speedup']:.2f}x ({prefix['verified_rows_share']:.0%})"
+                   if prefix and not prefix.get("error") else _speedup(prefix))
         share = f"{sp['verified_rows_share']:.0%}" if sp["verified_rows_share"] is not None else "-"
         tau = f"{sp['tau']:.2f}" if sp["tau"] is not None else "-"
         head.append(f"| {c} | {ar['tokens_per_s']:.1f} | {sp['tokens_per_s']:.1f} | {sp['speedup']:.2f}x | {tau} | "
                     f"{sp['ttft_p50_ms']:.1f} / {sp['ttft_p99_ms']:.1f} | {_ms(sp['tpot_p50_ms'])} / "
                     f"{_ms(sp['tpot_p99_ms'])} | {share} | " + " | ".join(abl) + " |")
     return "\n".join(head) + "\n"
+
+
+def _speedup(row) -> str:
+    if row is None:
+        return "-"
+    return "failed" if row.get("error") else f"{row['speedup']:.2f}x"
 
 
 def _ms(v):
@@ -202,7 +221,7 @@ def plot(rows: list, path: Path, title: str) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for method in ABLATIONS:
-        pts = sorted((r["concurrency"], r["speedup"]) for r in rows if r["method"] == method)
+        pts = sorted((r["concurrency"], r["speedup"]) for r in rows if r["method"] == method and not r.get("error"))
         if pts:
             ax.plot(*zip(*pts), marker="o", label=method if method != "spec" else "SpecPilot batched (this run)",
                     linewidth=2.5 if method == "spec" else 1, alpha=1 if method == "spec" else 0.6)
@@ -294,4 +313,6 @@ def cli_run(args, load_tokenizer) -> int:
             **({"arrivals": f"Poisson, {rate} requests/s (seed 0), C caps the batch"} if rate else {})}
     write(rows, info, Path(args.out))
     print(markdown(rows, info))
-    return 0
+    for r in failed(rows):
+        print(f"specpilot bench: the {r['method']} run at C={r['concurrency']} failed: {r['error']}", file=sys.stderr)
+    return 1 if failed(rows) else 0
