@@ -8,6 +8,8 @@ eager call with the same shapes).
 """
 from __future__ import annotations
 
+import gc
+
 import torch
 
 
@@ -23,8 +25,16 @@ class GraphedStep:
                 fn(*self.inputs)
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.outputs = fn(*self.inputs)
+        # No automatic garbage collection inside the capture: a collected object's finalizer (an event,
+        # a pinned buffer) may call a CUDA API that invalidates a capture in progress.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.graph(self.graph, pool=pool):
+                self.outputs = fn(*self.inputs)
+        finally:
+            if collecting:
+                gc.enable()
 
     def __call__(self, *inputs):
         for static, new in zip(self.inputs, inputs):
