@@ -11,8 +11,12 @@ import torch
 
 from test_engine_helpers import fresh_seed
 from specpilot.engine.batch import forward, step
-from specpilot.engine.batch.paged import slots_of
 from specpilot.engine.replay import AcceptanceReplay
+
+
+def slots_of(pages, positions, page_size):
+    """One request's slots of `positions` under its page table."""
+    return np.asarray(pages, dtype=np.int64)[positions // page_size] * page_size + positions % page_size
 
 
 def reference_padded(segments, requests, rows, keys, page_size, trash_slot, last=None, paged=False):

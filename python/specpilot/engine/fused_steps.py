@@ -38,7 +38,6 @@ import collections
 import torch
 
 from . import step_kernels
-from .graphs import kv_bucket, kv_spans
 from .step_kernels import ANCHOR, CONTROL, START
 
 
@@ -64,11 +63,11 @@ class _Readback:
 
 class FusedSteps:
     def __init__(self, forwards, cache, draft_cache, drafter, dtype, feature_width: int, use_graphs: bool,
-                 step_factory, pool, step_kernels: bool, kv_step: int):
+                 step_factory, pool, step_kernels: bool, kv_buckets):
         """forwards: steps.StepForwards (the model calls); cache / draft_cache: the engine's KV caches
         (draft_cache None without a drafter); feature_width: the drafter's context features;
-        step_kernels: EngineConfig.step_kernels; kv_step: EngineConfig.graph_kv_step (graphs.kv_bucket)."""
-        self.forwards, self.drafter, self.step_kernels, self.kv_step = forwards, drafter, step_kernels, kv_step
+        step_kernels: EngineConfig.step_kernels; kv_buckets: the runner's graphs.KVBuckets."""
+        self.forwards, self.drafter, self.step_kernels, self.kv_buckets = forwards, drafter, step_kernels, kv_buckets
         self.capacity, self.trash = cache.slots, cache.trash_slot
         if draft_cache is not None and draft_cache.trash_slot != self.trash:
             raise RuntimeError(f"target / draft caches differ in slots ({self.trash} vs {draft_cache.trash_slot})")
@@ -164,7 +163,7 @@ class FusedSteps:
         if not self.use_graphs:
             return 0
         spec = block_size is not None and block_size > 1 and self.drafter is not None
-        spans = kv_spans(self.capacity, self.kv_step)
+        spans = self.kv_buckets.spans()
         wanted = [("ar", s) for s in spans] + ([("spec", block_size, s) for s in spans] if spec else [])
         if all(k in self.graphs for k in wanted):
             return len(self.graphs)                             # the per-generation call: nothing to do
@@ -190,7 +189,7 @@ class FusedSteps:
         """Launches the next AR step (at the position after the last one launched)."""
         if len(self.ar_pending) == len(self.ar_ring):
             raise RuntimeError(f"ar_launch: {len(self.ar_ring)} AR steps already in flight")
-        span = kv_bucket(self.ar_launched + 1, self.capacity, self.kv_step)
+        span = self.kv_buckets.span(self.ar_launched + 1)
         if self.use_graphs:
             out = self._step(("ar", span), lambda: self._ar_fn(span))()
         else:
@@ -238,7 +237,7 @@ class FusedSteps:
         """Replays the spec step for the control now on the device; span_end = start + vs of that
         step (the host's count), which picks the kv span. Read the result with `.values()`."""
         if self.use_graphs:
-            span = kv_bucket(span_end, self.capacity, self.kv_step)
+            span = self.kv_buckets.span(span_end)
             out = self._step(("spec", b, span), lambda: self._spec_fn(b, span))()
         else:
             out = self._spec_fn(b, span_end)()

@@ -69,6 +69,20 @@ def kv_spans(capacity: int, step: int = 0) -> list:
     return sorted({kv_bucket(n, capacity, step) for n in range(1, capacity + 1, 64)} | {capacity})
 
 
+class KVBuckets:
+    """The kv span rule of one engine's graphed steps (its cache capacity and EngineConfig.graph_kv_step),
+    shared by every step that captures graphs so warmup and the steps agree."""
+
+    def __init__(self, capacity: int, step: int = 0):
+        self.capacity, self.step = capacity, step
+
+    def span(self, needed: int) -> int:
+        return kv_bucket(needed, self.capacity, self.step)
+
+    def spans(self) -> list:
+        return kv_spans(self.capacity, self.step)
+
+
 class StaticShapeStep:
     """CPU stand-in for GraphedStep with the same contract (static input buffers, outputs reused and
     overwritten by every call), so the graphed code path (padding, trash slot, kv buckets, output

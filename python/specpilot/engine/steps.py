@@ -20,7 +20,7 @@ from specpilot import config as config_module
 from specpilot.config import EngineConfig
 
 from .cache import KVCache
-from .graphs import GraphedStep, kv_bucket, kv_spans
+from .graphs import GraphedStep, KVBuckets
 from .linear_kernels import cuda_switchable, linear_kernel_for_rows
 
 
@@ -57,6 +57,7 @@ class StepRunner:
         self.use_graphs = use_graphs
         self.feature_layers = tuple(drafter.target_layer_ids) if drafter is not None else ()
         self.capacity = cache.slots
+        self.kv_buckets = KVBuckets(cache.slots, config.graph_kv_step)
         self.graphs = {}
         self.step_factory = step_factory or GraphedStep
         self.pool = torch.cuda.graph_pool_handle() if use_graphs and self.step_factory is GraphedStep else None
@@ -70,15 +71,15 @@ class StepRunner:
                                 draft=functools.partial(self.forward_draft, compiled=True))
         self.fused = FusedSteps(forwards, cache, draft_cache, drafter, target.dtype,   # whole greedy steps
                                 len(self.feature_layers) * target.config.hidden_size, use_graphs,
-                                self.step_factory, self.pool, config.step_kernels, config.graph_kv_step)
+                                self.step_factory, self.pool, config.step_kernels, self.kv_buckets)
 
     def kv_span(self, needed: int) -> int:
         """The kv span of a graphed step over cache slots [0, needed), by the config's bucket rule."""
-        return kv_bucket(needed, self.capacity, self.config.graph_kv_step)
+        return self.kv_buckets.span(needed)
 
     def kv_spans(self) -> list:
         """Every span kv_span can return: the spans warmup captures graphs for."""
-        return kv_spans(self.capacity, self.config.graph_kv_step)
+        return self.kv_buckets.spans()
 
     @contextlib.contextmanager
     def kernel_ctx(self, rows: int):

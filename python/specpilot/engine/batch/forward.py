@@ -4,7 +4,7 @@ context append and block forward over many requests at once.
 Layout: the rows of all requests are concatenated into one [1, N, H] activation (no padding), so every
 linear, norm and MLP runs once over N rows. Each request is a `Segment` (its page table, its first
 position, its row count). Rope uses each row's logical position; K/V are written at each row's
-physical slot (paged.slots_of). Attention is one SDPA call over a padded per-request batch (Layout):
+physical slot (its page table: paged.table_slots). Attention is one SDPA call over a padded per-request batch (Layout):
 a request's queries attend over its own K/V gathered from the pool in logical order, so a row's result
 does not depend on the other requests (beyond summation rounding).
 

@@ -21,7 +21,7 @@ class `Drafting(engine)` that has
 Contract (tests/test_batch_<kind>.py, one per kind): each request's tokens and acceptance lengths equal
 Engine.generate_spec's for it alone, greedy and sampled with a seed. The drafter's own K/V go to the
 engine's paged draft cache (engine.draft_cache, sized from the drafter's config) at the request's
-slots (paged.slots_of over state.pages).
+slots (forward.Layout over state.pages).
 """
 from __future__ import annotations
 

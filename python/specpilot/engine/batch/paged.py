@@ -93,18 +93,14 @@ def pages_for(target, drafter, page_size: int, kv_pages, memory_fraction, reserv
     return pages
 
 
-def slots_of(pages: list, positions: np.ndarray, page_size: int) -> np.ndarray:
-    """Physical slots (int64) of logical `positions` under a request's page table (host ints)."""
-    return np.asarray(pages, dtype=np.int64)[positions // page_size] * page_size + positions % page_size
-
-
-# The many-request forms below lay out a whole step's requests in a few array ops: a per-request
-# slots_of call costs more host time than its arithmetic at a few dozen requests.
+# A position's physical slot is table[position // page_size] * page_size + position % page_size. The
+# helpers below lay out a whole step's requests in a few array ops: a per-request call costs more host
+# time than its arithmetic at a few dozen requests.
 
 def stack_tables(tables: list, ends: np.ndarray, page_size: int, fill: int = 0, width: int = 0) -> np.ndarray:
     """Requests' page tables (lists of host ints) as one int64 array [R, max(width, longest)], each row
     padded with `fill` past its own table. ends [R]: the last position each request reads or writes,
-    which its own table must hold (as slots_of would require: table_slots reads the padding silently)."""
+    which its own table must hold (table_slots would read the padding silently)."""
     lengths = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
     short = ends // page_size >= lengths
     if short.any():
@@ -118,7 +114,7 @@ def stack_tables(tables: list, ends: np.ndarray, page_size: int, fill: int = 0, 
 
 
 def table_slots(table: np.ndarray, requests: np.ndarray, positions: np.ndarray, page_size: int) -> np.ndarray:
-    """slots_of over many requests: the slot of position positions[i] under page table table[requests[i]]
+    """Slots over many requests: the slot of position positions[i] under page table table[requests[i]]
     (table [R, P] from stack_tables; requests and positions broadcast together)."""
     return table[requests, positions // page_size] * page_size + positions % page_size
 
@@ -126,7 +122,7 @@ def table_slots(table: np.ndarray, requests: np.ndarray, positions: np.ndarray, 
 def key_slots(table: np.ndarray, ends: np.ndarray, keys: int, page_size: int) -> np.ndarray:
     """[R, keys]: row r the slots of key positions 0..keys-1 under page table table[r] (from
     stack_tables, so that it holds ends[r]), positions past ends[r] reading the slot of ends[r]: per
-    request slots_of(pages, np.minimum(np.arange(keys), end)). Built page by page (no division per key);
+    request the slots of np.minimum(np.arange(keys), end). Built page by page (no division per key);
     only the keys between the shortest and the longest request's end need a per-key test."""
     r = table.shape[0]
     lo, hi = min(int(ends.min()) + 1, keys), min(int(ends.max()) + 1, keys)
