@@ -49,6 +49,44 @@ def graphed_runner(engine):
                       replay_like(engine.cache))
 
 
+
+def test_greedy_decode_runs_no_eager_step(pair):
+    """Greedy spec on the graphed path runs every step after the prefill graphed: the first draft writes
+    the prompt's context rows ahead of its graph, and the tail block runs whole (its rows past
+    max_length are never committed), so no attention shape is new to an eager step (cuDNN plans one
+    per new shape: ~60 ms on an H100 at the hybrid's head size 256)."""
+    eng = pair.engine
+    saved = eng.runner
+    eng.runner = runner = graphed_runner(eng)
+    eager = []
+    prefill, forward_target, draft = runner.prefill, runner.forward_target, runner._draft
+
+    def prefill_then_forget(*args, **kwargs):
+        out = prefill(*args, **kwargs)
+        eager.clear()                                            # the prefill is eager by design
+        return out
+
+    def counted_draft(*args, compiled=False, **kwargs):
+        if not compiled:
+            eager.append("draft")
+        return draft(*args, compiled=compiled, **kwargs)
+
+    runner.prefill = prefill_then_forget
+    runner.forward_target = lambda *args, **kwargs: (eager.append("target"), forward_target(*args, **kwargs))[1]
+    runner._draft = counted_draft
+    try:
+        for prompt, new in ((pair.random_prompt(70), 37), (pair.random_prompt(5), 20)):   # tails of 37 - 1, 20 - 1 mod B
+            ar = eng.generate_ar(prompt, new).tokens
+            eager.clear()
+            spec = eng.generate_spec(prompt, new, replay=OracleDrafts(ar, pair.target.config.vocab_size))
+            assert spec.tokens == ar
+            assert eager == []
+            assert (runner.capacity - len(prompt) - new) >= BLOCK                     # room for a whole tail block
+    finally:
+        eng.runner = saved
+        eng.cache.step_buffers.clear()
+
+
 def test_graph_path_equals_eager(pair):
     """AR and speculative decoding (drafts forced by an oracle so every accepted length 0..B-1 and
     the tail block occur) through the graphed path give the eager engine's tokens and acceptance."""

@@ -4,7 +4,8 @@
 Per step, with `start` the position of the last committed token (the anchor):
   verify_size vs = min(B, max_length - start); block = [anchor, mask x (vs - 1)]
   draft  (context: target features of the rows committed last step) -> argmax / sample
-  verify one vs-row target pass
+  verify one vs-row target pass (greedy: a whole B-row block wherever the cache has room, so a
+         tail block stays graphed; rows past max_length are computed, never committed)
   accept the longest matching prefix + bonus (greedy, engine/accept.py) or rejection sampling
   commit produced = min(accepted + 1, max_length - start - 1), cut after the first stop token.
 Output: the prefill's token plus every produced token (stop token included), as stock.
@@ -44,30 +45,37 @@ def run_spec(engine, ids, max_new_tokens, stop_ids, temperature, block_size, pol
 
     acceptance, start = [], n
     mask_row = torch.full((1, block_size), engine.drafter.mask_token_id, dtype=torch.long, device=device)
+    # Greedy runs whole blocks to the end: an eager tail step costs more than the rows it saves (on a
+    # hybrid target its attention reaches cuDNN, which builds a graph per new shape: ~60 ms on an H100).
+    # Sampling keeps stock's shorter tail block, so that it draws the same random numbers.
+    whole_blocks = temperature == 0 and certified is None
     stopped = tokens[0] in stop
     while start + 1 < max_length and not stopped:
         step = len(acceptance)
-        vs = min(block_size, max_length - start)
-        block = mask_row[:, :vs].clone()                                    # [1, vs]
+        vs = min(block_size, max_length - start)                            # rows that can be committed
+        rows = block_size if whole_blocks and start + block_size <= runner.capacity else vs
+        block = mask_row[:, :rows].clone()                                  # [1, rows]
         block[0, 0] = tokens[-1]
         draft_probs = draft_logits = None
-        if vs > 1:                                                          # draft
-            draft_logits = runner.draft_step(ctx, ctx_start, block, start, block_size)   # [1, vs-1, V]
+        if rows > 1:                                                        # draft
+            draft_logits = runner.draft_step(ctx, ctx_start, block, start, block_size)   # [1, rows-1, V]
             if temperature > 0:
                 draft_probs = sampling_probs(draft_logits, temperature)
                 drafts = sample_probs(draft_probs, generator)
             else:
                 drafts = torch.argmax(draft_logits, dim=-1)
-            block[:, 1:] = policy.step_drafts(step, start - n, drafts, vocab)
-        logits, features = runner.target_step(block, start, with_features=vs > 1,       # verify
-                                              graphed=vs == block_size,  # [1, vs, V], [1, vs, F]
+            block[:, 1:] = drafts
+            if vs > 1:
+                block[:, 1:vs] = policy.step_drafts(step, start - n, drafts[:, :vs - 1], vocab)
+        logits, features = runner.target_step(block, start, with_features=rows > 1,     # verify
+                                              graphed=rows == block_size,  # [1, rows, V], [1, rows, F]
                                               head=certified.bind(block, draft_logits) if certified else None)
         if temperature > 0:                                                 # accept
             new = sampled_new_tokens(block, logits, draft_probs, temperature, generator)
         else:
-            posterior = torch.argmax(logits, dim=-1)                        # [1, vs]
-            matched = accepted_prefix(block[:, 1:], posterior, vs - 1)     # [1]
-            packed = torch.cat([matched, block[0], posterior[0]]).tolist()  # the one host transfer
+            posterior = torch.argmax(logits[:, :vs], dim=-1)                # [1, vs]
+            matched = accepted_prefix(block[:, 1:vs], posterior, vs - 1)   # [1]
+            packed = torch.cat([matched, block[0, :vs], posterior[0]]).tolist()  # the one host transfer
             new = new_tokens(packed[1:1 + vs], packed[1 + vs:], policy.accepted(step, vs, packed[0]))
         produced, stopped = commit(new, max_length - start - 1, stop, tokens)   # commit
         notify(tokens[-produced:])

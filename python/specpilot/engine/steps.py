@@ -151,11 +151,17 @@ class StepRunner:
         """Injects ctx_features [1, C, F] (target features at positions ctx_start..ctx_start+C-1) and
         drafts block_ids [1, T] at positions start..start+T-1 -> draft logits [1, T-1, V].
 
-        Graphed when T == full_block and C <= T: the context is padded to T rows (padding -> trash)."""
+        Graphed when T == full_block: the context is padded to T rows (padding -> trash); a longer one
+        (the prompt's, at the first draft) has its leading rows written eagerly first (no attention in
+        a context write, so no new attention shape to plan)."""
         c, t = ctx_features.shape[1], block_ids.shape[1]
         device = block_ids.device
+        if self.use_graphs and t == full_block and c > t:
+            lead = c - t
+            self.write_draft_context(ctx_features[:, :lead], torch.arange(ctx_start, ctx_start + lead, device=device))
+            ctx_features, ctx_start, c = ctx_features[:, lead:], ctx_start + lead, t
         block_positions = torch.arange(start, start + t, device=device)
-        if not self.use_graphs or t != full_block or c > t:
+        if not self.use_graphs or t != full_block:
             ctx_positions = torch.arange(ctx_start, ctx_start + c, device=device)
             return self._draft(ctx_features, ctx_positions, block_ids, block_positions, start + t)
         rows = torch.arange(t, device=device)
