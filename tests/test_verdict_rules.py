@@ -33,6 +33,34 @@ def test_referee_rule_excuses_strictly_below_k_noise():
         Rule("fp32", torch.bfloat16, noise=float("nan"))
 
 
+def test_the_referee_rule_never_asks_for_less_than_one_ulp_of_the_run_dtype():
+    """Two logits under one bf16 ulp apart can round to one value (argmax then goes by token index):
+    the zoo hybrid pair's HumanEval/11 token 13, margin 0.0589 at 8.65 (ulp 0.0625), noise 0.0113."""
+    rule = Rule("fp32", torch.bfloat16, noise=0.0113)
+    assert rule.threshold(record(0.0, top=8.65)) == 0.0625 and rule.threshold(record(0.0, top=1.0)) == pytest.approx(0.0452)
+    excused, failed = judge([record(0.0589, top=8.65), record(0.0625, top=8.65), record(0.0589, top=3.0)], rule)
+    assert [i["margin"] for i in excused] == [0.0589] and [(i["margin"], i["top"]) for i in failed] == [(0.0625, 8.65), (0.0589, 3.0)]
+    assert Rule("fp64", torch.float32, noise=1e-7).threshold(record(0.0, top=10.0)) == 2.0 ** -20   # ~1e-6: exact
+
+
+def test_a_disagreement_where_ours_is_the_referees_choice_is_the_other_sides():
+    """The reference (stock's transcript) left the referee's argmax by far more than the noise, ours kept
+    it: not our mismatch. The referee choosing the other token fails us, so does our own AR output
+    leaving it (both sides of spec-vs-ar are ours), and the fallback scorer (stock's own model) never
+    sides with us this way."""
+    rule = Rule("fp32", torch.bfloat16, noise=0.01)
+    ours_right = record(0.075, check="forced", ours=719, other=678, referee_choice=719)
+    spec_right = record(0.075, check="spec-vs-stock", ours=719, other=678, referee_choice=719)
+    ours_wrong = record(0.059, check="forced", ours=678, other=719, referee_choice=719)
+    neither = record(0.5, check="forced", ours=1, other=2, referee_choice=3)
+    our_ar_wrong = record(0.075, check="spec-vs-ar", ours=719, other=678, referee_choice=719)
+    excused, failed = judge([ours_right, spec_right, ours_wrong, neither, our_ar_wrong], rule)
+    assert excused == [ours_right, spec_right] and failed == [ours_wrong, neither, our_ar_wrong]
+    assert "referee's choice" in rule.describe()
+    fallback = Rule("none", torch.bfloat16)
+    assert judge([record(0.5, top=8.5, check="forced", ours=719, other=678, referee_choice=719)], fallback)[0] == []
+
+
 def test_ulp_fallback_excuses_two_ulps_of_the_larger_logit():
     rule = Rule("none", torch.bfloat16)
     excused, failed = judge([record(0.125, top=8.5), record(0.1875, top=8.5), record(0.125, top=3.0)], rule)

@@ -122,6 +122,8 @@ def test_forcing_catches_a_bug_in_the_one_token_decode_path_alone(pair, monkeypa
     assert {m["path"] for m in bad.mismatch_list} == {"decode"}
     assert all(m["position"] > 0 for m in bad.mismatch_list)
     assert len(bad.mismatch_list) == bad.tokens - 2 * 1      # every decode position after the first
+    # each carries stock's own error at its position: stock is exact there (fp32 against fp64), ours not
+    assert all(0 <= m["stock_local_error"] < 1e-4 < m["margin"] for m in bad.mismatch_list)
     assert bad.spec_identical == 2                            # the speculative loop runs no one-token step
     assert [(m["check"], m["position"]) for m in bad.spec_mismatch_list] == [("spec-vs-ar", 1)] * 2
 

@@ -129,5 +129,8 @@ def _describe(item: dict) -> str:
     text = f"{where}: ours {item['ours']} vs {versus[item['check']]} {item['other']}"
     if "note" in item:
         return f"{text}: {item['note']}"
+    if item["excused"] and item["margin"] >= item["threshold"]:
+        return f"{text}, referee margin {item['margin']:.3g}: ours is the referee's choice"
+    local = f", stock's own RMS error here {item['stock_local_error']:.3g}" if "stock_local_error" in item else ""
     return (f"{text}, referee margin {item['margin']:.3g} {'<' if item['excused'] else '>='} {item['threshold']:.3g}"
-            f" (referee picks {item['referee_choice']})")
+            f" (referee picks {item['referee_choice']}{local})")

@@ -169,9 +169,12 @@ def token_force(engine, stock: StockPair, prompts, max_new_tokens: int, stop_ids
         for path, rows_ in logits.items():
             for j, mine in enumerate(rows_.argmax(-1).tolist()):
                 if mine != ref.tokens[j]:
-                    forced_items.append(disagreement(scores[j], mine, ref.tokens[j], prompt=name, check="forced",
-                                                     path=path, position=j, context="stock", ours=mine,
-                                                     other=ref.tokens[j]))
+                    item = disagreement(scores[j], mine, ref.tokens[j], prompt=name, check="forced", path=path,
+                                        position=j, context="stock", ours=mine, other=ref.tokens[j])
+                    if referee.model is not None:   # stock's own RMS logit error here: is this position's noise the run's?
+                        item["stock_local_error"] = float((stock_logits[j].float().cpu() - scores[j].float().cpu())
+                                                          .double().square().mean().sqrt())
+                    forced_items.append(item)
         del logits
         spec = spec_results[index] if spec_results is not None else \
             engine.generate_spec(prompt, max_new_tokens, stop_ids=stop_ids, block_size=block_size)

@@ -4,13 +4,28 @@ A disagreement is two candidate tokens a, b at one position (ours vs stock on a 
 speculative output vs stock's or vs our AR output at their first fork, or our speculative token vs
 the referee's argmax past a fork). Its margin is the referee's |l[a] - l[b]|.
 
-Referee rule: excused iff margin < REFEREE_K x noise, where noise is the larger of stock's and our
+Referee rule: excused iff margin < max(REFEREE_K x noise, one ulp of the run dtype at the larger of the
+two logits), where noise is the larger of stock's and our
 worst path's RMS logit error against the referee over this run's forced positions. Why k = 4: a flip
 between two tokens needs the difference of their two rounding errors to exceed the margin; if each
 logit's error is ~noise and the two are independent, that difference has a spread of sqrt(2) x
 noise, so k = 4 is ~2.8 of its sigmas: an honest rounding flip is excused with >99% probability,
 and a real error larger than the run's own rounding is not. In an fp32 run (fp64 referee) the noise
 is ~1e-6 of logits ~10: effectively exact.
+The ulp floor: logits come out in the run dtype, and two tokens whose exact logits are less than one
+ulp apart can round to the same value, which argmax then breaks by token index: no computation of
+the run's dtype, however exact, orders them. The RMS noise, over the whole vocabulary, is mostly the
+error of small logits and can sit below that. Measured need: the zoo hybrid pair in bf16, HumanEval/11
+token 13: the referee puts 719 above 678 by 0.0589, both at 8.65 (bf16 ulp 0.0625); stock's bf16 logits
+and ours are bitwise equal there, a tie that argmax gives to 678, in fp32 ours gives the referee's
+margin to 1e-6; the noise rule alone (4 x 0.0113 = 0.045) failed the run.
+
+A disagreement with the reference (a forced path, or our speculative output against stock's) where our
+token is the referee's own choice is excused whatever its margin: the reference left the higher-precision
+answer, ours did not, and a candidate can only earn that by computing the target more exactly. Our
+speculative output against our own AR output gets no such excuse: either side wrong is ours. Measured need: on the zoo hybrid
+pair in bf16 (H100) stock's greedy output left the fp32 referee's choice at a margin of 6.5x the
+run's RMS noise, where our three forced paths kept it, and each counted as our mismatch.
 
 Ulp fallback (no referee fits in memory, or --referee none): the scorer is stock's target at the
 run's precision, and a disagreement is excused iff margin <= ULP_FALLBACK ulps of the run dtype at
@@ -61,6 +76,7 @@ ULP_FALLBACK = 2
 EXCUSE_CAP_FRACTION = 0.01
 AGREEMENT_ALPHA = 1e-3
 PRECISION_FACTOR = 2.0
+AGAINST_REFERENCE = ("forced", "spec-vs-stock")   # the checks whose other side is the reference's token
 
 
 def excuse_cap(tokens: int, stock_flips: int = 0, paths: int = 1) -> int:
@@ -89,17 +105,24 @@ class Rule:
     def threshold(self, item: dict) -> float:
         if self.referee == "none":
             return ULP_FALLBACK * ulp(item["top"], self.run_dtype)
-        return REFEREE_K * self.noise
+        return max(REFEREE_K * self.noise, ulp(item["top"], self.run_dtype))
 
     def excuses(self, item: dict) -> bool:
         return item["margin"] <= self.threshold(item) if self.referee == "none" else \
-            item["margin"] < self.threshold(item)
+            item["margin"] < self.threshold(item) or self.sides_with_ours(item)
+
+    def sides_with_ours(self, item: dict) -> bool:
+        """Whether a referee (not the fallback scorer, stock's own model) chose our token over the
+        reference's."""
+        return self.referee != "none" and item.get("check") in AGAINST_REFERENCE \
+            and item.get("referee_choice") is not None and item.get("ours") == item["referee_choice"]
 
     def describe(self) -> str:
         if self.referee == "none":
             return (f"ulp fallback (no referee): excused iff margin <= {ULP_FALLBACK} ulps of "
                     f"{str(self.run_dtype).replace('torch.', '')} at the larger logit, on stock's target")
-        return f"{self.referee} referee: excused iff margin < {REFEREE_K:g} x noise {self.noise:.3g}"
+        return (f"{self.referee} referee: excused iff margin < max({REFEREE_K:g} x noise {self.noise:.3g}, one "
+                f"{str(self.run_dtype).replace('torch.', '')} ulp at the larger logit) or ours is the referee's choice")
 
 
 def disagreement(scores: torch.Tensor, a: int, b: int, **fields) -> dict:
