@@ -68,8 +68,10 @@ class AcceptanceReplay:
     def step_drafts(self, step: int, start_offset: int, drafted: torch.Tensor, vocab_size: int) -> torch.Tensor:
         """drafted [1, vs-1] (the drafter's, computed for its cost) -> the planned drafts of step `step`,
         whose anchor is new token `start_offset`."""
-        planned = self.planned_drafts(step, start_offset, drafted.shape[1], vocab_size)
-        return torch.tensor([planned], dtype=torch.long, device=drafted.device)
+        planned = torch.tensor([self.planned_drafts(step, start_offset, drafted.shape[1], vocab_size)], dtype=torch.long)
+        if drafted.is_cuda:   # from pinned memory: a pageable copy would wait for the draft step, a sync real drafts lack
+            return planned.pin_memory().to(drafted.device, non_blocking=True)
+        return planned
 
     def planned_drafts(self, step: int, start_offset: int, count: int, vocab_size: int) -> list:
         """The `count` planned drafts of step `step` (block count + 1) as a host list."""
