@@ -81,11 +81,24 @@ def test_greedy_decode_runs_no_eager_step(pair):
             spec = eng.generate_spec(prompt, new, replay=OracleDrafts(ar, pair.target.config.vocab_size))
             assert spec.tokens == ar
             assert eager == []
-            assert (runner.capacity - len(prompt) - new) >= BLOCK                     # room for a whole tail block
+            assert eng.max_seq_len - len(prompt) - new >= BLOCK                        # room for a whole tail block
     finally:
         eng.runner = saved
         eng.cache.step_buffers.clear()
 
+
+
+def test_a_tail_without_room_for_a_whole_block_runs_short(pair):
+    """Where max_seq_len ends inside the last block (the cache's slots, rounded up past it, are no room:
+    the recurrent state's positions stop at max_seq_len), greedy spec runs the short tail block and
+    still gives the AR output."""
+    prompt, new = pair.random_prompt(9), 21
+    eng = Engine(pair.target, pair.drafter, max_seq_len=len(prompt) + new)
+    assert eng.runner.capacity > eng.max_seq_len                       # slots are rounded up past the end
+    ar = eng.generate_ar(prompt, new).tokens
+    eng.runner = graphed_runner(eng)
+    spec = eng.generate_spec(prompt, new, replay=OracleDrafts(ar, pair.target.config.vocab_size))
+    assert spec.tokens == ar and sum(spec.acceptance_lengths) == new - 1
 
 def test_graph_path_equals_eager(pair):
     """AR and speculative decoding (drafts forced by an oracle so every accepted length 0..B-1 and

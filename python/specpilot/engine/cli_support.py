@@ -144,12 +144,13 @@ def checked_max_new_tokens(max_new_tokens, prompts, target) -> int:
 
 
 def engine_for(target, drafter, prompts, max_new_tokens, config=None):
-    """An Engine whose caches fit the longest prompt + max_new_tokens (rounded up to 256), with
-    `config` (an EngineConfig; None: the defaults)."""
+    """An Engine whose caches fit the longest prompt + max_new_tokens and a whole draft block past it (so
+    the last step stays graphed), rounded up to 256, with `config` (an EngineConfig; None: the defaults)."""
     from specpilot.config import EngineConfig
     from specpilot.engine import Engine
 
-    need = max(len(ids) for _, ids in prompts) + max_new_tokens + 1 + (config.tree_budget if config else 0)
+    need = max(len(ids) for _, ids in prompts) + max_new_tokens + 1 + (config.tree_budget if config else 0) \
+        + (drafter.block_size if drafter is not None else 0)
     engine = Engine(target, drafter, max_seq_len=max(256, -(-need // 256) * 256), config=config or EngineConfig())
     if engine.eager_reason:
         import sys

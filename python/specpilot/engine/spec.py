@@ -45,15 +45,16 @@ def run_spec(engine, ids, max_new_tokens, stop_ids, temperature, block_size, pol
 
     acceptance, start = [], n
     mask_row = torch.full((1, block_size), engine.drafter.mask_token_id, dtype=torch.long, device=device)
-    # Greedy runs whole blocks to the end: an eager tail step costs more than the rows it saves (on a
-    # hybrid target its attention reaches cuDNN, which builds a graph per new shape: ~60 ms on an H100).
+    # Greedy runs whole blocks to the end where max_seq_len has room: an eager tail step costs more than
+    # the rows it saves (on a hybrid target its attention reaches cuDNN, which plans each new shape:
+    # ~60 ms on an H100).
     # Sampling keeps stock's shorter tail block, so that it draws the same random numbers.
     whole_blocks = temperature == 0 and certified is None
     stopped = tokens[0] in stop
     while start + 1 < max_length and not stopped:
         step = len(acceptance)
         vs = min(block_size, max_length - start)                            # rows that can be committed
-        rows = block_size if whole_blocks and start + block_size <= runner.capacity else vs
+        rows = block_size if whole_blocks and start + block_size <= engine.max_seq_len else vs
         block = mask_row[:, :rows].clone()                                  # [1, rows]
         block[0, 0] = tokens[-1]
         draft_probs = draft_logits = None
