@@ -97,7 +97,10 @@ def test_rates_converge_on_a_planted_law_under_their_own_trimming():
         est.end_step()
     tolerance = 5 * np.sqrt(planted * (1 - planted) / est.at_risk) + PRIOR_STRENGTH / est.at_risk
     assert np.all(np.abs(est.rates - planted) < tolerance), f"seed {seed}: {est.rates} vs {planted} +- {tolerance}"
-    assert np.allclose(est.survival, np.cumprod(planted), atol=0.05), f"seed {seed}: {est.survival}"
+    # the survival is the rates' product, so it is as close as their errors add up (|prod a - prod b| <=
+    # sum |a_k - b_k| for factors in [0, 1]); a fixed 0.05 failed where trimming leaves late positions few labels
+    bound = np.cumsum(tolerance)
+    assert np.all(np.abs(est.survival - np.cumprod(planted)) < bound), f"seed {seed}: {est.survival} +- {bound}"
     best = choose_verify_rows(np.cumprod(planted)[None].repeat(16, 0), 16, (2, 4, 6, 8), costs)
     last = [t for step, t in enumerate(chosen) if step % 16][-15:]            # the probe steps left out
     assert best < 8 and last == [best] * 15, f"seed {seed}: the planted law's best T {best}, chose {last}"
