@@ -65,9 +65,10 @@ def run_spec(engine, ids, max_new_tokens, stop_ids, temperature, block_size, pol
                 drafts = sample_probs(draft_probs, generator)
             else:
                 drafts = torch.argmax(draft_logits, dim=-1)
-            block[:, 1:] = drafts
             if vs > 1:
                 block[:, 1:vs] = policy.step_drafts(step, start - n, drafts[:, :vs - 1], vocab)
+            if rows > vs:                                                   # past max_length: never committed
+                block[:, vs:] = drafts[:, vs - 1:]
         logits, features = runner.target_step(block, start, with_features=rows > 1,     # verify
                                               graphed=rows == block_size,  # [1, rows, V], [1, rows, F]
                                               head=certified.bind(block, draft_logits) if certified else None)

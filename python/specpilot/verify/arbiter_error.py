@@ -29,6 +29,10 @@ class ArbiterErrorTally:
         same = int((logits.argmax(-1) == reference.argmax(-1)).sum())
         self._same_argmax[side] = self._same_argmax.get(side, 0) + same
 
+    def last_position_errors(self, side: str) -> torch.Tensor:
+        """[T] this side's RMS error over the vocabulary at each position of its last add."""
+        return self._per_position[side][-1]
+
     def typical_ratio(self, side: str) -> float:
         """The median over positions of this side's error / stock's at the same position (0 / 0 counts
         as 1); the sides must have been added at the same positions."""

@@ -172,8 +172,7 @@ def token_force(engine, stock: StockPair, prompts, max_new_tokens: int, stop_ids
                     item = disagreement(scores[j], mine, ref.tokens[j], prompt=name, check="forced", path=path,
                                         position=j, context="stock", ours=mine, other=ref.tokens[j])
                     if referee.model is not None:   # stock's own RMS logit error here: is this position's noise the run's?
-                        item["stock_local_error"] = float((stock_logits[j].float().cpu() - scores[j].float().cpu())
-                                                          .double().square().mean().sqrt())
+                        item["stock_local_error"] = float(tally.last_position_errors("stock")[j])
                     forced_items.append(item)
         del logits
         spec = spec_results[index] if spec_results is not None else \
