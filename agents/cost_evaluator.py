@@ -31,6 +31,7 @@ from specpilot.cost.ceilings import Ceilings
 from specpilot.cost.gaps import ceiling_of, work
 from specpilot.cost.shapes import step_components
 from specpilot.cost.two_level import preset_shapes
+from specpilot.engine.batch.config import BatchConfig
 
 EAGER_LAUNCH_S = 4e-6        # host cost of one eager kernel launch (an assumption, not measured here)
 FUSED_STEPS_HOST_S = 1e-4    # host glue between separate draft and verify calls (design.md: ~0.1 ms)
@@ -40,6 +41,7 @@ SKINNY_GEMM = 5.10 / 4.74    # verify with cuBLAS vs the skinny GEMM (Qwen3-8B s
 DECODE_GRID = 5.27 / 5.16    # split12 verify without / with the decode grid (H100)
 UNFUSED_KERNELS = 2.0        # fused_kernels off: each fused norm / rope / gate is two or more kernels
 TAU_AT_DRAFTER_BLOCK = 6.49  # DFlash's published tau for the Qwen3-8B pair at block 16 (docs/design.md)
+_SHIPPED = BatchConfig()       # the batched engine's shipped defaults
 FALLBACK_RATE = 1.0          # the certified head's measured fallback rate (docs/two_level.md)
 MODELLED = {"engine.cuda_graphs", "engine.fused_kernels", "engine.fused_gemv", "engine.skinny_gemm",
             "engine.split12_decode_grid", "engine.fused_steps", "engine.two_level", "batch.ragged_verify",
@@ -124,10 +126,8 @@ class CostModelEvaluator:
     def _verify_policy(self, dep, a: dict, block: int) -> tuple:
         """("full", block) | ("prefix", P) | ("len", L) | ("adaptive", L): how many rows a request
         verifies (adaptive: L, and _probe_len's on the probe steps)."""
-        prefix, adaptive = int(a.get("batch.verify_prefix", 0)), bool(a.get("batch.adaptive_verify", False))
-        if prefix and adaptive:
-            raise ValueError("batch.verify_prefix and batch.adaptive_verify both trim the verify rows (BatchConfig "
-                             "refuses both)")
+        prefix = int(a.get("batch.verify_prefix", 0))
+        adaptive = bool(a.get("batch.adaptive_verify", _SHIPPED.adaptive_verify))    # prefix-first replaces it
         if prefix and prefix >= block:
             raise ValueError(f"batch.verify_prefix={prefix} must be below the block size {block} (the batched "
                              f"engine refuses it)")
@@ -243,7 +243,7 @@ class CostModelEvaluator:
                 "batch.ragged_verify": True, "batch.batched_draft": True,
                 "run.weights": a.get("run.weights", dep.weights), "run.block_size": a.get("run.block_size"),
                 "engine.two_level": "off", "batch.verify_prefix": a.get("batch.verify_prefix", 0),
-                "batch.adaptive_verify": a.get("batch.adaptive_verify", False)}
+                "batch.adaptive_verify": a.get("batch.adaptive_verify", _SHIPPED.adaptive_verify)}
         now, ceil = self.step_times(dep, a), self.step_times(dep, best)
         tokens = dep.concurrency * (1.0 if dep.drafter == "none" else self.tau)
         lost = {}
@@ -278,9 +278,7 @@ def _scaled(add, factor: float):
 
 def _probe_share() -> float:
     """The share of adaptive verify's steps that verify whole blocks (BatchConfig.adaptive_probe_every)."""
-    from specpilot.engine.batch.config import BatchConfig
-
-    every = BatchConfig().adaptive_probe_every
+    every = _SHIPPED.adaptive_probe_every
     return 1.0 / every if every else 0.0
 
 

@@ -18,6 +18,7 @@ Gate, by precision:
 """
 from __future__ import annotations
 
+import gc
 import os
 import time
 from dataclasses import dataclass
@@ -75,7 +76,15 @@ class EngineEvaluator:
         return self._stocks[drafter]
 
     def _pair(self, weights: str, drafter: int = 0):
+        """Our target in `weights` with drafter `drafter`. One target is resident at a time: an 8B
+        target in both formats beside the stock pair and the fp32 referee overflows an 80 GB card (the
+        first H100 demonstration's shipped configuration ran out of memory loading split12)."""
         if weights not in self._targets:
+            self._targets.clear()
+            self._drafters.clear()
+            gc.collect()                          # engines of earlier evaluations still reference it
+            if self.device == "cuda":
+                torch.cuda.empty_cache()
             kw = {} if weights == "bf16" else {"weights": weights}
             self._targets[weights] = self._load_target(self.target_dir, device=self.device, dtype=self.dtype, **kw)
         target = self._targets[weights]

@@ -69,7 +69,7 @@ RUN_TABLE = {
 NOT_SEARCHED = {
     "EngineConfig.variants_manifest": "written by the kernel search's integration, not a choice",
     "EngineConfig.draft_vocab_ranking": "a path to the ranking draft_vocab uses, not a speed choice",
-    "BatchConfig.adaptive_probe_every": "a tuning constant of adaptive_verify (searched with it off by default)",
+    "BatchConfig.adaptive_probe_every": "a tuning constant of adaptive_verify, not a mechanism",
     "BatchConfig.cost_ridge_tokens": "a stand-in for a profiled step-cost table, not a mechanism",
 }
 # Choices that exist as values but are refused by the config (prefix-first: the batched engine's

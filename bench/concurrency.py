@@ -5,8 +5,10 @@ round robin, benchmark by benchmark), each submitting its next prompt the moment
 finishes. Measured per run: tokens/s over the whole run, TTFT (submit to first token, queueing
 included) and TPOT (decode time per token after the first) p50 / p99, tau. Runs per C: batched AR
 (the same engine, no drafter: the baseline every speedup is over), speculative with every mechanism
-on, and each mechanism off alone (the ablation), and the mechanisms that are off by default on alone
-(adaptive verify; prefix-first verification at --verify-prefix P, default 4). Writes concurrency.jsonl, concurrency.md and
+on, each mechanism off alone (the ablation: ragged verify, batched draft, adaptive verify), and
+prefix-first verification (off by default) on alone at --verify-prefix P, default 4 (it replaces
+adaptive verify: both trim the verify rows). Each engine's warmup measures the adaptive budget's
+step-cost table on the card before the clock (BatchEngine.warmup). Writes concurrency.jsonl, concurrency.md and
 concurrency.png (speedup vs C, with the published anchors drawn in) to --out.
 
 Open loop (--arrival-rate R): instead of clients, the prompts arrive on one seeded Poisson process of R
@@ -33,7 +35,8 @@ from specpilot.engine.batch.run import pool_pages
 
 # Each run beside batched AR: the BatchConfig fields it changes from the run's base config.
 ABLATIONS = {"spec": {}, "no_ragged_verify": {"ragged_verify": False}, "no_batched_draft": {"batched_draft": False},
-             "with_adaptive_verify": {"adaptive_verify": True}, "with_prefix_first": {"verify_prefix": DEFAULT_VERIFY_PREFIX}}
+             "no_adaptive_verify": {"adaptive_verify": False},
+             "with_prefix_first": {"verify_prefix": DEFAULT_VERIFY_PREFIX}}
 # Published speedups over AR: the seed's stock and SpecPilot figures (flat lines), DFlash on SGLang (B200).
 ANCHOR_LINES = {"stock (seed) 1.94x": 1.94, "SpecPilot (seed) 3.93x": 3.93}
 ANCHOR_POINTS = {"DFlash on SGLang, B200": [(8, 4.5), (16, 3.9), (32, 2.8)]}
@@ -61,12 +64,12 @@ def select_ablations(ablations: dict, names) -> dict:
 
 
 def closed_loop(target, drafter, config, concurrency: int, prompts: list, max_new_tokens: int, stop_ids=(),
-                replays=None, step_costs=None, arrivals=None) -> tuple:
+                replays=None, arrivals=None) -> tuple:
     """Runs every prompt through C closed-loop clients, or with `arrivals` (seconds from the start, one
     per prompt: poisson_arrivals) each prompt submitted at its arrival time into an engine of at most C
     requests; (metrics dict, results in prompt order). TTFT counts from the arrival (closed loop: from
     the submit), queueing included."""
-    engine = BatchEngine(target, drafter, config, max_batch=concurrency, step_costs=step_costs,
+    engine = BatchEngine(target, drafter, config, max_batch=concurrency,
                          kv_pages=pool_pages(prompts, max_new_tokens, concurrency, config.page_size))
     streams = [list(range(i, len(prompts), concurrency)) for i in range(concurrency)] if arrivals is None else []
     pending = list(range(len(prompts)))                 # open loop: prompts not yet arrived, in arrival order
@@ -118,9 +121,13 @@ def closed_loop(target, drafter, config, concurrency: int, prompts: list, max_ne
                "tokens_per_s": tokens / wall, "tau": float(np.mean(taus)) if taus else None,
                "ttft_p50_ms": _pct(ttft, 50), "ttft_p99_ms": _pct(ttft, 99),
                "tpot_p50_ms": _pct(tpot, 50), "tpot_p99_ms": _pct(tpot, 99), "steps": engine.steps,
+               "prefill_steps": engine.prefill_steps,
+               "prefill_step_share": engine.prefill_step_s / max(engine.prefill_step_s + engine.decode_step_s, 1e-12),
                "verified_rows_share": engine.verify_rows / engine.block_rows if engine.block_rows else None,
                "second_passes": engine.second_passes, "second_pass_requests": engine.second_pass_requests,
-               "replay_shortfalls": sum(r.replay_shortfalls for r in ordered), "graphs": graphs, "graph_warmup_s": warmup_s}
+               "replay_shortfalls": sum(r.replay_shortfalls for r in ordered), "graphs": graphs, "graph_warmup_s": warmup_s,
+               "step_costs_ms": ({n: s * 1e3 for n, s in zip(engine.costs.tokens, engine.costs.seconds)}
+                                 | {"draft": engine.costs.fixed_s * 1e3}) if engine.costs_measured else None}
     return metrics, ordered
 
 
@@ -138,7 +145,7 @@ def _pct(values, q):
 
 
 def run_levels(target, drafter, prompts, levels, max_new_tokens, stop_ids=(), replay_tau=None, ablations=ABLATIONS,
-               log=sys.stderr, step_costs=None, arrivals=None, base=BatchConfig()) -> list:
+               log=sys.stderr, arrivals=None, base=BatchConfig()) -> list:
     """Every run at every level: rows {method, concurrency, ... metrics, speedup}. ablations: run name ->
     the BatchConfig fields it changes from `base` (batched AR runs `base` itself, so that settings such
     as the prefill chunk are the same on both sides of a speedup). arrivals: open-loop arrival times
@@ -160,8 +167,7 @@ def run_levels(target, drafter, prompts, levels, max_new_tokens, stop_ids=(), re
             replays = [(lambda t=r.tokens: AcceptanceReplay(t, replay_tau)) for r in ar_results]
         for name, config in ablations.items():
             try:
-                m, _ = closed_loop(target, drafter, config, c, prompts, max_new_tokens, stop_ids, replays, step_costs,
-                                   arrivals)
+                m, _ = closed_loop(target, drafter, config, c, prompts, max_new_tokens, stop_ids, replays, arrivals)
             except RuntimeError as e:      # one run's failure (e.g. a CUDA graph capture) is a row, not the end
                 rows.append({"method": name, "concurrency": c, "error": str(e)[:500], "speedup": None})
                 print(f"C={c} {name}: FAILED: {rows[-1]['error']}", file=log, flush=True)
@@ -181,25 +187,28 @@ def markdown(rows: list, info: dict) -> str:
     head = ["# Batched engine: speedup over batched AR vs concurrency", "",
             ", ".join(f"{k}: {v}" for k, v in info.items()), "",
             "| C | AR tok/s | spec tok/s | speedup | tau | TTFT p50 / p99 ms | TPOT p50 / p99 ms | verified rows | "
-            "no ragged verify | no batched draft | with adaptive verify | with prefix-first (verified rows) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "prefill steps' time AR / spec | "
+            "no ragged verify | no batched draft | no adaptive verify | with prefix-first (verified rows) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     by = {(r["method"], r["concurrency"]): r for r in rows}
     for c in sorted({r["concurrency"] for r in rows}):
         ar, sp = by[("ar", c)], by.get(("spec", c))
         if sp is None:
             continue
         if sp.get("error"):
-            head.append(f"| {c} | {ar['tokens_per_s']:.1f} | failed | - | - | - | - | - | - | - | - | - |")
+            head.append(f"| {c} | {ar['tokens_per_s']:.1f} | failed | - | - | - | - | - | - | - | - | - | - |")
             continue
-        abl = [_speedup(by.get((m, c))) for m in ("no_ragged_verify", "no_batched_draft", "with_adaptive_verify")]
+        abl = [_speedup(by.get((m, c))) for m in ("no_ragged_verify", "no_batched_draft", "no_adaptive_verify")]
         prefix = by.get(("with_prefix_first", c))
         abl.append(f"{prefix['speedup']:.2f}x ({prefix['verified_rows_share']:.0%})"
                    if prefix and not prefix.get("error") else _speedup(prefix))
         share = f"{sp['verified_rows_share']:.0%}" if sp["verified_rows_share"] is not None else "-"
         tau = f"{sp['tau']:.2f}" if sp["tau"] is not None else "-"
+        prefill = " / ".join(f"{r['prefill_step_share']:.0%}" if r.get("prefill_step_share") is not None else "-"
+                             for r in (ar, sp))
         head.append(f"| {c} | {ar['tokens_per_s']:.1f} | {sp['tokens_per_s']:.1f} | {sp['speedup']:.2f}x | {tau} | "
                     f"{sp['ttft_p50_ms']:.1f} / {sp['ttft_p99_ms']:.1f} | {_ms(sp['tpot_p50_ms'])} / "
-                    f"{_ms(sp['tpot_p99_ms'])} | {share} | " + " | ".join(abl) + " |")
+                    f"{_ms(sp['tpot_p99_ms'])} | {share} | {prefill} | " + " | ".join(abl) + " |")
     return "\n".join(head) + "\n"
 
 
@@ -288,13 +297,6 @@ def cli_run(args, load_tokenizer) -> int:
     prompts = [p for group in zip(*per_bench) for p in group]           # benchmark by benchmark, round robin
     target, drafter, stop_ids = load_models(args, tokenizer)
     print(f"specpilot bench --concurrency {levels}: {len(prompts)} prompts, {args.target}", file=sys.stderr)
-    costs = None
-    if target.device.type == "cuda":           # the adaptive budget's cost table, measured on this card
-        from specpilot.engine.batch.profile import probe_step_costs
-
-        costs = probe_step_costs(target, drafter, max(levels))
-        print("step costs: " + ", ".join(f"{n} rows {s * 1e3:.2f} ms" for n, s in zip(costs.tokens, costs.seconds))
-              + f"; draft {costs.fixed_s * 1e3:.2f} ms", file=sys.stderr)
     from specpilot.engine.cli_support import batch_options
 
     prefix = batch_options(args).get("verify_prefix", DEFAULT_VERIFY_PREFIX)
@@ -304,11 +306,12 @@ def cli_run(args, load_tokenizer) -> int:
     rate = getattr(args, "arrival_rate", None)
     arrivals = poisson_arrivals(len(prompts), rate) if rate is not None else None
     rows = run_levels(target, drafter, prompts, levels, args.max_new_tokens, stop_ids, replay_tau, ablations=ablations,
-                      step_costs=costs, arrivals=arrivals, base=base)
+                      arrivals=arrivals, base=base)
     info = {"target": args.target, "drafter": args.drafter or "random", "device": device_name(target.device),
             "dtype": args.dtype, "prompts": len(prompts), "benchmarks": ",".join(names),
             "max_new_tokens": args.max_new_tokens, "replay tau": replay_tau,
-            "step costs": "measured" if costs else "roofline (no CUDA)", "verify prefix": prefix,
+            "step costs": "measured by each engine's warmup" if target.device.type == "cuda" else "roofline (no CUDA)",
+            "verify prefix": prefix,
             "prefill chunk": base.prefill_chunk,
             **({"arrivals": f"Poisson, {rate} requests/s (seed 0), C caps the batch"} if rate else {})}
     write(rows, info, Path(args.out))

@@ -4,7 +4,8 @@
       --prompts A.jsonl --prompts B.jsonl --limit 20 --sizes 0,256,512,1024,2048,4096 --device cpu --dtype fp32
 
 For every N (0: the full head) each prompt is decoded greedily by our engine; the outputs must be
-token for token the full head's (the run fails otherwise: a reduced head may only move tau). tau =
+token for token the full head's (the run exits 1 otherwise, after every size: a reduced head may only move
+tau). tau =
 mean over prompts of the mean acceptance length (bonus included; shared/zoo/README.md's definition).
 Draft step: the median of `--reps` draft steps at a fixed position (graphed on CUDA), every size timed
 round-robin after the decoding (the device's own timing: CPU numbers are CPU numbers). Prints a markdown table, then one JSON line.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 
 import torch
@@ -87,8 +89,6 @@ def main(argv=None) -> int:
         rows.append(row)
         engines.append(engine)
         print(json.dumps(row), flush=True)
-        if identical != len(prompts):
-            raise SystemExit(f"draft_vocab={n}: {len(prompts) - identical} outputs differ from the full head's")
     for row, seconds in zip(rows, draft_step_seconds(engines, block, args.reps)):
         row["draft_step_s"] = seconds
     full = rows[0]
@@ -99,7 +99,13 @@ def main(argv=None) -> int:
               f"{r['draft_step_s'] * 1e3:.3f} | {r['draft_step_s'] / full['draft_step_s']:.2f} | "
               f"{r['decode_tokens_per_s']:.1f} | {r['identical_to_full']}/{r['prompts']} |")
     print(json.dumps({"device": args.device, "dtype": args.dtype, "rows": rows}))
-    return 0
+    differ = [r for r in rows if r["identical_to_full"] != r["prompts"]]
+    for r in differ:
+        print(f"draft_vocab={r['draft_vocab']}: {r['prompts'] - r['identical_to_full']} outputs differ from the full "
+              f"head's" + (" (bf16: a near-tie decided at another row of a verify block can flip; judge it with "
+                           "specpilot verify --draft-vocab N, which forces against the target's own greedy output "
+                           "under the referee)" if args.dtype == "bf16" else ""), file=sys.stderr)
+    return 1 if differ else 0
 
 
 if __name__ == "__main__":

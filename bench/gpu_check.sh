@@ -2,7 +2,7 @@
 # The GPU check: from a clean tree on a bare machine (no network), build the extension with CUDA
 # (sm_90a), run the GPU tests, run the kernel / engine / agent benchmarks, print a short table last.
 # Logs and JSON go to $OUT (the device tool's folder) or out/gpu_check.
-# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|trees|split12|gemv|skinny|engine|ab|defaults_ab|cost_8b|agents|agents_demo|bench_zoo|bench_hybrid_zoo|bench_8b|scale_8b|five_8b|batch|batch_hybrid|batch_profile|drafters|hybrid|gdn_trees|trees_real|prefix_first|draft_vocab|gdn_fla|embedded_pair|paged|serve|results ...]
+# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|trees|split12|gemv|skinny|engine|ab|defaults_ab|cost_8b|agents|agents_demo|bench_zoo|bench_hybrid_zoo|bench_8b|scale_8b|five_8b|batch|batch_hybrid|batch_profile|drafters|hybrid|hybrid_hf|gdn_trees|trees_real|prefix_first|draft_vocab|gdn_fla|embedded_pair|paged|serve|results ...]
 # (GPU_TESTS: the test files the tests step runs, default all; BATCH_TESTS=0: the batch step without its tests; DEADLINE: see the loop below)
 # (default: all but prebuilt, in order). `prebuilt` replaces `build` when device time is short: it stages
 # the package in /tmp/sp with the extension that scripts/prebuild_cuda_ext.sh made on a CPU machine
@@ -222,6 +222,15 @@ for packed in glob.glob('_C.*.so.xz'): open('/tmp/sp_tree/specpilot/' + packed[:
                      bash scripts/embedded_pair/build.sh
                    tar czf "$OUT/pair.tgz" -C /tmp $(cd /tmp && ls -d pair_dest pair/target pair/drafter* pair/measure.json 2>/dev/null)
                    tail -3 "$OUT/embedded_pair.log" | tee -a "$summary" ;;
+    # Issue 33: transformers' greedy AR on the Qwen3.5-9B shape (its hybrid cache, fla's kernels from
+    # .whl/fla) beside our AR and spec (tau 6.49 replayed), one process, random weights written to disk.
+    hybrid_hf) python3 -c "import fla" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/fla/*.whl
+               export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/site; H9=/tmp/specpilot_h9b
+               [ -f "$H9/target/config.json" ] || run_step write_h9b python3 -m specpilot.bench.random_checkpoint \
+                 --preset qwen3.5-9b --out "$H9" --device cuda
+               run_step hybrid_hf timeout ${HYBRID_HF_S:-300} python3 -m specpilot bench --target $H9/target --drafter $H9/drafter \
+                 --methods hf_static,our_ar,our_spec --replay 6.49 --datasets "$SPECPILOT_DATASETS" --benchmarks humaneval \
+                 --limit 2 --max-new-tokens 128 --dtype bf16 --out "$OUT/hybrid_hf" ;;
     # Our GDN chain kernel against fla's Triton kernel, one layer at the Qwen3.5-9B shape (fla-core and
     # einops from .whl/fla: pip download --no-deps fla-core einops).
     gdn_fla) python3 -c "import fla" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/fla/*.whl
@@ -307,7 +316,7 @@ done
 
 echo
 echo "== tables"
-for name in trees split12 gemv skinny engine ab defaults_ab agents bench_zoo bench_hybrid_zoo bench_8b hf_8b five_8b batch_scale batch_zoo batch_hybrid_zoo batch_hybrid_9b gdn_fla prefix_first_tau3.1 prefix_first_tau6.49 prefix_first_zoo; do
+for name in trees split12 gemv skinny engine ab defaults_ab agents bench_zoo bench_hybrid_zoo bench_8b hf_8b five_8b batch_scale batch_zoo batch_hybrid_zoo batch_hybrid_9b hybrid_hf gdn_fla prefix_first_tau3.1 prefix_first_tau6.49 prefix_first_zoo; do
   [ -f "$OUT/$name.log" ] && { echo "-- $name"; grep -E '^\|' "$OUT/$name.log" | tail -25; }
 done
 for name in cost_bf16 cost_split12; do

@@ -303,3 +303,21 @@ def test_a_noisy_evaluators_outlier_does_not_win_the_paired_re_timing(tmp_path):
     assert outlier[0]["verdict"] == "pass" and "noise" in outlier[0]["label"]
     graphs = [e for e in mem.mech_evals(deployment=H100_16.key) if e["changed"] == {"engine.cuda_graphs": True}]
     assert "wins" in graphs[0]["label"] and ev.retimed > 0
+
+
+def test_engine_evaluator_keeps_one_target_resident(tiny_pair):
+    """Switching run.weights drops the other format's target (and its drafters) before loading: both
+    8B formats beside the stock pair and the fp32 referee overflowed an 80 GB H100."""
+    from specpilot.agents.engine_evaluator import EngineEvaluator
+
+    (td, dd), _ = tiny_pair
+    ev = EngineEvaluator(td, dd, [[5, 6, 7, 8]], max_new_tokens=4, dtype=torch.bfloat16)   # split12 is bf16
+    loads = []
+    load = ev._load_target
+    ev._load_target = lambda *a, **kw: loads.append(kw.get("weights", "bf16")) or load(*a, **kw)
+    bf16, _ = ev._pair("bf16")
+    assert ev._pair("bf16")[0] is bf16 and loads == ["bf16"]          # resident: not loaded twice
+    ev._pair("split12")
+    assert list(ev._targets) == ["split12"] and [w for w, _ in ev._drafters] == ["split12"]
+    ev._pair("bf16")
+    assert loads == ["bf16", "split12", "bf16"] and list(ev._targets) == ["bf16"]

@@ -95,12 +95,12 @@ def test_base_config_reaches_batched_ar_and_every_run(monkeypatch):
         return {"tokens_per_s": 1.0, "tau": None}, []
     monkeypatch.setattr(concurrency, "closed_loop", fake_closed_loop)
     base = concurrency.BatchConfig(prefill_chunk=1024)
-    ablations = {"spec": {}, "with_adaptive_verify": {"adaptive_verify": True}}
+    ablations = {"spec": {}, "no_adaptive_verify": {"adaptive_verify": False}}
     rows = concurrency.run_levels("target", "drafter", [[1, 2]], [4], 8, ablations=ablations, base=base,
                                   log=open("/dev/null", "w"))
-    assert [r["method"] for r in rows] == ["ar", "spec", "with_adaptive_verify"]
+    assert [r["method"] for r in rows] == ["ar", "spec", "no_adaptive_verify"]
     assert all(config.prefill_chunk == 1024 for _, config in seen) and len(seen) == 6     # 3 warm-ups + 3 runs
-    assert [c.adaptive_verify for drafted, c in seen[3:]] == [False, False, True]
+    assert [c.adaptive_verify for drafted, c in seen[3:]] == [True, True, False]
     assert not seen[3][0] and seen[4][0]                                                  # AR runs without the drafter
 
 
@@ -108,16 +108,16 @@ def test_a_failed_run_is_a_row_and_the_rest_go_on(monkeypatch, tmp_path):
     """One run's RuntimeError (on a GPU: a failed CUDA graph capture) becomes a row with its error; the
     other runs still run, the table says `failed`, the plot skips it, and the command exits 1."""
     def fake_closed_loop(target, drafter, config, concurrency_level, *args, **kwargs):
-        if config.adaptive_verify and concurrency_level == 8:
+        if not config.adaptive_verify and concurrency_level == 8:
             raise RuntimeError("capturing the batched engine's target graph failed")
         return {"tokens_per_s": 2.0 if drafter else 1.0, "tau": 3.0, "ttft_p50_ms": 1.0, "ttft_p99_ms": 2.0,
                 "tpot_p50_ms": 1.0, "tpot_p99_ms": 1.0, "verified_rows_share": 1.0, "concurrency": concurrency_level}, []
     monkeypatch.setattr(concurrency, "closed_loop", fake_closed_loop)
-    ablations = {"spec": {}, "with_adaptive_verify": {"adaptive_verify": True}}
+    ablations = {"spec": {}, "no_adaptive_verify": {"adaptive_verify": False}}
     rows = concurrency.run_levels("target", "drafter", [[1, 2]], [2, 8], 8, ablations=ablations,
                                   log=open("/dev/null", "w"))
     assert [(r["method"], r["concurrency"]) for r in rows] == [
-        ("ar", 2), ("spec", 2), ("with_adaptive_verify", 2), ("ar", 8), ("spec", 8), ("with_adaptive_verify", 8)]
+        ("ar", 2), ("spec", 2), ("no_adaptive_verify", 2), ("ar", 8), ("spec", 8), ("no_adaptive_verify", 8)]
     assert [r["concurrency"] for r in concurrency.failed(rows)] == [8]
     assert "capturing" in concurrency.failed(rows)[0]["error"]
     concurrency.write(rows, {"target": "tiny", "device": "cpu"}, tmp_path)

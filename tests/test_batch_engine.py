@@ -82,6 +82,17 @@ def test_written_pair_and_chunked_prefill(written_pair):
         check_equal(target, drafter, requests, run_staggered(engine, requests, every=1), acceptance=True, seed=seed)
 
 
+def test_prefill_steps_are_counted_apart(written_pair):
+    """The steps that carry prompt rows are counted and timed apart from the decode-only ones (bench
+    --concurrency reports their share of a run): a 40-token prompt at chunk 8 takes five."""
+    target, drafter, seed = written_pair
+    engine = BatchEngine(target, drafter, BatchConfig(prefill_chunk=8), max_batch=1, kv_pages=16)
+    engine.submit(Request(tuple(random_prompts(320, (40,), seed)[0]), 12))
+    engine.run_until_done()
+    assert engine.prefill_steps == 5 and engine.steps > 5
+    assert engine.prefill_step_s > 0 and engine.decode_step_s > 0
+
+
 def test_batched_ar_equals_generate_ar(small_vocab):
     target, _, seed = small_vocab
     requests = mixed_requests(VOCAB, seed)

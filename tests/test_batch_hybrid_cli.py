@@ -54,4 +54,4 @@ def test_bench_concurrency_on_a_hybrid(pair, tmp_path, capsys):
                  "--benchmarks", "tiny", "--limit", "3", "--max-new-tokens", "6", "--device", "cpu", "--dtype", "fp32",
                  "--two-level", "prefix-first", "--verify-prefix", "2", "--out", str(tmp_path / "out")]) == 0
     methods = {json.loads(line)["method"] for line in (tmp_path / "out" / "concurrency.jsonl").read_text().splitlines()}
-    assert methods == {"ar", "spec", "no_ragged_verify", "no_batched_draft", "with_adaptive_verify", "with_prefix_first"}
+    assert methods == {"ar", "spec", "no_ragged_verify", "no_batched_draft", "no_adaptive_verify", "with_prefix_first"}

@@ -157,12 +157,17 @@ def test_warmup_captures_both_passes(pair):
     assert differences(target, drafter, requests, results) == []
 
 
+def test_prefix_first_replaces_adaptive_verify(pair):
+    target, drafter, _ = pair
+    config = BatchConfig(verify_prefix=2)
+    assert config.adaptive_verify and not config.adaptive
+    assert BatchEngine(target, drafter, config, kv_pages=64).verify_row_choices == (BLOCK,)
+
+
 def test_bad_settings_are_refused(pair):
     target, drafter, _ = pair
     with pytest.raises(ValueError, match="verify_prefix=-1 must be >= 0"):
         BatchConfig(verify_prefix=-1)
-    with pytest.raises(ValueError, match="adaptive_verify"):
-        BatchConfig(verify_prefix=2, adaptive_verify=True)
     with pytest.raises(ValueError, match="must be an int"):
         BatchConfig(verify_prefix=2.0)
     with pytest.raises(ValueError, match=f"verify_prefix={BLOCK} must be below the block size {BLOCK}"):

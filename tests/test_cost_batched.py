@@ -143,7 +143,8 @@ def test_cost_cli_concurrency(tmp_path, capsys, qwen):
 
 def test_evaluator_models_the_batched_verify_policies(qwen):
     """The agents' cost-model evaluator gives the batched step model's numbers (same ceilings, same
-    acceptance law) and so ranks prefix-first against full verify as the model does at each C."""
+    acceptance law) and so ranks prefix-first against full verify as the model does at each C; prefix-first
+    replaces adaptive verify, as in BatchConfig."""
     ev = CostModelEvaluator(context=512, tau=3.0)
     known = by_name()
     assert ev.models(known["batch.verify_prefix"]) and ev.models(known["batch.adaptive_verify"])
@@ -151,19 +152,20 @@ def test_evaluator_models_the_batched_verify_policies(qwen):
     for c in (1, 8, 32, 64, 128):
         dep = Deployment("qwen3-8b", "dflash-b16", "H100", c, "bf16")
         for p in (0, 2, 3):
-            est = ev(dep, {"run.weights": "bf16", "batch.verify_prefix": p}).tokens_per_s
+            est = ev(dep, {"run.weights": "bf16", "batch.verify_prefix": p, "batch.adaptive_verify": False}).tokens_per_s
             assert est == pytest.approx(step(qwen, c, verify_prefix=p)["spec_tokens_per_s"], rel=1e-9)
         ranks[c] = ev(dep, {"run.weights": "bf16", "batch.verify_prefix": 3}).tokens_per_s > \
-            ev(dep, {"run.weights": "bf16"}).tokens_per_s
+            ev(dep, {"run.weights": "bf16", "batch.adaptive_verify": False}).tokens_per_s
     assert not ranks[1] and ranks[128]     # one request: pass 2 re-reads every weight; 2048 rows: compute
     c1 = Deployment("qwen3-8b", "dflash-b16", "H100", 1, "bf16")
     for dep in (c1, Deployment("qwen3-8b", "dflash-b16", "H100", 32, "bf16")):
         # graphed, choosing among the block's quarters, the block itself one of them: never below full verify
-        assert ev(dep, {"batch.adaptive_verify": True}).tokens_per_s >= ev(dep, {}).tokens_per_s * (1 - 1e-9)
+        full = ev(dep, {"batch.adaptive_verify": False}).tokens_per_s
+        assert ev(dep, {}).tokens_per_s >= full * (1 - 1e-9)               # shipped: adaptive verify
     with pytest.raises(ValueError, match="below the block size 4"):
         ev(c1, {"batch.verify_prefix": 4, "run.block_size": 4})
-    with pytest.raises(ValueError, match="both trim"):
-        ev(c1, {"batch.verify_prefix": 2, "batch.adaptive_verify": True})
+    assert ev(c1, {"batch.verify_prefix": 2}).tokens_per_s == \
+        ev(c1, {"batch.verify_prefix": 2, "batch.adaptive_verify": False}).tokens_per_s
 
 
 def test_gap_ranking_sees_the_verify_policy():
@@ -172,7 +174,7 @@ def test_gap_ranking_sees_the_verify_policy():
     ev = CostModelEvaluator(context=512, tau=3.0)
     for c in (32, 128):
         dep = Deployment("qwen3-8b", "dflash-b16", "H100", c, "bf16")
-        a = {"run.weights": "bf16"}
+        a = {"run.weights": "bf16", "batch.adaptive_verify": False}         # full verify
         policies = [{"batch.verify_prefix": p} for p in by_name()["batch.verify_prefix"].values] + \
             [{"batch.adaptive_verify": True}]
         best = min(ev.seconds_per_token(dep, {**a, **p}) for p in policies)

@@ -55,7 +55,7 @@ def configure(parser):
                              "(seed 0: the same arrivals every run) and each concurrency caps the batch; default: closed-loop clients")
     parser.add_argument("--ablations", default=None,
                         help="with --concurrency: the comma list of runs beside batched AR (default: all of "
-                             "spec,no_ragged_verify,no_batched_draft,with_adaptive_verify,with_prefix_first)")
+                             "spec,no_ragged_verify,no_batched_draft,no_adaptive_verify,with_prefix_first)")
     parser.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
                         help="with --concurrency: prompt tokens prefilled per step over all newcomers, for batched "
                              "AR and every run beside it (BatchConfig.prefill_chunk; default: its default)")

@@ -19,7 +19,7 @@ log = logging.getLogger("specpilot.serve")
 
 def make_served(target, drafter, tokenizer, model_name: str, stop_ids=(), max_batch: int = 8,
                 max_model_len: int | None = None, kv_pages: int | None = None, block_size: int | None = None,
-                config: BatchConfig = BatchConfig(), step_costs=None) -> Served:
+                config: BatchConfig = BatchConfig()) -> Served:
     """max_model_len: the longest prompt + completion one request may have (default: the target's
     positions, at most DEFAULT_MAX_MODEL_LEN); kv_pages: the engine's page pool (default: room for
     max_batch requests of max_model_len at once)."""
@@ -33,8 +33,7 @@ def make_served(target, drafter, tokenizer, model_name: str, stop_ids=(), max_ba
     if kv_pages < per_request:
         raise ValueError(f"--kv-pages {kv_pages} holds {kv_pages * config.page_size} tokens, fewer than "
                          f"--max-model-len {max_model_len}: raise --kv-pages or lower --max-model-len")
-    engine = BatchEngine(target, drafter, config, max_batch=max_batch, kv_pages=kv_pages, block_size=block_size,
-                         step_costs=step_costs)
+    engine = BatchEngine(target, drafter, config, max_batch=max_batch, kv_pages=kv_pages, block_size=block_size)
     t0 = time.perf_counter()
     if engine.eager_reason:
         log.info("%s", engine.eager_reason)

@@ -19,18 +19,19 @@ class BatchConfig:
     batched_draft: bool = True
     """One draft context-append pass and one block forward per step over every running request's
     rows; off: one context-append and one block forward per request."""
-    adaptive_verify: bool = False
+    adaptive_verify: bool = True
     """Each step verifies only a prefix of every drafted block, one length T for the step among the
     block's quarters, chosen before the verify forward (no read-back of the step's draft) from pooled
-    per-position acceptance rates of earlier steps (Beta-Bernoulli counts) and a step-cost table
-    (adaptive.py); off: every request verifies its full block. The drafter always drafts its block.
-    Off by default until it measures faster on the card at hand (bench --concurrency's
-    with_adaptive_verify row)."""
+    per-position acceptance rates of earlier steps (Beta-Bernoulli counts) and a step-cost table that
+    BatchEngine.warmup measures on the card (adaptive.py, profile.py); off: every request verifies its
+    full block. The drafter always drafts its block. On by default: it won at C = 8 / 16 / 32 on an
+    H100 (docs/design.md, "Batched engine"); bench --concurrency's no_adaptive_verify row measures it.
+    Prefix-first (verify_prefix > 0) replaces it: both trim the verify rows (see `adaptive`)."""
     verify_prefix: int = 0
     """Prefix-first verification (docs/two_level.md): a first target forward over the first P rows of
     every decoding request's block (anchor + P-1 drafts, which judge drafts 1..P), and a second one
     over the rest of the block only for the requests that accepted all P (engine/batch/prefix_first.py).
-    0: off, one forward over whole blocks. Must be below the block size; not with adaptive_verify."""
+    0: off, one forward over whole blocks. Must be below the block size; in place of adaptive verify."""
     page_size: int = 16
     """KV cache slots per page (block table entry), for the target and the drafter caches alike."""
     prefill_chunk: int = 256
@@ -42,8 +43,9 @@ class BatchConfig:
     draft positions get acceptance labels whenever they could pay; 0: never (they then borrow their
     predecessor's rate)."""
     cost_ridge_tokens: int = 256
-    """Without a profiled StepCostTable (BatchEngine(step_costs=...)), the adaptive budget assumes a
-    verify forward costs the same up to this many rows and grows linearly past it (a GPU's ridge)."""
+    """Where no step-cost table is measured (a CPU run; BatchEngine(step_costs=...) gives one, warmup
+    measures one on a GPU), the adaptive budget assumes a verify forward costs the same up to this many
+    rows and grows linearly past it (a GPU's ridge)."""
 
     def __post_init__(self):
         for f in fields(self):
@@ -57,8 +59,11 @@ class BatchConfig:
                              f"cost_ridge_tokens={self.cost_ridge_tokens} must be >= 1")
         if self.verify_prefix < 0:
             raise ValueError(f"BatchConfig.verify_prefix={self.verify_prefix} must be >= 0 (0: off)")
-        if self.verify_prefix and self.adaptive_verify:
-            raise ValueError("BatchConfig.verify_prefix (prefix-first) and adaptive_verify both trim the verify "
-                             "rows: turn one of them off")
         if self.adaptive_probe_every < 0:
             raise ValueError(f"BatchConfig.adaptive_probe_every={self.adaptive_probe_every} must be >= 0 (0: never)")
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether steps choose their verify length adaptively: adaptive_verify, unless prefix-first
+        (verify_prefix) replaces it."""
+        return self.adaptive_verify and not self.verify_prefix

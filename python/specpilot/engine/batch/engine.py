@@ -41,6 +41,7 @@ from .forward import Staging
 from .graphed import DecodeGraphs, request_bucket
 from . import hybrid_state, kind_drafting
 from .paged import PagedKV, PagePool, kv_layers, pages_for
+from .profile import measure_step_costs
 from .request import BatchResult, Request, RequestState, request_problem
 
 
@@ -114,13 +115,19 @@ class BatchEngine:
         self.ar_in_flight = None                    # AR: the step launched ahead of the host (ar_lookahead.py)
         if graph_step_factory is not None or (self.device.type == "cuda" and engine_config.cuda_graphs):
             self.graphs = DecodeGraphs(self, graph_step_factory)
-        self.costs = step_costs or StepCostTable.roofline(config.cost_ridge_tokens)   # profile.measure_step_costs
+        # The adaptive budget's prices: given, else measured on this card by warmup (profile.py); a
+        # CPU run has no card to price, so it keeps the roofline.
+        self.costs = step_costs or StepCostTable.roofline(config.cost_ridge_tokens)
+        self.costs_measured = step_costs is not None
         self.estimator = AcceptanceEstimator(max(self.block_size - 1, 1))
         # The verify rows per request a step can run (each a captured graph): the block, or with
         # adaptive verify its quarters.
-        self.verify_row_choices = (verify_row_choices(self.block_size) if config.adaptive_verify and drafter is not None
+        self.verify_row_choices = (verify_row_choices(self.block_size) if config.adaptive and drafter is not None
                                    else (self.block_size,))
         self.steps = 0
+        # host seconds of the steps that carried prompt rows (prefill chunks) and of the decode-only
+        # ones: how much of a closed-loop run prefill takes, which batched AR and spec pay alike
+        self.prefill_steps, self.prefill_step_s, self.decode_step_s = 0, 0.0, 0.0
         self.block_rows = self.verify_rows = 0      # decode rows drafted (anchors included) / verified
         self.second_passes = self.second_pass_requests = 0   # prefix-first: steps / request steps with a pass 2
         self.queue, self.running = [], []
@@ -165,11 +172,18 @@ class BatchEngine:
     def warmup(self, max_context: int) -> int:
         """Captures every CUDA graph of the decode steps that requests of at most `max_context` positions
         (prompt + max_new_tokens) can need, at every batch size up to max_batch (graphed.py), so that no
-        capture lands inside a run; the number of graphs (0 without graphs)."""
-        if self.graphs is None:
-            return 0
+        capture lands inside a run; then, with adaptive verify on a GPU, times those forwards into the
+        step-cost table the verify lengths are chosen by (profile.py), unless one was given. Returns
+        the number of graphs (0 without graphs)."""
+        captured = 0
         with torch.inference_mode(), config_module.use(self.engine_config):
-            return self.graphs.warmup(max_context)
+            if self.graphs is not None:
+                captured = self.graphs.warmup(max_context)
+        if self.config.adaptive and self.drafter is not None and self.device.type == "cuda" \
+                and not self.costs_measured:
+            self.costs = measure_step_costs(self, context=max(1, min(512, max_context - self.block_size)))
+            self.costs_measured = True
+        return captured
 
     def progress(self) -> dict:
         """Request id -> its tokens committed so far, for every running request (streaming servers read
@@ -182,11 +196,19 @@ class BatchEngine:
 
     def step(self) -> list:
         """One scheduler iteration; returns the results finished since the last step (BatchResult)."""
+        t0 = time.perf_counter()                        # no sync: AR's lookahead keeps the GPU ahead
         with torch.inference_mode(), config_module.use(self.engine_config):
             self._admit()
             if self.running:
+                prefilling = any(not s.decoding for s in self.running)
                 self._iterate()
                 self.steps += 1
+                seconds = time.perf_counter() - t0
+                if prefilling:
+                    self.prefill_steps += 1
+                    self.prefill_step_s += seconds
+                else:
+                    self.decode_step_s += seconds
         out, self._finished = self._finished, []
         return out
 
@@ -271,7 +293,7 @@ class BatchEngine:
         self._finish_done()
         if not self.running:
             self.ar_in_flight = None                 # nobody left to read it: its rows were all wasted
-        if self.config.adaptive_verify:
+        if self.config.adaptive:
             self.estimator.end_step()               # this step's labels into the rates, O(block)
 
     def _finish_done(self) -> None:
@@ -284,7 +306,7 @@ class BatchEngine:
         the step's T* (adaptive.py), from host state only (no read-back between draft and verify); every
         adaptive_probe_every-th step the T* of the optimistic bound past the first T* (exploration)."""
         full = {s.id: drafts[s.id].rows if s.id in drafts else 1 for s in decoding}
-        if not self.config.adaptive_verify or not drafts:
+        if not self.config.adaptive or not drafts:
             return full
         padded = request_bucket(len(decoding)) if self.graphs is not None else len(decoding)
         every = self.config.adaptive_probe_every

@@ -117,15 +117,3 @@ def _eager(engine, buckets, rows_per_request: int, context: int, repeats: int) -
     if not points:
         raise ValueError(f"no bucket of {list(buckets)} fits the free KV pool ({engine.pool.free_pages} pages)")
     return StepCostTable(points)
-
-
-def probe_step_costs(target, drafter, max_batch: int, context: int = 512) -> StepCostTable:
-    """The table for engines of up to `max_batch` requests with adaptive verify, measured on a probe
-    engine of its own (pages for the largest bucket at `context`), which is dropped after."""
-    from .config import BatchConfig
-    from .engine import BatchEngine
-
-    config = BatchConfig(adaptive_verify=drafter is not None)
-    block = drafter.block_size if drafter is not None else 1
-    pages = request_bucket(max_batch) * -(-(context + block) // config.page_size)
-    return measure_step_costs(BatchEngine(target, drafter, config, max_batch=max_batch, kv_pages=pages), context=context)

@@ -22,6 +22,7 @@ def run_batch(target, drafter, prompts, max_new_tokens: int, concurrency: int, s
     extra = {} if engine_config is None else {"engine_config": engine_config}
     engine = BatchEngine(target, drafter, config, max_batch=concurrency, block_size=block_size,
                          kv_pages=pool_pages(prompts, max_new_tokens, concurrency, config.page_size), **extra)
+    engine.warmup(max(len(p) for p in prompts) + max_new_tokens)    # CUDA: graphs and the step costs, up front
     ids = [engine.submit(Request(tuple(map(int, p)), max_new_tokens, temperature=temperature, seed=seed,
                                  stop_ids=tuple(stop_ids))) for p in prompts]
     by_id = {r.request_id: r for r in engine.run_until_done()}

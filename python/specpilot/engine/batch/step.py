@@ -361,5 +361,5 @@ def commit_step(engine, s, draft, rows: int, accepted: int, new: list, features)
         s.ctx.append((features[:produced], s.start))
     s.start += produced
     s.acceptance.append(produced)
-    if draft is not None and engine.config.adaptive_verify:     # the adaptive length's labels (adaptive.py)
+    if draft is not None and engine.config.adaptive:     # the adaptive length's labels (adaptive.py)
         engine.estimator.observe(rows - 1, accepted)
