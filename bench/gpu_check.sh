@@ -3,7 +3,9 @@
 # (sm_90a), run the GPU tests, run the kernel / engine / agent benchmarks, print a short table last.
 # Logs and JSON go to $OUT (the device tool's folder) or out/gpu_check.
 # Usage: bash bench/gpu_check.sh [build|prebuilt|tests|trees|split12|gemv|skinny|engine|ab|defaults_ab|cost_8b|agents|agents_demo|bench_zoo|bench_hybrid_zoo|bench_8b|scale_8b|five_8b|batch|batch_hybrid|batch_profile|drafters|hybrid|hybrid_hf|gdn_trees|trees_real|prefix_first|draft_vocab|gdn_fla|embedded_pair|paged|serve|results ...]
-# (GPU_TESTS: the test files the tests step runs, default all; BATCH_TESTS=0: the batch step without its tests; DEADLINE: see the loop below)
+# (GPU_TESTS: the test files the tests step runs, default all; BATCH_TESTS=0: the batch step without its tests; DEADLINE: see the loop below;
+#  PACK_TO=FILE.tgz: $OUT re-packed into FILE after every step, e.g. OUT=/tmp/x PACK_TO=$DEVICE_OUT/x.tgz, so that a call
+#  cut off by the device's time limit still returns every log so far, in one file past its 8-file limit)
 # (default: all but prebuilt, in order). `prebuilt` replaces `build` when device time is short: it stages
 # the package in /tmp/sp with the extension that scripts/prebuild_cuda_ext.sh made on a CPU machine
 # (carried in .prebuilt/), so the device compiles nothing: `bash bench/gpu_check.sh prebuilt tests ...`;
@@ -42,6 +44,9 @@ run_step() {  # name, command...
   local rc=$?
   local dt=$(( $(date +%s) - t0 ))
   if [ $rc -eq 0 ]; then note "$name" "ok (${dt}s)"; else note "$name" "FAILED rc=$rc (${dt}s), see $name.log"; tail -30 "$OUT/$name.log"; fi
+  if [ -n "${PACK_TO:-}" ]; then
+    tar czf "$PACK_TO.part" -C "$(dirname "$OUT")" "$(basename "$OUT")" && mv "$PACK_TO.part" "$PACK_TO"
+  fi
   return $rc
 }
 
