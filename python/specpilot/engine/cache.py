@@ -1,4 +1,6 @@
-"""Static KV cache: one [B, H_kv, S, D] K and V tensor per layer, allocated once.
+"""Static KV cache: one [B, H_kv, S, D] K and V tensor per layer, allocated once, each a view of one
+[L, B, H_kv, S, D] tensor (`k_layers`, `v_layers`), so that moving slots in every layer (a tree's
+commit) is one gather and one scatter.
 
 Slot index == absolute position. The slot count is max_seq_len + 1 rounded up to a multiple of 64
 (aligned attention spans); the last slot (`trash_slot`) absorbs padded writes of CUDA-graph steps.
@@ -17,8 +19,9 @@ class KVCache:
         self.max_seq_len = max_seq_len
         self.slots = -(-(max_seq_len + 1) // 64) * 64
         shape = (batch, kv_heads, self.slots, head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+        self.k_layers = torch.zeros((num_layers, *shape), device=device, dtype=dtype)
+        self.v_layers = torch.zeros((num_layers, *shape), device=device, dtype=dtype)
+        self.k, self.v = list(self.k_layers.unbind(0)), list(self.v_layers.unbind(0))
 
     @property
     def trash_slot(self) -> int:

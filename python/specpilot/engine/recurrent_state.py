@@ -36,6 +36,7 @@ class HybridCache:
         self.kv = KVCache(len(cfg.attention_layers), batch, cfg.num_kv_heads, max_seq_len, cfg.head_dim,
                           device, dtype)
         self.k, self.v = self.kv.k, self.kv.v            # attention layers only, in layer order
+        self.k_layers, self.v_layers = self.kv.k_layers, self.kv.v_layers
         self.max_seq_len, self.slots = self.kv.max_seq_len, self.kv.slots
         self.kv_index = {layer: i for i, layer in enumerate(cfg.attention_layers)}
         self.gdn_index = {layer: i for i, layer in enumerate(cfg.gdn_layers)}

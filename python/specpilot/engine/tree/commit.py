@@ -22,12 +22,12 @@ def kv_moves(layout, nodes: list) -> torch.Tensor:
 
 
 def move_kv(cache, moves: torch.Tensor) -> None:
-    """Every attention layer's K/V: slot moves[N + r] takes slot moves[r]'s (r < N)."""
+    """Every attention layer's K/V: slot moves[N + r] takes slot moves[r]'s (r < N), all layers at once
+    (KVCache's stacked tensors: four kernels, where a loop over layers launched four per layer)."""
     n = moves.numel() // 2
     src, dst = moves[:n], moves[n:]
-    for k, v in zip(cache.k, cache.v):
-        k.index_copy_(2, dst, k.index_select(2, src))          # gathered first: overlaps are safe
-        v.index_copy_(2, dst, v.index_select(2, src))
+    for stacked in (cache.k_layers, cache.v_layers):           # [L, B, H, S, D]
+        stacked.index_copy_(3, dst, stacked.index_select(3, src))   # gathered first: overlaps are safe
 
 
 def commit_path(cache, layout, nodes: list, move=move_kv) -> None:
