@@ -41,8 +41,8 @@ SKINNY_GEMM = 5.10 / 4.74    # verify with cuBLAS vs the skinny GEMM (Qwen3-8B s
 DECODE_GRID = 5.27 / 5.16    # split12 verify without / with the decode grid (H100)
 UNFUSED_KERNELS = 2.0        # fused_kernels off: each fused norm / rope / gate is two or more kernels
 TAU_AT_DRAFTER_BLOCK = 6.49  # DFlash's published tau for the Qwen3-8B pair at block 16 (docs/design.md)
-_SHIPPED = BatchConfig()       # the batched engine's shipped defaults
 FALLBACK_RATE = 1.0          # the certified head's measured fallback rate (docs/two_level.md)
+SHIPPED_BATCH = BatchConfig()  # the batched engine's shipped defaults (adaptive verify, its probe rate)
 MODELLED = {"engine.cuda_graphs", "engine.fused_kernels", "engine.fused_gemv", "engine.skinny_gemm",
             "engine.split12_decode_grid", "engine.fused_steps", "engine.two_level", "batch.ragged_verify",
             "batch.batched_draft", "batch.verify_prefix", "batch.adaptive_verify", "run.block_size", "run.weights"}
@@ -127,7 +127,7 @@ class CostModelEvaluator:
         """("full", block) | ("prefix", P) | ("len", L) | ("adaptive", L): how many rows a request
         verifies (adaptive: L, and _probe_len's on the probe steps)."""
         prefix = int(a.get("batch.verify_prefix", 0))
-        adaptive = bool(a.get("batch.adaptive_verify", _SHIPPED.adaptive_verify))    # prefix-first replaces it
+        adaptive = bool(a.get("batch.adaptive_verify", SHIPPED_BATCH.adaptive_verify))    # prefix-first replaces it
         if prefix and prefix >= block:
             raise ValueError(f"batch.verify_prefix={prefix} must be below the block size {block} (the batched "
                              f"engine refuses it)")
@@ -243,7 +243,7 @@ class CostModelEvaluator:
                 "batch.ragged_verify": True, "batch.batched_draft": True,
                 "run.weights": a.get("run.weights", dep.weights), "run.block_size": a.get("run.block_size"),
                 "engine.two_level": "off", "batch.verify_prefix": a.get("batch.verify_prefix", 0),
-                "batch.adaptive_verify": a.get("batch.adaptive_verify", _SHIPPED.adaptive_verify)}
+                "batch.adaptive_verify": a.get("batch.adaptive_verify", SHIPPED_BATCH.adaptive_verify)}
         now, ceil = self.step_times(dep, a), self.step_times(dep, best)
         tokens = dep.concurrency * (1.0 if dep.drafter == "none" else self.tau)
         lost = {}
@@ -278,7 +278,7 @@ def _scaled(add, factor: float):
 
 def _probe_share() -> float:
     """The share of adaptive verify's steps that verify whole blocks (BatchConfig.adaptive_probe_every)."""
-    every = _SHIPPED.adaptive_probe_every
+    every = SHIPPED_BATCH.adaptive_probe_every
     return 1.0 / every if every else 0.0
 
 

@@ -4,9 +4,9 @@
       --prompts A.jsonl --prompts B.jsonl --limit 20 --sizes 0,256,512,1024,2048,4096 --device cpu --dtype fp32
 
 For every N (0: the full head) each prompt is decoded greedily by our engine; the outputs must be
-token for token the full head's (the run exits 1 otherwise, after every size: a reduced head may only move
-tau). tau =
-mean over prompts of the mean acceptance length (bonus included; shared/zoo/README.md's definition).
+token for token the full head's (the run exits 1 otherwise, after every size: a reduced head may only
+move tau). tau = mean over prompts of the mean acceptance length (bonus included; shared/zoo/README.md's
+definition).
 Draft step: the median of `--reps` draft steps at a fixed position (graphed on CUDA), every size timed
 round-robin after the decoding (the device's own timing: CPU numbers are CPU numbers). Prints a markdown table, then one JSON line.
 """

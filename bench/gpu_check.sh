@@ -50,6 +50,11 @@ run_step() {  # name, command...
   return $rc
 }
 
+with_fla() {  # fla-core and einops from .whl/fla (pip download --no-deps fla-core einops), on PYTHONPATH
+  python3 -c "import fla" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/fla/*.whl
+  export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/site
+}
+
 build_here() {  # a clean CUDA build of the extension, installed editable
   rm -rf build python/specpilot/_C*.so
   python3 -m pip install --no-build-isolation --no-deps --no-index -e . && python3 -m specpilot env --json > "$OUT/env.json"
@@ -229,8 +234,7 @@ for packed in glob.glob('_C.*.so.xz'): open('/tmp/sp_tree/specpilot/' + packed[:
                    tail -3 "$OUT/embedded_pair.log" | tee -a "$summary" ;;
     # Issue 33: transformers' greedy AR on the Qwen3.5-9B shape (its hybrid cache, fla's kernels from
     # .whl/fla) beside our AR and spec (tau 6.49 replayed), one process, random weights written to disk.
-    hybrid_hf) python3 -c "import fla" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/fla/*.whl
-               export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/site; H9=/tmp/specpilot_h9b
+    hybrid_hf) with_fla; H9=/tmp/specpilot_h9b
                [ -f "$H9/target/config.json" ] || run_step write_h9b python3 -m specpilot.bench.random_checkpoint \
                  --preset qwen3.5-9b --out "$H9" --device cuda
                run_step hybrid_hf timeout ${HYBRID_HF_S:-300} python3 -m specpilot bench --target $H9/target --drafter $H9/drafter \
@@ -238,8 +242,7 @@ for packed in glob.glob('_C.*.so.xz'): open('/tmp/sp_tree/specpilot/' + packed[:
                  --limit 2 --max-new-tokens 128 --dtype bf16 --out "$OUT/hybrid_hf" ;;
     # Our GDN chain kernel against fla's Triton kernel, one layer at the Qwen3.5-9B shape (fla-core and
     # einops from .whl/fla: pip download --no-deps fla-core einops).
-    gdn_fla) python3 -c "import fla" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/fla/*.whl
-             export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/site
+    gdn_fla) with_fla
              run_step gdn_fla timeout 200 python3 -m specpilot.bench.gdn_fla --out "$OUT/gdn_fla.jsonl" ;;
     # The paged decode attention kernel against the batched engine's gather + SDPA, one layer (fp64-checked).
     paged)   run_step paged timeout 200 python3 -m specpilot.bench.paged_attention_kernels --out "$OUT/paged_attention.jsonl" ;;
