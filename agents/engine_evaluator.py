@@ -190,6 +190,7 @@ class EngineEvaluator:
                 by_id = {r.request_id: r for r in engine.run_until_done()}
                 seconds = time.perf_counter() - t0
                 results = [by_id[i] for i in ids]
+                engine.close()                    # its caches and graphs, before the next evaluation's
                 failed = [r.error for r in results if r.error]
                 if failed:
                     raise ValueError(f"batched requests failed: {failed[:3]}")

@@ -127,7 +127,9 @@ def closed_loop(target, drafter, config, concurrency: int, prompts: list, max_ne
                "second_passes": engine.second_passes, "second_pass_requests": engine.second_pass_requests,
                "replay_shortfalls": sum(r.replay_shortfalls for r in ordered), "graphs": graphs, "graph_warmup_s": warmup_s,
                "step_costs_ms": ({n: s * 1e3 for n, s in zip(engine.costs.tokens, engine.costs.seconds)}
-                                 | {"draft": engine.costs.fixed_s * 1e3}) if engine.costs_measured else None}
+                                 | {"draft": engine.costs.fixed_s * 1e3, "host": engine.costs.host_s * 1e3})
+               if engine.costs_measured else None}
+    engine.close()          # before the next run's engine: its caches and graphs would stay allocated
     return metrics, ordered
 
 

@@ -166,6 +166,40 @@ def test_cost_table():
         StepCostTable([(0, 1.0)])
 
 
+def test_cost_table_learns_the_host_share_of_a_step():
+    """observe_step folds what a step's wall time leaves unexplained by the forwards into host_s, so
+    the choice weighs a shorter verify against the whole step: a table whose device costs grow with
+    the rows (T* = 2 alone) stops trimming once the host's share is known to dwarf them."""
+    table = StepCostTable([(8, 1e-3), (16, 2e-3)], fixed_s=0.5e-3)
+    survivals = np.array([[0.9, 0.8, 0.7], [0.8, 0.6, 0.0]])
+    assert table.host_s == 0.0 and choose_verify_rows(survivals, 4, (2, 4), table) == 2
+    for _ in range(60):
+        table.observe_step(20.5e-3, 16)                       # each step 20.5 ms, its forwards 2.5 ms
+    assert table.host_s == pytest.approx(18e-3, rel=0.01)
+    assert table.cost(16) == pytest.approx(20.5e-3, rel=0.01) and table.device_cost(16) == 2.5e-3
+    assert choose_verify_rows(survivals, 4, (2, 4), table) == 4
+    table.observe_step(1e-3, 16)                              # a step faster than its forwards adds nothing
+    assert table.host_s < 18e-3
+
+
+def test_engine_teaches_its_measured_table_the_host_share():
+    """A BatchEngine given a measured table (microseconds: far below a CPU step) learns the host's share
+    from its decode steps and verifies whole blocks after the first steps; the roofline (no units)
+    learns nothing."""
+    from batch_helpers import EAGER_ADAPTIVE, five_requests, run_staggered, tiny_pair
+    from specpilot.engine.batch import BatchEngine
+
+    target, drafter = tiny_pair(10, 4, 3)
+    steep = StepCostTable([(n, n * 1e-6) for n in range(1, 17)])    # rows cost: alone, T* = 1
+    learnt = BatchEngine(target, drafter, EAGER_ADAPTIVE, max_batch=3, kv_pages=64, step_costs=steep)
+    run_staggered(learnt, five_requests(10, 3))
+    assert learnt.costs.host_s > 1e-4 and learnt.verify_rows > 0.8 * learnt.block_rows
+    for given in (None, StepCostTable.roofline(6)):
+        roofline = BatchEngine(target, drafter, EAGER_ADAPTIVE, max_batch=3, kv_pages=64, step_costs=given)
+        run_staggered(roofline, five_requests(10, 3))
+        assert roofline.costs.host_s == 0.0
+
+
 def test_measured_cost_table_and_pages_returned():
     from batch_helpers import tiny_pair
     from specpilot.engine.batch import BatchConfig, BatchEngine

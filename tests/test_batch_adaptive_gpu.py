@@ -42,6 +42,8 @@ def test_no_device_sync_between_draft_and_verify(monkeypatch):
     monkeypatch.setattr(step, "draft_all", drafting)
     monkeypatch.setattr(forward, "target_forward", closing(target_forward))
     engine.graphs.target = closing(graphed_target)
+    engine.graphs.prefill = closing(engine.graphs.prefill)
+    engine.graphs.mixed = closing(engine.graphs.mixed)
     try:
         ids = [engine.submit(r) for r in requests]
         results = {r.request_id: r for r in engine.run_until_done()}

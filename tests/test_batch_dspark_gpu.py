@@ -50,7 +50,7 @@ def test_bf16_batched_dspark_equals_batched_ar(tmp_path):
     for i, (a, b) in enumerate(zip(got, ref)):
         assert a.tokens == b.tokens, f"request {i}"
     assert any(x > 1 for r in got for x in r.acceptance_lengths), "no draft accepted: the drafting went unchecked"
-    assert {key[0] for key in spec.graphs.steps} == {"target"}
+    assert {key[0] for key in spec.graphs.steps} == {"target", "prefill", "mixed"}
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

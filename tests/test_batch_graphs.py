@@ -2,12 +2,16 @@
 graphs.StaticShapeStep (static input buffers, outputs reused by every call, as a CUDA graph): padded
 request buckets, tail blocks shorter than the block, the trash slot, key buckets. Every request's tokens
 equal the single-request engine's (fp32), greedy and sampled, speculative and AR."""
+import gc
+import weakref
+
 import pytest
 
 from batch_helpers import five_requests, accepting_pair, random_prompts, run_staggered, single
 from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU thread)
 from test_engine_helpers import fresh_seed
-from specpilot.engine.batch import BatchConfig, BatchEngine, Request
+from specpilot.engine.batch import BatchConfig, BatchEngine, Request, step
+from specpilot.engine.batch.draft_context import append_context
 from specpilot.engine.batch.graphed import request_bucket
 from specpilot.engine.graphs import StaticShapeStep
 
@@ -47,7 +51,8 @@ def test_graphed_decode_equals_single_request(pair, drafted, temperature, paged)
         assert results[i].error is None and results[i].tokens == ref.tokens, f"seed {seed}, request {i}"
         assert results[i].acceptance_lengths == ref.acceptance_lengths
     kinds = {key[0] for key in engine.graphs.steps}
-    assert kinds == ({"context", "draft", "target"} if drafted else {"target"}), "the graphed path never ran"
+    assert kinds == ({"context", "draft", "target", "prefill", "mixed"} if drafted else {"target", "prefill", "mixed"}), \
+        "the graphed path never ran"
     assert engine.pool.free_pages == 64
 
 
@@ -86,22 +91,64 @@ def test_warmup_captures_every_graph_a_run_needs(pair):
         engine.warmup(0)
 
 
+@pytest.mark.parametrize("tile", [1, 3, 16])
 @pytest.mark.parametrize("drafted", [True, False])
-def test_prefill_chunks_beside_graphed_decode(pair, drafted):
-    """Prompts prefilled 4 rows a step while others decode: the decode rows go through the graphs and
-    the chunks through their own eager forward in the same step; tokens and acceptance unchanged."""
+def test_prefill_chunks_ride_in_the_decode_forward(pair, drafted, tile, monkeypatch):
+    """Prompts prefilled 4 rows a step while others decode: the chunks, cut into tiles of `tile` rows
+    (one padded request each), go through the decode rows' own forward (the mixed graph), padded to
+    one of its tile buckets, and their features into the draft cache at once, so no draft's context
+    append falls back to the eager forward; tokens and acceptance unchanged."""
     target, drafter, seed = pair
     drafter = drafter if drafted else None
     requests = requests_for(seed)
     engine = graphed_engine(target, drafter, max_batch=3, config=BatchConfig(prefill_chunk=4))
-    calls = []
-    original = engine.graphs.target
-    engine.graphs.target = lambda *a: calls.append(any(not s.decoding for s in engine.running)) or original(*a)
+    engine.graphs.prefill_tile = tile
+    tiles, eager_context = [], []
+    original = engine.graphs.mixed
+    engine.graphs.mixed = lambda *a: tiles.append(a[5][4].shape) or original(*a)
+    monkeypatch.setattr(step, "append_context", lambda engine, group: eager_context.append(
+        [s.id for s in group if s.ctx]) or append_context(engine, group))
     results = run_staggered(engine, requests, every=1)
-    assert any(calls), "no step had a prefill chunk beside a graphed decode forward"
+    assert tiles, "no step had a prefill chunk beside a graphed decode forward"
+    # the chunks' features went to the draft cache in their own step: every draft's context append graphed
+    assert not any(eager_context), f"a draft appended context eagerly: {eager_context}"
+    assert {t for _, t in tiles} == {tile} and {r for r, _ in tiles} <= set(engine.graphs.tile_buckets()), tiles
+    assert engine.graphs.prefill_requests == request_bucket(-(-4 // tile))
     for i, req in enumerate(requests):
         ref = single(target, drafter, req)
         assert results[i].tokens == ref.tokens and results[i].acceptance_lengths == ref.acceptance_lengths, i
+
+
+@pytest.mark.parametrize("decoding", [False, True])
+@pytest.mark.parametrize("drafted", [True, False])
+def test_prefill_chunks_past_one_forward_go_in_two(pair, drafted, decoding):
+    """Three newcomers' chunks (1 + 1 + 2 rows) in tiles of 3 rows need 3 tiles, one forward takes 2
+    (a whole 4-row chunk's): two forwards in that step, no chunk split, the first the decode rows' own
+    (mixed) when a request is decoding; tokens unchanged."""
+    target, drafter, seed = pair
+    drafter = drafter if drafted else None
+    requests = [Request(tuple(p), 10) for p in random_prompts(VOCAB, (1, 1, 2), seed + 5)]
+    running = Request(tuple(random_prompts(VOCAB, (3,), seed + 6)[0]), 16)
+    engine = graphed_engine(target, drafter, max_batch=4, config=BatchConfig(prefill_chunk=4))
+    engine.graphs.prefill_tile = 3
+    calls = []
+    for kind in ("prefill", "mixed"):
+        original = getattr(engine.graphs, kind)
+        setattr(engine.graphs, kind, lambda *a, kind=kind, original=original:
+                calls.append((kind, engine.steps, a[-1][4].shape[0] if kind == "mixed" else a[4].shape[0])) or original(*a))
+    first, results = None, {}
+    if decoding:                            # its 3-row prompt in one step, then it decodes
+        first = engine.submit(running)
+        results.update({r.request_id: r for r in engine.step()})
+        assert engine.running[0].decoding
+    calls.clear()
+    step = engine.steps
+    ids = [engine.submit(r) for r in requests]
+    results.update({r.request_id: r for r in engine.run_until_done()})
+    assert engine.graphs.prefill_requests == 2
+    assert calls[:2] == ([("mixed", step, 2), ("prefill", step, 1)] if decoding else [("prefill", step, 2), ("prefill", step, 1)]), calls
+    for i, req in zip(ids + ([first] if decoding else []), requests + ([running] if decoding else [])):
+        assert results[i].tokens == single(target, drafter, req).tokens, f"seed {seed}"
 
 
 def test_adaptive_verify_runs_graphed_at_shorter_rows(pair):
@@ -155,3 +202,22 @@ def test_a_failed_capture_names_its_graph(pair):
     with pytest.raises(RuntimeError, match=r"batched engine.s \w+ graph \(2, 4[,)].*not permitted") as failure:
         engine.warmup(20)
     assert "not permitted" in str(failure.value.__cause__)
+
+
+def test_close_frees_the_caches_without_a_collection(pair):
+    """An engine and its graphs hold each other, so a dropped engine keeps its caches until the garbage
+    collector runs; close() lets them go at once (a process building engine after engine runs out of
+    device memory otherwise: the bench's C=32 runs on an H100)."""
+    target, drafter, seed = pair
+    kept, freed = (graphed_engine(target, drafter, max_batch=3) for _ in range(2))
+    for engine in (kept, freed):
+        run_staggered(engine, requests_for(seed))
+    refs = [weakref.ref(e.cache) for e in (kept, freed)]
+    gc.disable()
+    try:
+        freed.close()
+        del kept, freed, engine
+        assert refs[0]() is not None, "the reference cycle this test relies on is gone: close() may be moot"
+        assert refs[1]() is None
+    finally:
+        gc.enable()

@@ -14,7 +14,8 @@ e.g. its logit margins, would stall the GPU every step):
         curve would only help to tell this step's requests from the pool's)
   T*    the verify rows per request that maximise expected tokens per second of step time:
         (sum over requests r of 1 + S[1] + ... + S[min(T, rows_r) - 1]) / cost(R x T), T among
-        verify_row_choices(block), cost from a StepCostTable measured on the card (profile.py)
+        verify_row_choices(block), cost from a StepCostTable measured on the card (profile.py), with
+        the host's share of a step learnt from the engine's own steps (StepCostTable.observe_step)
 The labels come from the accepted counts, which the step's one read-back brings to the host anyway;
 the counts fold into the rates once per step after the accept loop (O(block), no refit). Censoring:
 a trimmed step labels only the drafts it verified; its T depends on earlier steps only, never on
@@ -44,10 +45,15 @@ PRIOR_STRENGTH = 4.0      # pseudo-observations of each position's prior
 HALF_LIFE_STEPS = 32      # steps after which a label weighs half (about a request's life at tau ~6)
 
 
+HOST_WEIGHT = 0.1          # the weight of a step's newest residual in StepCostTable.host_s
+
+
 class StepCostTable:
     """Step seconds as a function of the verify rows of the step: a step function over measured token
     buckets (a row count costs its bucket's time; past the last bucket, linear in rows), plus a fixed
-    part (drafting and host work) that the verify length does not change."""
+    part that the verify length does not change: the draft (fixed_s, timed with the forwards) and the
+    host's share of a step (host_s: its layout, uploads, read-back and accept loop, which the device's
+    forwards do not hide), learnt from the engine's own decode steps (observe_step)."""
 
     def __init__(self, points, fixed_s: float = 0.0):
         points = sorted((int(n), float(s)) for n, s in points)
@@ -57,18 +63,33 @@ class StepCostTable:
         self.tokens = [n for n, _ in points]
         self.seconds = [s for _, s in points]
         self.fixed_s = fixed_s
+        self.host_s = 0.0
+        self.in_seconds = True          # the roofline's costs have no unit: it learns no host share
 
     @classmethod
     def roofline(cls, ridge_tokens: int) -> "StepCostTable":
         """The shape of a GPU forward: flat (weight-bandwidth bound) up to `ridge_tokens` rows, then
         linear (compute bound). For a card without a profile."""
-        return cls([(ridge_tokens, 1.0)], fixed_s=0.0)
+        table = cls([(ridge_tokens, 1.0)], fixed_s=0.0)
+        table.in_seconds = False
+        return table
 
     def cost(self, rows: int) -> float:
+        return self.host_s + self.device_cost(rows)
+
+    def device_cost(self, rows: int) -> float:
         i = bisect.bisect_left(self.tokens, rows)
         if i < len(self.tokens):
             return self.fixed_s + self.seconds[i]
         return self.fixed_s + self.seconds[-1] * rows / self.tokens[-1]
+
+    def observe_step(self, seconds: float, rows: int) -> None:
+        """A decode step took `seconds` of wall time at `rows` verify rows: what the forwards' times do
+        not explain folds into host_s (an exponential mean). Without it a host-bound deployment, whose
+        verify is a small part of its step, trims rows for a saving its steps never see (the zoo pair
+        at C=1 on an H100: 0.75x with adaptive verify, 0.83x without). The roofline learns nothing."""
+        if self.in_seconds:
+            self.host_s += HOST_WEIGHT * (max(0.0, seconds - self.device_cost(rows)) - self.host_s)
 
 
 class AcceptanceEstimator:

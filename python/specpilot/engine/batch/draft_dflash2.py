@@ -27,7 +27,7 @@ from specpilot.ops.norm_rope import add_rms_norm
 from specpilot.verify.sampling import sample_probs, sampling_probs
 
 from . import forward
-from .step import append_context
+from .draft_context import append_context
 
 
 class Drafting:

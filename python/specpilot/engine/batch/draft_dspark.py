@@ -29,7 +29,7 @@ from specpilot.ops import linear
 from specpilot.verify.sampling import sample_probs, sampling_probs
 
 from . import forward
-from .step import append_context
+from .draft_context import append_context
 
 
 class Drafting:

@@ -23,7 +23,7 @@ import torch
 from specpilot.verify.sampling import sample_probs, sampling_probs
 
 from . import forward
-from .step import take_context
+from .draft_context import take_context
 
 
 def pard_forward(drafter, cache, layout: forward.Layout, ids: torch.Tensor, features, logit_rows: torch.Tensor):

@@ -129,6 +129,7 @@ class BatchEngine:
         # ones: how much of a closed-loop run prefill takes, which batched AR and spec pay alike
         self.prefill_steps, self.prefill_step_s, self.decode_step_s = 0, 0.0, 0.0
         self.block_rows = self.verify_rows = 0      # decode rows drafted (anchors included) / verified
+        self.priced_rows = 0                        # the verify rows the step-cost table priced this step
         self.second_passes = self.second_pass_requests = 0   # prefix-first: steps / request steps with a pass 2
         self.queue, self.running = [], []
         self._finished = []                         # results not yet handed out by step()
@@ -185,6 +186,19 @@ class BatchEngine:
             self.costs_measured = True
         return captured
 
+    def close(self) -> None:
+        """Gives back the engine's device memory now (its KV caches, recurrent slots and CUDA graphs)
+        rather than when the garbage collector next breaks the engine <-> graphs reference cycles: a
+        process that builds one engine after another (the bench's runs, the agents' evaluations) would
+        otherwise hold several at once. The engine cannot step after it."""
+        if self.graphs is not None:
+            self.graphs.steps.clear()
+        self.graphs = self.graph_features = self.ar_in_flight = self.kind_drafting = None
+        self.cache = self.draft_cache = self.recurrent = None
+        self.queue, self.running = [], []
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def progress(self) -> dict:
         """Request id -> its tokens committed so far, for every running request (streaming servers read
         it after each step; the lists are live: copy what you keep)."""
@@ -209,6 +223,8 @@ class BatchEngine:
                     self.prefill_step_s += seconds
                 else:
                     self.decode_step_s += seconds
+                    if self.priced_rows:                  # a measured table learns the host's share
+                        self.costs.observe_step(seconds, self.priced_rows)
         out, self._finished = self._finished, []
         return out
 
@@ -270,6 +286,7 @@ class BatchEngine:
         from .step import draft_all, verify_and_accept
 
         decoding = [s for s in self.running if s.decoding]
+        self.priced_rows = 0
         if ar_lookahead.applies(self, decoding):
             ar_lookahead.step(self, decoding)
             self.block_rows += len(decoding)
@@ -312,6 +329,7 @@ class BatchEngine:
         every = self.config.adaptive_probe_every
         rows = choose_step_rows(self.estimator, [full[s.id] - 1 for s in decoding], padded, self.verify_row_choices,
                                 self.costs, probe=bool(every) and self.steps % every == 0)
+        self.priced_rows = padded * rows
         return {rid: min(n, rows) for rid, n in full.items()}
 
     def graph_rows(self, lengths: dict) -> int:

@@ -176,6 +176,26 @@ class PaddedLayout(_PaddedAttention):
         return out.view(1, r * t, hq * d)
 
 
+class SplitLayout:
+    """Two padded layouts in one forward: a step's decode rows (R x T) and then its prefill tiles
+    (P x tile), so that one pass over the weights serves both. Rope and the K/V writes run over the
+    rows of both; attention runs once per part, each with its own page table and visible ends."""
+
+    def __init__(self, decode: PaddedLayout, prefill: PaddedLayout):
+        self.parts = (decode, prefill)
+        self.decode_rows = decode.positions.shape[0]
+        self.positions = torch.cat([decode.positions, prefill.positions])
+        self.slots = torch.cat([decode.slots, prefill.slots])
+
+    def mask(self, groups: int, dtype):
+        return tuple(part.mask(groups, dtype) for part in self.parts)
+
+    def attend(self, q, k_pool, v_pool, mask, scale):
+        n = self.decode_rows
+        return torch.cat([part.attend(rows, k_pool, v_pool, m, scale)
+                          for part, rows, m in zip(self.parts, (q[:, :, :n], q[:, :, n:]), mask)], dim=1)
+
+
 def padded(segments: list, requests: int, rows: int, keys: int, page_size: int, trash_slot: int, last=None,
            paged: bool = False) -> list:
     """Host arrays (positions, slots [requests*rows], keys, padded_last [requests, rows]) of `segments`

@@ -24,6 +24,9 @@ from specpilot.kernels import paged_attention
 from . import forward
 
 REQUEST_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+# Prompt rows per tile of a graphed prefill chunk: the paged kernel's rows per request (T <= 32); at
+# 16 a 256-row chunk is 16 tiles, and the chunk's K/V is read once per tile.
+PREFILL_TILE = 16
 
 
 def request_bucket(n: int) -> int:
@@ -31,6 +34,11 @@ def request_bucket(n: int) -> int:
         if b >= n:
             return b
     return -(-n // 64) * 64
+
+
+def buckets_up_to(top: int) -> list:
+    """Every request bucket up to the bucket `top` (itself included past REQUEST_BUCKETS)."""
+    return [b for b in REQUEST_BUCKETS if b <= top] + ([top] if top > REQUEST_BUCKETS[-1] else [])
 
 
 class DecodeGraphs:
@@ -45,6 +53,7 @@ class DecodeGraphs:
         step = engine.engine_config.graph_kv_step
         self.kv_step = math.lcm(step, engine.page_size) if step else 0
         self.paged = self._paged_kernel_runs(engine)
+        self.prefill_tile = PREFILL_TILE
         self.feature_width = len(engine.feature_layers) * engine.target.config.hidden_size
 
     @staticmethod
@@ -83,9 +92,10 @@ class DecodeGraphs:
         return forward.PaddedLayout(positions, slots, keys, padded_last)
 
     def warmup(self, max_context: int) -> int:
-        """Captures the decode forwards for every request bucket up to the engine's max_batch and every
-        key bucket a request of at most `max_context` positions (prompt + max_new_tokens) can reach, on
-        an all-padding layout (only the trash page is written), so no capture lands inside a run.
+        """Captures the decode forwards for every request bucket up to the engine's max_batch and the
+        prefill forwards for every tile bucket up to a whole chunk's, each at every key bucket a request
+        of at most `max_context` positions (prompt + max_new_tokens) can reach, on an all-padding layout
+        (only the trash page is written), so no capture lands inside a run.
         Returns the number of graphs."""
         if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 1:
             raise ValueError(f"warmup: max_context={max_context!r} must be an int >= 1 (prompt + max_new_tokens)")
@@ -93,7 +103,7 @@ class DecodeGraphs:
         prefix = self.engine.config.verify_prefix if self.engine.drafter is not None else 0
         target_rows = (prefix, t - prefix) if prefix else self.engine.verify_row_choices   # prefix-first's two passes
         keys = sorted({self.key_bucket(n) for n in range(1, max_context + 1)})
-        for requests in [b for b in REQUEST_BUCKETS if b <= top] + ([top] if top > REQUEST_BUCKETS[-1] else []):
+        for requests in buckets_up_to(top):
             for key_count in keys:
                 for rows in sorted({t} | set(target_rows)):
                     arrays = forward.padded([], requests, rows, key_count, self.engine.page_size,
@@ -108,7 +118,26 @@ class DecodeGraphs:
                         self.draft(ids, positions, slots, key_array, padded_last)
                     if rows in target_rows:
                         self.target(ids, positions, slots, key_array, padded_last)
+                        for tiles in self.tile_buckets():
+                            self.mixed(ids, positions, slots, key_array, padded_last,
+                                       self._empty_tiles(tiles, key_count))
+        for requests in buckets_up_to(self.prefill_requests):      # the prefill tiles' forwards
+            for key_count in keys:
+                self.prefill(*self._empty_tiles(requests, key_count))
         return len(self.steps)
+
+    def _empty_tiles(self, requests: int, key_count: int) -> tuple:
+        """The inputs of `prefill` (and a mixed forward's tiles) for `requests` all-padding tiles."""
+        arrays = forward.padded([], requests, self.prefill_tile, key_count, self.engine.page_size,
+                                self.engine.trash_slot, paged=self.paged)
+        positions, slots, key_array, padded_last, ids, logit_rows = self.engine.staging.upload(
+            arrays + [np.zeros(requests * self.prefill_tile, dtype=np.int64), np.zeros(requests, dtype=np.int64)])
+        return ids, positions, slots, key_array.view(requests, -1), padded_last.view(requests, self.prefill_tile), logit_rows
+
+    @property
+    def prefill_requests(self) -> int:
+        """The tiles of one graphed prefill forward at most: a whole chunk's (BatchConfig.prefill_chunk)."""
+        return request_bucket(-(-self.engine.config.prefill_chunk // self.prefill_tile))
 
     def context(self, features, positions, slots) -> None:
         """The drafter's context append over R requests x T rows: features [R*T, F] -> K/V at `slots`
@@ -151,6 +180,51 @@ class DecodeGraphs:
             self.steps[key] = self._capture(fn, (ids, positions, slots, keys, padded_last), r * t, key)
         out = self.steps[key](ids, positions, slots, keys, padded_last)
         return (out[0], out[1]) if len(out) == 2 else (out[0], None)
+
+    def prefill(self, ids, positions, slots, keys, padded_last, logit_rows) -> tuple:
+        """The target over prompt tiles (R tiles x prefill_tile rows): ids [R*T] -> (logits [R, V] at
+        `logit_rows` [R] (each tile's last real row), features [R*T, F] or None)."""
+        r, t = padded_last.shape
+        key = ("prefill", r, t, keys.shape[1])
+        if key not in self.steps:
+            target, cache, taps = self.engine.target, self.engine.cache, self.engine.feature_layers
+
+            def fn(ids, positions, slots, keys, padded_last, logit_rows):
+                layout = self.layout(positions, slots, keys, padded_last)
+                logits, features = forward.target_forward(target, cache, layout, ids, taps, logit_rows)
+                return (logits, features) if features is not None else (logits,)
+            self.steps[key] = self._capture(fn, (ids, positions, slots, keys, padded_last, logit_rows), r * t, key)
+        out = self.steps[key](ids, positions, slots, keys, padded_last, logit_rows)
+        return (out[0], out[1]) if len(out) == 2 else (out[0], None)
+
+    def mixed(self, ids, positions, slots, keys, padded_last, tiles: tuple) -> tuple:
+        """The target's forward over a step's decode rows (R x T, as `target`) and prefill tiles in one
+        pass (forward.SplitLayout): tiles = (ids [P*tile], positions, slots, keys [P, K], last [P, tile],
+        logit_rows [P] within the tiles) -> (logits [R*T + P, V]: every decode row, then each tile's
+        `logit_rows` row; features [R*T + P*tile, F] or None)."""
+        r, t = padded_last.shape
+        p = tiles[4].shape[0]
+        key = ("mixed", r, t, p, keys.shape[1])
+        inputs = (ids, positions, slots, keys, padded_last) + tuple(tiles)
+        if key not in self.steps:
+            target, cache, taps = self.engine.target, self.engine.cache, self.engine.feature_layers
+            decode_rows = torch.arange(r * t, device=ids.device)
+
+            def fn(ids, positions, slots, keys, padded_last, t_ids, t_positions, t_slots, t_keys, t_last, t_rows):
+                layout = forward.SplitLayout(self.layout(positions, slots, keys, padded_last),
+                                             self.layout(t_positions, t_slots, t_keys, t_last))
+                logits, features = forward.target_forward(target, cache, layout, torch.cat([ids, t_ids]), taps,
+                                                          torch.cat([decode_rows, t_rows + r * t]))
+                return (logits, features) if features is not None else (logits,)
+            self.steps[key] = self._capture(fn, inputs, r * t + p * tiles[4].shape[1], key)
+        out = self.steps[key](*inputs)
+        return (out[0], out[1]) if len(out) == 2 else (out[0], None)
+
+    def tile_buckets(self) -> list:
+        """The tile counts a mixed forward is captured for: a whole chunk's, and a quarter of it (a short
+        prompt's chunk then pads to fewer rows)."""
+        top = self.prefill_requests
+        return sorted({top, request_bucket(max(1, top // 4))})
 
     def _capture(self, fn, inputs: tuple, rows: int, key: tuple):
         """The step for `fn` over `rows` token rows, its linears' kernel chosen for that many rows inside

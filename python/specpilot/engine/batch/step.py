@@ -11,7 +11,8 @@ import torch
 from specpilot.engine.accept import commit, matched_drafts, new_tokens
 from specpilot.verify.sampling import rejection_sample, sample_probs, sampling_probs
 
-from . import forward, forward_hybrid, graphed
+from . import forward, forward_hybrid, graphed, prefill_tiles
+from .draft_context import append_context
 from .paged import stack_tables, table_slots
 
 
@@ -32,29 +33,6 @@ def _groups(states: list, together: bool) -> list:
     if not states:
         return []
     return [states] if together else [[s] for s in states]
-
-
-def take_context(state) -> tuple:
-    """The request's committed rows not yet in the draft cache: (features [C, F], first position)."""
-    feats, first = [f for f, _ in state.ctx], state.ctx[0][1]
-    expect = first
-    for f, pos in state.ctx:
-        if pos != expect:
-            raise RuntimeError(f"request {state.id}: draft context rows not contiguous ({pos} after {expect})")
-        expect += f.shape[0]
-    state.ctx = []
-    return torch.cat(feats) if len(feats) > 1 else feats[0], first
-
-
-def append_context(engine, group: list) -> None:
-    """Every pending committed row's target features (state.ctx) -> the drafter's context K/V, in one
-    eager forward over the group (forward.draft_context: the block drafters' fc / hidden_norm)."""
-    pending = [(s, *take_context(s)) for s in group if s.ctx]
-    if pending:
-        layout = forward.Layout([forward.Segment(s.pages, first, f.shape[0]) for s, f, first in pending],
-                                engine.page_size, engine.staging)
-        with engine.kernels(layout.positions.shape[0]):
-            forward.draft_context(engine.drafter, engine.draft_cache, layout, torch.cat([f for _, f, _ in pending]))
 
 
 def draft_all(engine, decoding: list) -> dict:
@@ -204,17 +182,23 @@ def verify(engine, decoding: list, drafts: dict, windows: dict, chunks: list, gr
     (skip, rows): block rows [skip, skip + rows), the rows before skip already in the cache) and every
     prefill chunk (whose bookkeeping and first token it does). The decode rows are graphed
     (engine.graphs) when graph_rows (T: rows per request of the padded layout, >= every window) is
-    given, the prefill chunks then getting their own eager forward; else one varlen forward per group whose layout, host token ids (AR anchors, prompt chunks) and the
-    index that picks each row's id from [drafted blocks, host ids] go up in one copy. Either way the
+    given, the prefill chunks then riding in the same forward as tiles (prefill_tiles.py); else one
+    varlen forward per group whose layout, host token ids (AR anchors, prompt chunks) and the index
+    that picks each row's id from [drafted blocks, host ids] go up in one copy. Either way the
     target's argmax and the verified ids (and `also_read`, int64) come back in one read.
     Returns ([(state, logits [rows, V], features [rows, F] or None, ids, posterior)] per decoding
     request, also_read's host list or None)."""
     if (graph_rows is not None and engine.graphs is not None and engine.config.ragged_verify and decoding
             and (not drafts or engine.config.batched_draft)):
-        launched = _launch_graphed(engine, decoding, drafts, windows, graph_rows, also_read)
-        if chunks:              # the newcomers' chunks: their own eager forward, launched while the graph runs
-            _verify_eager(engine, [], drafts, windows, chunks, None)
+        groups = prefill_tiles.calls(engine, chunks) if chunks else []
+        launched = _launch_graphed(engine, decoding, drafts, windows, graph_rows, also_read,
+                                   prefill_tiles.plan(engine, groups[0]) if groups else None)
+        if len(groups) > 1:     # chunks past one forward's tiles: their own forward, queued behind
+            prefill_tiles.prefill_alone(engine, [c for g in groups[1:] for c in g])
         return _finish_graphed(engine, *launched)
+    if chunks and not decoding and engine.graphs is not None:        # a step of prompt rows only
+        prefill_tiles.prefill_alone(engine, chunks)
+        return [], (also_read.tolist() if also_read is not None else None)
     return _verify_eager(engine, decoding, drafts, windows, chunks, also_read)
 
 
@@ -265,12 +249,10 @@ def _verify_eager(engine, decoding: list, drafts: dict, windows: dict, chunks: l
                                 posterior[lrow:lrow + seg.rows]))
                 lrow += seg.rows
             else:
-                if feats is not None:
-                    s.ctx.append((feats, s.prefilled))
-                s.prefilled += seg.rows
-                if s.decoding:
-                    _first_token(engine, s, logits[lrow:lrow + 1], posterior[lrow])
-                    lrow += 1
+                done = s.prefilled + seg.rows == s.prompt_len
+                prefill_tiles.prefilled(engine, s, seg.rows, feats, logits[lrow:lrow + 1] if done else None,
+                                        posterior[lrow] if done else None)
+                lrow += done
             at += seg.rows
     return results, extra
 
@@ -283,15 +265,21 @@ def _read_back(logits, ids, also_read) -> tuple:
     return host[:n], host[n:n + m], (host[n + m:] if also_read is not None else None)
 
 
-def _launch_graphed(engine, decoding: list, drafts: dict, windows: dict, t: int, also_read) -> tuple:
+def _launch_graphed(engine, decoding: list, drafts: dict, windows: dict, t: int, also_read, tiles=None) -> tuple:
     """The decode rows' target forward, graphed over R requests x T rows (T: the block, 1 for AR, or a
     prefix-first pass's rows): request r verifies the padded rows [r*T, r*T + its window's rows).
     Whole blocks read the graphed draft's padded blocks as they are; other windows gather their ids.
+    With `tiles` (a prefill_tiles.TilePlan) the chunks ride in the same forward (DecodeGraphs.mixed).
     Launched, not read back (_finish_graphed)."""
+    graphs = engine.graphs
     segments = [forward.Segment(s.pages, s.start + windows[s.id][0], windows[s.id][1]) for s in decoding]
-    requests, _, arrays = engine.graphs.padded(segments, t)
+    every = segments + (tiles.segments if tiles is not None else [])
+    requests, keys = graphed.request_bucket(len(segments)), graphs.key_bucket(max(s.start + s.rows for s in every))
+    arrays = forward.padded(segments, requests, t, keys, engine.page_size, engine.trash_slot, paged=graphs.paged)
+    tile_count = min(b for b in graphs.tile_buckets() if b >= len(tiles.segments)) if tiles is not None else 0
+    tile_arrays = tiles.arrays(engine, tile_count, keys) if tiles is not None else []
     if drafts and drafts[decoding[0].id].padded and t == engine.block_size and not any(windows[s.id][0] for s in decoding):
-        positions, slots, keys, padded_last = engine.staging.upload(arrays)
+        uploaded = engine.staging.upload(arrays + tile_arrays)
         ids = drafts[decoding[0].id].blocks                 # [R*T]: the graphed draft's padded blocks
     elif drafts:
         n = len(decoding)
@@ -299,20 +287,27 @@ def _launch_graphed(engine, decoding: list, drafts: dict, windows: dict, t: int,
         rows = np.fromiter((seg.rows for seg in segments), dtype=np.int64, count=n)
         source = np.zeros((requests, t), dtype=np.int64)    # padding rows read block row 0 (never used)
         source[:n] = first[:, None] + np.minimum(np.arange(t), rows[:, None] - 1)
-        positions, slots, keys, padded_last, source = engine.staging.upload(arrays + [source.ravel()])
-        ids = drafts[decoding[0].id].blocks[source]
+        uploaded = engine.staging.upload(arrays + [source.ravel()] + tile_arrays)
+        ids = drafts[decoding[0].id].blocks[uploaded[4]]
     else:
         anchors = np.zeros(requests * t, dtype=np.int64)
         anchors[[r * t for r in range(len(decoding))]] = [s.tokens[-1] for s in decoding]
-        positions, slots, keys, padded_last, ids = engine.staging.upload(arrays + [anchors])
-    logits, features = engine.graphs.target(ids, positions, slots, keys.view(requests, -1),
-                                            padded_last.view(requests, t))
-    return decoding, segments, t, logits, features, ids, also_read
+        uploaded = engine.staging.upload(arrays + [anchors] + tile_arrays)
+        ids = uploaded[4]
+    positions, slots, key_array, padded_last = uploaded[:4]
+    decode_inputs = (ids, positions, slots, key_array.view(requests, -1), padded_last.view(requests, t))
+    if tiles is not None:
+        tile_inputs = prefill_tiles.as_inputs(engine, uploaded[-6:], tile_count)
+        logits, features = graphs.mixed(*decode_inputs, tile_inputs)
+    else:
+        logits, features = graphs.target(*decode_inputs)
+    return decoding, segments, t, logits, features, ids, also_read, tiles
 
 
-def _finish_graphed(engine, decoding, segments, t, logits, features, ids, also_read) -> tuple:
-    """The graphed pass's one read-back and its per-request results (verify's); the feature output
-    and each request's first row are kept in engine.graph_features for the next draft's context."""
+def _finish_graphed(engine, decoding, segments, t, logits, features, ids, also_read, tiles) -> tuple:
+    """The graphed pass's one read-back and its per-request results (verify's), then the bookkeeping of
+    the chunks that rode in it (logits and features past the decode rows); the feature output and each
+    request's first row are kept in engine.graph_features for the next draft's context."""
     posterior, ids_host, extra = _read_back(logits, ids, also_read)
     results = []
     for r, (s, seg) in enumerate(zip(decoding, segments)):
@@ -320,15 +315,11 @@ def _finish_graphed(engine, decoding, segments, t, logits, features, ids, also_r
         results.append((s, logits[a:b], features[a:b] if features is not None else None, ids_host[a:b], posterior[a:b]))
     if features is not None:
         engine.graph_features = (features, {s.id: r * t for r, s in enumerate(decoding)})
+    if tiles is not None:
+        rows = ids.shape[0]                    # the decode rows: R * T
+        prefill_tiles.done(engine, tiles, logits[rows:], features[rows:] if features is not None else None,
+                           posterior[rows:])
     return results, extra
-
-
-def _first_token(engine, s, logits, greedy: int) -> None:
-    """The prompt's first token: the target's argmax (`greedy`, read back already) or a draw."""
-    s.tokens = [greedy if s.req.temperature == 0 else engine.sample_first(s, logits[None])]
-    s.first_token_s = engine.clock()
-    s.start = s.prompt_len
-    s.stopped = s.tokens[0] in s.req.stop_ids
 
 
 def _accept(engine, s, draft, rows: int, logits, features, block_list: list, posterior: list) -> None:
