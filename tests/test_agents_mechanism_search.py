@@ -174,6 +174,23 @@ def test_engine_search_on_the_tiny_pair_is_forced_and_recorded(tiny_pair, tmp_pa
     assert len(data["mech_evals"]) == total and len(data["mech_winners"]) == 2
 
 
+def test_batched_evaluation_warms_up_before_its_clock(tiny_pair, monkeypatch):
+    """A batched evaluation captures its graphs and measures its step costs before it starts timing
+    (a capture inside the timed run would price each candidate's hundreds of captures, not its steps),
+    and closes its engine after the run."""
+    from specpilot.agents.engine_evaluator import EngineEvaluator
+    from specpilot.engine.batch import BatchEngine
+
+    (td, dd), _ = tiny_pair
+    calls = []
+    for name in ("warmup", "submit", "close"):
+        original = getattr(BatchEngine, name)
+        monkeypatch.setattr(BatchEngine, name, lambda self, *a, _n=name, _f=original: calls.append(_n) or _f(self, *a))
+    ev = EngineEvaluator(td, dd, [[5, 6, 7, 8], [9, 10, 11]], max_new_tokens=12)
+    ev(Deployment("tiny-llama", "dflash-b4", "cpu", 2, "bf16"), {})
+    assert calls and calls[0] == "warmup" and calls[-1] == "close" and "submit" in calls, calls
+
+
 def test_engine_search_chooses_among_drafters(tiny_pair, tmp_path):
     """Two drafters that fit the target (the second pair's drafter has the first target's shapes):
     run.drafter is searched, a run with each drafter is gated (fp32: the target's greedy output), and a
