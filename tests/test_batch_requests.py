@@ -101,3 +101,22 @@ def test_wrong_drafter_refused(pair):
     _, other_drafter = tiny_pair(VOCAB, 4, seed + 1)
     with pytest.raises(ValueError, match="different target"):
         BatchEngine(target, other_drafter, kv_pages=4)
+
+
+def test_page_pool_release_checks_its_own_pages_only():
+    """A double release is refused by name; a release's check costs the request's pages, not the pool's
+    (it rebuilt the whole pool's taken set before: milliseconds a finished request with a pool sized
+    from a GPU's free memory)."""
+    from specpilot.engine.batch.paged import PagePool
+
+    pool = PagePool(50_000)
+    held = [pool.alloc(40) for _ in range(64)]
+    assert pool.free_pages == 50_000 - 64 * 40 and pool.alloc(50_000) is None
+    for pages in held[1:]:
+        pool.release(pages)
+    with pytest.raises(RuntimeError, match=r"pages \[\d+(, \d+)*\] released twice"):
+        pool.release(held[1])
+    with pytest.raises(RuntimeError, match="released twice"):
+        pool.release(held[0] + [49_999])                  # one page never handed out
+    pool.release(held[0])
+    assert pool.free_pages == 50_000 and sorted(pool.alloc(50_000)) == list(range(50_000))

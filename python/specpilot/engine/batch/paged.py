@@ -24,6 +24,7 @@ class PagePool:
             raise ValueError(f"the KV page pool needs at least one page, got {num_pages}")
         self.num_pages = num_pages
         self._free = list(range(num_pages - 1, -1, -1))      # pop() hands out low pages first
+        self._taken = set()                                  # a release costs its own pages, not the pool's
 
     @property
     def free_pages(self) -> int:
@@ -33,12 +34,14 @@ class PagePool:
         """n pages, or None when fewer are free (nothing is taken then)."""
         if n > len(self._free):
             return None
-        return [self._free.pop() for _ in range(n)]
+        pages = [self._free.pop() for _ in range(n)]
+        self._taken.update(pages)
+        return pages
 
     def release(self, pages: list) -> None:
-        taken = set(range(self.num_pages)) - set(self._free)
-        if not set(pages) <= taken:
-            raise RuntimeError(f"pages {sorted(set(pages) - taken)[:5]} released twice")
+        if not self._taken.issuperset(pages):
+            raise RuntimeError(f"pages {sorted(set(pages) - self._taken)[:5]} released twice")
+        self._taken.difference_update(pages)
         self._free.extend(reversed(pages))
 
 
