@@ -2,7 +2,7 @@
 # The GPU check: from a clean tree on a bare machine (no network), build the extension with CUDA
 # (sm_90a), run the GPU tests, run the kernel / engine / agent benchmarks, print a short table last.
 # Logs and JSON go to $OUT (the device tool's folder) or out/gpu_check.
-# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|trees|split12|gemv|skinny|engine|ab|defaults_ab|cost_8b|agents|agents_demo|bench_zoo|bench_hybrid_zoo|bench_8b|scale_8b|five_8b|batch|batch_hybrid|batch_profile|drafters|hybrid|hybrid_hf|gdn_trees|trees_real|prefix_first|draft_vocab|gdn_fla|embedded_pair|paged|serve|results ...]
+# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|trees|split12|gemv|skinny|engine|ab|defaults_ab|cost_8b|agents|agents_demo|bench_zoo|bench_hybrid_zoo|bench_8b|scale_8b|five_8b|batch|batch_hybrid|batch_profile|drafters|hybrid|hybrid_27b|hybrid_hf|gdn_trees|trees_real|prefix_first|draft_vocab|gdn_fla|embedded_pair|paged|serve|results ...]
 # (GPU_TESTS: the test files the tests step runs, default all; BATCH_TESTS=0: the batch step without its tests; DEADLINE: see the loop below;
 #  PACK_TO=FILE.tgz: $OUT re-packed into FILE after every step, e.g. OUT=/tmp/x PACK_TO=$DEVICE_OUT/x.tgz, so that a call
 #  cut off by the device's time limit still returns every log so far, in one file past its 8-file limit)
@@ -214,6 +214,9 @@ for packed in glob.glob('_C.*.so.xz'): open('/tmp/sp_tree/specpilot/' + packed[:
     # The hybrid target's AR / verify / commit step times against their floor (Qwen3.5-9B shape).
     hybrid)  run_step hybrid timeout 240 python3 -m specpilot.bench.hybrid_steps --preset qwen3.5-9b \
                --e2e ${HYBRID_E2E:-128} --profile "$OUT/hybrid_profile.txt" --out "$OUT/hybrid_steps.json" ;;
+    # The same at issue 33's 27B-class shape (54 GB of bf16 weights: fits one 80 GB card).
+    hybrid_27b) run_step hybrid_27b timeout ${HYBRID_27B_S:-200} python3 -m specpilot.bench.hybrid_steps \
+               --preset qwen3.5-27b --e2e ${HYBRID_E2E:-64} --out "$OUT/hybrid_27b.json" ;;
     # The GDN recurrence kernels alone (chain and tree, snapshot write rate) and tree vs chain verify steps
     # on both scale shapes, after their GPU tests.
     gdn_trees) run_step gdn_tests timeout 200 python3 -m pytest -q -m gpu tests/test_gdn_gpu.py tests/test_gdn_tree_gpu.py \
