@@ -123,6 +123,9 @@ def closed_loop(target, drafter, config, concurrency: int, prompts: list, max_ne
                "tpot_p50_ms": _pct(tpot, 50), "tpot_p99_ms": _pct(tpot, 99), "steps": engine.steps,
                "prefill_steps": engine.prefill_steps,
                "prefill_step_share": engine.prefill_step_s / max(engine.prefill_step_s + engine.decode_step_s, 1e-12),
+               "prefill_step_ms": engine.prefill_step_s / engine.prefill_steps * 1e3 if engine.prefill_steps else None,
+               "decode_step_ms": (engine.decode_step_s / (engine.steps - engine.prefill_steps) * 1e3
+                                  if engine.steps > engine.prefill_steps else None),
                "verified_rows_share": engine.verify_rows / engine.block_rows if engine.block_rows else None,
                "second_passes": engine.second_passes, "second_pass_requests": engine.second_pass_requests,
                "replay_shortfalls": sum(r.replay_shortfalls for r in ordered), "graphs": graphs, "graph_warmup_s": warmup_s,
@@ -189,16 +192,16 @@ def markdown(rows: list, info: dict) -> str:
     head = ["# Batched engine: speedup over batched AR vs concurrency", "",
             ", ".join(f"{k}: {v}" for k, v in info.items()), "",
             "| C | AR tok/s | spec tok/s | speedup | tau | TTFT p50 / p99 ms | TPOT p50 / p99 ms | verified rows | "
-            "prefill steps' time AR / spec | "
+            "prefill steps' time AR / spec | spec step ms with / without a chunk | "
             "no ragged verify | no batched draft | no adaptive verify | with prefix-first (verified rows) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     by = {(r["method"], r["concurrency"]): r for r in rows}
     for c in sorted({r["concurrency"] for r in rows}):
         ar, sp = by[("ar", c)], by.get(("spec", c))
         if sp is None:
             continue
         if sp.get("error"):
-            head.append(f"| {c} | {ar['tokens_per_s']:.1f} | failed | - | - | - | - | - | - | - | - | - | - |")
+            head.append(f"| {c} | {ar['tokens_per_s']:.1f} | failed | - | - | - | - | - | - | - | - | - | - | - |")
             continue
         abl = [_speedup(by.get((m, c))) for m in ("no_ragged_verify", "no_batched_draft", "no_adaptive_verify")]
         prefix = by.get(("with_prefix_first", c))
@@ -210,7 +213,8 @@ def markdown(rows: list, info: dict) -> str:
                              for r in (ar, sp))
         head.append(f"| {c} | {ar['tokens_per_s']:.1f} | {sp['tokens_per_s']:.1f} | {sp['speedup']:.2f}x | {tau} | "
                     f"{sp['ttft_p50_ms']:.1f} / {sp['ttft_p99_ms']:.1f} | {_ms(sp['tpot_p50_ms'])} / "
-                    f"{_ms(sp['tpot_p99_ms'])} | {share} | {prefill} | " + " | ".join(abl) + " |")
+                    f"{_ms(sp['tpot_p99_ms'])} | {share} | {prefill} | "
+                    f"{_ms(sp.get('prefill_step_ms'))} / {_ms(sp.get('decode_step_ms'))} | " + " | ".join(abl) + " |")
     return "\n".join(head) + "\n"
 
 

@@ -123,3 +123,18 @@ def test_a_failed_run_is_a_row_and_the_rest_go_on(monkeypatch, tmp_path):
     concurrency.write(rows, {"target": "tiny", "device": "cpu"}, tmp_path)
     md = (tmp_path / "concurrency.md").read_text()
     assert "| 8 | 1.0 | 2.0 | 2.00x |" in md and "| failed |" in md and "| 2.00x |" in md
+
+
+def test_table_rows_have_the_header_columns_and_step_times():
+    """Every row of the table (a measured one, a failed one) has the header's columns; the spec steps'
+    mean times with and without a prefill chunk come from the run's rows."""
+    def row(method, c, **extra):
+        return {"method": method, "concurrency": c, "tokens_per_s": 2.0 if method != "ar" else 1.0, "tau": 3.0,
+                "ttft_p50_ms": 1.0, "ttft_p99_ms": 2.0, "tpot_p50_ms": 1.0, "tpot_p99_ms": 1.0,
+                "verified_rows_share": 1.0, "prefill_step_share": 0.5, "speedup": 2.0 if method != "ar" else 1.0,
+                **extra}
+    rows = [row("ar", 4), row("spec", 4, prefill_step_ms=21.5, decode_step_ms=10.25),
+            row("ar", 8), {"method": "spec", "concurrency": 8, "error": "capture failed", "speedup": None}]
+    lines = [line for line in concurrency.markdown(rows, {"target": "t"}).splitlines() if line.startswith("|")]
+    assert len(lines) == 4 and len({line.count("|") for line in lines}) == 1
+    assert "| 21.50 / 10.25 |" in lines[2] and "| failed |" in lines[3]
