@@ -97,6 +97,8 @@ class DecodeGraphs:
         of at most `max_context` positions (prompt + max_new_tokens) can reach, on an all-padding layout
         (only the trash page is written), so no capture lands inside a run.
         Returns the number of graphs."""
+        from . import prefill_tiles      # it builds on this module
+
         if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 1:
             raise ValueError(f"warmup: max_context={max_context!r} must be an int >= 1 (prompt + max_new_tokens)")
         t, top = self.engine.block_size, request_bucket(self.engine.max_batch)
@@ -120,19 +122,11 @@ class DecodeGraphs:
                         self.target(ids, positions, slots, key_array, padded_last)
                         for tiles in self.tile_buckets():
                             self.mixed(ids, positions, slots, key_array, padded_last,
-                                       self._empty_tiles(tiles, key_count))
+                                       prefill_tiles.upload(self.engine, prefill_tiles.EMPTY, tiles, key_count))
         for requests in buckets_up_to(self.prefill_requests):      # the prefill tiles' forwards
             for key_count in keys:
-                self.prefill(*self._empty_tiles(requests, key_count))
+                self.prefill(*prefill_tiles.upload(self.engine, prefill_tiles.EMPTY, requests, key_count))
         return len(self.steps)
-
-    def _empty_tiles(self, requests: int, key_count: int) -> tuple:
-        """The inputs of `prefill` (and a mixed forward's tiles) for `requests` all-padding tiles."""
-        arrays = forward.padded([], requests, self.prefill_tile, key_count, self.engine.page_size,
-                                self.engine.trash_slot, paged=self.paged)
-        positions, slots, key_array, padded_last, ids, logit_rows = self.engine.staging.upload(
-            arrays + [np.zeros(requests * self.prefill_tile, dtype=np.int64), np.zeros(requests, dtype=np.int64)])
-        return ids, positions, slots, key_array.view(requests, -1), padded_last.view(requests, self.prefill_tile), logit_rows
 
     @property
     def prefill_requests(self) -> int:
@@ -169,33 +163,21 @@ class DecodeGraphs:
     def target(self, ids, positions, slots, keys, padded_last) -> tuple:
         """The target's forward: ids [R*T] -> (logits [R*T, V], features [R*T, F] or None)."""
         r, t = padded_last.shape
-        key = ("target", r, t, keys.shape[1])
-        if key not in self.steps:
-            target, cache, taps = self.engine.target, self.engine.cache, self.engine.feature_layers
 
-            def fn(ids, positions, slots, keys, padded_last):
-                layout = self.layout(positions, slots, keys, padded_last)
-                logits, features = forward.target_forward(target, cache, layout, ids, taps)
-                return (logits, features) if features is not None else (logits,)
-            self.steps[key] = self._capture(fn, (ids, positions, slots, keys, padded_last), r * t, key)
-        out = self.steps[key](ids, positions, slots, keys, padded_last)
-        return (out[0], out[1]) if len(out) == 2 else (out[0], None)
+        def layout_ids(positions, slots, keys, padded_last):
+            return self.layout(positions, slots, keys, padded_last), None
+        return self._target_forward(("target", r, t, keys.shape[1]), (ids, positions, slots, keys, padded_last),
+                                    r * t, layout_ids)
 
     def prefill(self, ids, positions, slots, keys, padded_last, logit_rows) -> tuple:
         """The target over prompt tiles (R tiles x prefill_tile rows): ids [R*T] -> (logits [R, V] at
         `logit_rows` [R] (each tile's last real row), features [R*T, F] or None)."""
         r, t = padded_last.shape
-        key = ("prefill", r, t, keys.shape[1])
-        if key not in self.steps:
-            target, cache, taps = self.engine.target, self.engine.cache, self.engine.feature_layers
 
-            def fn(ids, positions, slots, keys, padded_last, logit_rows):
-                layout = self.layout(positions, slots, keys, padded_last)
-                logits, features = forward.target_forward(target, cache, layout, ids, taps, logit_rows)
-                return (logits, features) if features is not None else (logits,)
-            self.steps[key] = self._capture(fn, (ids, positions, slots, keys, padded_last, logit_rows), r * t, key)
-        out = self.steps[key](ids, positions, slots, keys, padded_last, logit_rows)
-        return (out[0], out[1]) if len(out) == 2 else (out[0], None)
+        def layout_ids(positions, slots, keys, padded_last, logit_rows):
+            return self.layout(positions, slots, keys, padded_last), logit_rows
+        return self._target_forward(("prefill", r, t, keys.shape[1]),
+                                    (ids, positions, slots, keys, padded_last, logit_rows), r * t, layout_ids)
 
     def mixed(self, ids, positions, slots, keys, padded_last, tiles: tuple) -> tuple:
         """The target's forward over a step's decode rows (R x T, as `target`) and prefill tiles in one
@@ -203,20 +185,30 @@ class DecodeGraphs:
         logit_rows [P] within the tiles) -> (logits [R*T + P, V]: every decode row, then each tile's
         `logit_rows` row; features [R*T + P*tile, F] or None)."""
         r, t = padded_last.shape
-        p = tiles[4].shape[0]
-        key = ("mixed", r, t, p, keys.shape[1])
-        inputs = (ids, positions, slots, keys, padded_last) + tuple(tiles)
+        p, tile = tiles[4].shape
+        decode_rows = torch.arange(r * t, device=ids.device)
+
+        def layout_ids(positions, slots, keys, padded_last, t_ids, t_positions, t_slots, t_keys, t_last, t_rows):
+            layout = forward.SplitLayout(self.layout(positions, slots, keys, padded_last),
+                                         self.layout(t_positions, t_slots, t_keys, t_last))
+            return layout, torch.cat([decode_rows, t_rows + r * t]), t_ids
+        return self._target_forward(("mixed", r, t, p, keys.shape[1]),
+                                    (ids, positions, slots, keys, padded_last) + tuple(tiles), r * t + p * tile,
+                                    layout_ids)
+
+    def _target_forward(self, key: tuple, inputs: tuple, rows: int, layout_of) -> tuple:
+        """forward.target_forward graphed once per key and replayed: inputs[0] the ids; layout_of(*the
+        rest) -> (layout, logit rows or None[, ids appended after inputs[0]]). Returns (logits,
+        features or None)."""
         if key not in self.steps:
             target, cache, taps = self.engine.target, self.engine.cache, self.engine.feature_layers
-            decode_rows = torch.arange(r * t, device=ids.device)
 
-            def fn(ids, positions, slots, keys, padded_last, t_ids, t_positions, t_slots, t_keys, t_last, t_rows):
-                layout = forward.SplitLayout(self.layout(positions, slots, keys, padded_last),
-                                             self.layout(t_positions, t_slots, t_keys, t_last))
-                logits, features = forward.target_forward(target, cache, layout, torch.cat([ids, t_ids]), taps,
-                                                          torch.cat([decode_rows, t_rows + r * t]))
+            def fn(ids, *rest):
+                layout, logit_rows, *more_ids = layout_of(*rest)
+                logits, features = forward.target_forward(target, cache, layout, torch.cat([ids, *more_ids])
+                                                          if more_ids else ids, taps, logit_rows)
                 return (logits, features) if features is not None else (logits,)
-            self.steps[key] = self._capture(fn, inputs, r * t + p * tiles[4].shape[1], key)
+            self.steps[key] = self._capture(fn, inputs, rows, key)
         out = self.steps[key](*inputs)
         return (out[0], out[1]) if len(out) == 2 else (out[0], None)
 

@@ -36,6 +36,9 @@ class TilePlan:
         return arrays + [ids, rows]
 
 
+EMPTY = TilePlan([], [], [], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))   # warmup's all-padding tiles
+
+
 def calls(engine, chunks: list) -> list:
     """The chunks grouped into forwards of at most engine.graphs.prefill_requests tiles, in order."""
     tile, top = engine.graphs.prefill_tile, engine.graphs.prefill_requests
@@ -75,9 +78,9 @@ def as_inputs(engine, uploaded: list, tiles: int) -> tuple:
     return ids, positions, slots, keys.view(tiles, -1), last.view(tiles, engine.graphs.prefill_tile), rows
 
 
-def prefill_alone(engine, chunks: list) -> None:
-    """The chunks through the prefill forward, one forward per call (calls), read back one by one."""
-    for group in calls(engine, chunks):
+def prefill_alone(engine, groups: list) -> None:
+    """Chunk groups (calls) through the prefill forward, one forward each, read back one by one."""
+    for group in groups:
         p = plan(engine, group)
         tiles = graphed.request_bucket(len(p.segments))
         keys = engine.graphs.key_bucket(max(s.start + s.rows for s in p.segments))

@@ -194,10 +194,10 @@ def verify(engine, decoding: list, drafts: dict, windows: dict, chunks: list, gr
         launched = _launch_graphed(engine, decoding, drafts, windows, graph_rows, also_read,
                                    prefill_tiles.plan(engine, groups[0]) if groups else None)
         if len(groups) > 1:     # chunks past one forward's tiles: their own forward, queued behind
-            prefill_tiles.prefill_alone(engine, [c for g in groups[1:] for c in g])
+            prefill_tiles.prefill_alone(engine, groups[1:])
         return _finish_graphed(engine, *launched)
     if chunks and not decoding and engine.graphs is not None:        # a step of prompt rows only
-        prefill_tiles.prefill_alone(engine, chunks)
+        prefill_tiles.prefill_alone(engine, prefill_tiles.calls(engine, chunks))
         return [], (also_read.tolist() if also_read is not None else None)
     return _verify_eager(engine, decoding, drafts, windows, chunks, also_read)
 
