@@ -8,6 +8,8 @@ verify + accept), the device time of its kernels (a step is host-bound when that
 time), the floor (weights + KV read once over the card's copy bandwidth) and, under torch.profiler,
 the top ops by device and by host time and the count of host-device synchronizations. Random weights
 (scale tier): acceptance is ~nothing, so a spec step verifies full blocks and commits one token.
+`--chunks` adds each mode with a prefill chunk in every step (`ar+chunk`, `spec+chunk`): a closed
+loop's steps carry one while clients come and go, and those steps took most of its time.
 """
 from __future__ import annotations
 
@@ -36,8 +38,9 @@ def build(preset: str, device, dtype, drafter_layers: int, block: int):
     return target, drafter
 
 
-def engine_at(target, drafter, concurrency: int, context: int, steps: int):
-    """A BatchEngine with `concurrency` requests of `context` prompt tokens each, all past prefill."""
+def engine_at(target, drafter, concurrency: int, context: int, steps: int, newcomers: bool = False):
+    """A BatchEngine with `concurrency` requests of `context` prompt tokens each, all past prefill;
+    with `newcomers`, room for one more request (WithNewcomers)."""
     import torch
 
     from specpilot.engine.batch import BatchConfig, BatchEngine, Request
@@ -45,14 +48,39 @@ def engine_at(target, drafter, concurrency: int, context: int, steps: int):
 
     max_new = 4 + steps * (drafter.block_size if drafter is not None else 1) + 64
     gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, 256, (context,), generator=gen).tolist() for _ in range(concurrency)]
-    engine = BatchEngine(target, drafter, BatchConfig(), max_batch=concurrency,
-                         kv_pages=pool_pages(prompts, max_new, concurrency, BatchConfig().page_size))
-    for p in prompts:
+    prompts = [torch.randint(0, 256, (context,), generator=gen).tolist() for _ in range(concurrency + newcomers)]
+    engine = BatchEngine(target, drafter, BatchConfig(), max_batch=len(prompts),
+                         kv_pages=pool_pages(prompts, max_new, len(prompts), BatchConfig().page_size))
+    for p in prompts[:concurrency]:
         engine.submit(Request(tuple(p), max_new))
     while not all(s.decoding for s in engine.running) or len(engine.running) < concurrency:
         engine.step()
-    return engine
+    return WithNewcomers(engine, context) if newcomers else engine
+
+
+class WithNewcomers:
+    """An engine whose every step carries a prefill chunk beside its decode rows, as a closed loop's
+    steps do while clients come and go: whenever no request is queued or prefilling, a newcomer of
+    `context` prompt tokens and one new token is submitted (it leaves after its prefill's token)."""
+
+    def __init__(self, engine, context: int):
+        import torch
+
+        self.engine, self.context = engine, context
+        self.gen = torch.Generator().manual_seed(1)
+
+    def step(self):
+        import torch
+
+        from specpilot.engine.batch import Request
+
+        engine = self.engine
+        if not engine.queue and all(s.decoding for s in engine.running):
+            engine.submit(Request(tuple(torch.randint(0, 256, (self.context,), generator=self.gen).tolist()), 1))
+        return engine.step()
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
 
 
 def time_steps(engine, steps: int, rounds: int = 3) -> list:
@@ -139,6 +167,9 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--drafter-layers", type=int, default=5)
     p.add_argument("--block", type=int, default=16)
+    p.add_argument("--chunks", action="store_true",
+                   help="also each mode with a prefill chunk in every step (a newcomer of --context tokens "
+                        "always prefilling, chunks of the engine's default size)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", default="out/batch_profile")
     args = p.parse_args(argv)
@@ -154,13 +185,14 @@ def main(argv=None) -> int:
         bandwidth = copy_bandwidth("cuda")
     rows = []
     for c in [int(x) for x in args.concurrency.split(",")]:
-        for mode in ("ar", "spec"):
-            engine = engine_at(target, drafter if mode == "spec" else None, c, args.context, args.steps)
+        for mode in ("ar", "spec", "ar+chunk", "spec+chunk")[:4 if args.chunks else 2]:
+            engine = engine_at(target, drafter if mode.startswith("spec") else None, c, args.context, args.steps,
+                               newcomers=mode.endswith("+chunk"))
             time_steps(engine, 3, rounds=1)                              # warm-up
             wall = statistics.median(time_steps(engine, args.steps))
             row = {"mode": mode, "concurrency": c, "context": args.context, "step_ms": wall * 1e3,
                    **floor_ms(target, drafter, args.context, c, bandwidth)}
-            if mode == "spec":
+            if mode.startswith("spec"):
                 row["phases_ms"] = {k: v * 1e3 for k, v in phase_times(engine, args.steps).items()}
             row.update(profile(engine, 3, out, f"{mode}_c{c}"))
             rows.append(row)
@@ -169,10 +201,10 @@ def main(argv=None) -> int:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     (out / "batch_profile.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    print(f"\n{'mode':5} {'C':>3} {'step ms':>8} {'device ms':>9} {'floor ms':>8} {'launches':>8} syncs")
+    print(f"\n{'mode':10} {'C':>3} {'step ms':>8} {'device ms':>9} {'floor ms':>8} {'launches':>8} syncs")
     for r in rows:
         floor = f"{r['floor_ar_ms']:.2f}" if "floor_ar_ms" in r else "-"
-        print(f"{r['mode']:5} {r['concurrency']:>3} {r['step_ms']:8.2f} {r['device_ms_per_step']:9.2f} {floor:>8} "
+        print(f"{r['mode']:10} {r['concurrency']:>3} {r['step_ms']:8.2f} {r['device_ms_per_step']:9.2f} {floor:>8} "
               f"{r['launches_per_step']:8.0f} {r['syncs_per_step']}")
     return 0
 

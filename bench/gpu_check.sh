@@ -201,10 +201,11 @@ for packed in glob.glob('_C.*.so.xz'): open('/tmp/sp_tree/specpilot/' + packed[:
                --concurrency 32 --datasets "$SPECPILOT_DATASETS" --limit ${SERVE_LIMIT:-8} --max-new-tokens 256 \
                --device cuda --dtype bf16 --out "$OUT/serve_load"
              tail -1 "$OUT/serve.log" | tee -a "$summary" ;;
-    # Where a batched step's time goes (AR and spec at C = 8 and 32, Qwen3-8B shape): wall vs device
-    # time, phases, the floor, the top ops and the host-device syncs (bench/batch_profile.py).
+    # Where a batched step's time goes (AR and spec at C = 8 and 32, Qwen3-8B shape, decode only and with a
+    # newcomer's prefill chunk): wall vs device time, phases, the floor, the top ops and the host-device
+    # syncs (bench/batch_profile.py).
     batch_profile) run_step batch_profile timeout ${PROFILE_S:-240} python3 -m specpilot.bench.batch_profile \
-                     --preset qwen3-8b --concurrency ${PROFILE_LEVELS:-8,32} --out "$OUT/batch_profile" ;;
+                     --preset qwen3-8b --concurrency ${PROFILE_LEVELS:-8,32} --chunks --out "$OUT/batch_profile" ;;
     # Each drafter kind's draft step against its floor, the part it adds (DFlash2 selector, DSpark Markov
     # head, PARD padding), and replayed end-to-end speedup over our AR at C=1 and 16 (Qwen3-8B shapes;
     # about 2 minutes estimated, not yet measured).

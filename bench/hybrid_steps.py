@@ -78,8 +78,27 @@ def e2e(engine, context: int, tokens: int, tau: float) -> dict:
     prompt = torch.randint(0, engine.target.config.vocab_size - 2, (context,), generator=gen).tolist()
     out = replayed_generation(engine, prompt, tokens, tau)
     both = out.pop("e2e_tokens")
-    out["e2e_spec_equals_ar"] = both[:len(both) // 2] == both[len(both) // 2:]
+    ar, spec = both[:len(both) // 2], both[len(both) // 2:]
+    out["e2e_spec_equals_ar"] = ar == spec
+    if ar != spec:
+        out["e2e_first_divergence"] = divergence(engine, prompt, ar, spec)
     return out
+
+
+def divergence(engine, prompt: list, ar: list, spec: list) -> dict:
+    """Where the spec transcript first leaves AR's, and how near a tie the target's logits are there
+    (a prefill over the prompt and AR's tokens before it, this engine's dtype): a gap of a few ulps
+    of the logit is the bf16 caveat of two summation shapes (decode vs verify); a wide one is a bug."""
+    import torch
+
+    i = next(j for j, (a, b) in enumerate(zip(ar, spec)) if a != b)
+    ids = torch.tensor([prompt + ar[:i]], device=engine.device)
+    logits = engine.runner.prefill(ids, with_features=False)[0][0, -1].float()
+    top2 = torch.topk(logits, 2)
+    ulp = torch.finfo(engine.target.dtype).eps * float(top2.values[0].abs())
+    return {"index": i, "ar_token": ar[i], "spec_token": spec[i], "prefill_argmax": int(top2.indices[0]),
+            "logit_ar": float(logits[ar[i]]), "logit_spec": float(logits[spec[i]]),
+            "top2_gap": float(top2.values[0] - top2.values[1]), "ulp_at_top": ulp}
 
 
 def main(argv=None) -> int:

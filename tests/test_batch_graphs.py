@@ -121,10 +121,11 @@ def test_prefill_chunks_ride_in_the_decode_forward(pair, drafted, tile, monkeypa
 
 @pytest.mark.parametrize("decoding", [False, True])
 @pytest.mark.parametrize("drafted", [True, False])
-def test_prefill_chunks_past_one_forward_go_in_two(pair, drafted, decoding):
-    """Three newcomers' chunks (1 + 1 + 2 rows) in tiles of 3 rows need 3 tiles, one forward takes 2
-    (a whole 4-row chunk's): two forwards in that step, no chunk split, the first the decode rows' own
-    (mixed) when a request is decoding; tokens unchanged."""
+def test_a_steps_chunks_fit_one_forward(pair, drafted, decoding):
+    """Three newcomers' chunks (1 + 1 + 2 rows) in tiles of 3 rows would need 3 tiles, one forward takes
+    2 (a whole 4-row chunk's): the third newcomer's chunk waits for the next step, so no step runs a
+    second forward (it would read every weight again), the first the decode rows' own (mixed) when a
+    request is decoding; tokens unchanged."""
     target, drafter, seed = pair
     drafter = drafter if drafted else None
     requests = [Request(tuple(p), 10) for p in random_prompts(VOCAB, (1, 1, 2), seed + 5)]
@@ -146,7 +147,9 @@ def test_prefill_chunks_past_one_forward_go_in_two(pair, drafted, decoding):
     ids = [engine.submit(r) for r in requests]
     results.update({r.request_id: r for r in engine.run_until_done()})
     assert engine.graphs.prefill_requests == 2
-    assert calls[:2] == ([("mixed", step, 2), ("prefill", step, 1)] if decoding else [("prefill", step, 2), ("prefill", step, 1)]), calls
+    kind = "mixed" if decoding else "prefill"
+    assert calls[:2] == [(kind, step, 2), ("mixed", step + 1, 1)], calls
+    assert len({s for _, s, _ in calls}) == len(calls), f"a step ran two forwards: {calls}"
     for i, req in zip(ids + ([first] if decoding else []), requests + ([running] if decoding else [])):
         assert results[i].tokens == single(target, drafter, req).tokens, f"seed {seed}"
 

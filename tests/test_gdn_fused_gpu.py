@@ -30,6 +30,7 @@ pytestmark = requires_gpu
 @pytest.mark.parametrize("nk, hv, dk, dv, width, param_dtype", [
     (16, 32, 128, 128, 4, torch.bfloat16),      # Qwen3.5-9B
     (16, 32, 128, 128, 4, torch.float32),
+    (16, 48, 128, 128, 4, torch.bfloat16),     # Qwen3.5-27B: three value heads per key head
     (2, 4, 64, 64, 3, torch.bfloat16),
     (2, 2, 64, 32, 2, torch.float32)])
 def test_prologue_equals_torch_path(t, nk, hv, dk, dv, width, param_dtype):
@@ -46,7 +47,7 @@ def test_prologue_equals_torch_path(t, nk, hv, dk, dv, width, param_dtype):
     check_prologue((window, mixed, g, beta), inputs)
 
 
-@pytest.mark.parametrize("rows, hv, dv", [(1, 32, 128), (4, 32, 128), (16, 32, 128), (6, 4, 64), (3, 2, 80)])
+@pytest.mark.parametrize("rows, hv, dv", [(1, 32, 128), (4, 32, 128), (16, 32, 128), (16, 48, 128), (6, 4, 64), (3, 2, 80)])
 @pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32])
 def test_gated_norm_equals_torch_path(rows, hv, dv, weight_dtype):
     gen = torch.Generator(device="cuda").manual_seed(fresh_seed())
@@ -110,7 +111,8 @@ def test_engine_with_fused_ops_equals_torch_path(monkeypatch):
     """A bf16 hybrid on the GPU, everything else equal (GEMMs, chain kernel): with the fused ops vs the
     torch path, the first GDN layer's conv windows are bit-equal (its input is), the verify logits
     and recurrent states agree to bf16 rounding, a partial commit keeps the same conv state, and
-    greedy AR tokens agree, also with fused_kernels off altogether."""
+    greedy AR tokens agree up to a near tie, also with fused_kernels off altogether (bf16 roundings of
+    a random tiny model's flat logits: one fresh seed forked at its third token)."""
     from specpilot.config import EngineConfig
     from specpilot.engine import Engine
 
@@ -137,8 +139,23 @@ def test_engine_with_fused_ops_equals_torch_path(monkeypatch):
     assert torch.equal(wf, wt) and torch.equal(cf[0], ct[0])
     torch.testing.assert_close(sf, st, atol=0.02 * float(st.abs().amax()), rtol=0.02)
     tokens = torch_ops.generate_ar(prompt, 24).tokens[:8]
+    reference = [torch_ops.runner.prefill(torch.tensor([prompt + tokens[:i]], device="cuda"), with_features=False)[0]
+                 [0, -1].float() for i in range(len(tokens))]          # the torch path's logits at each token
     monkeypatch.undo()
-    assert fused.generate_ar(prompt, 24).tokens[:8] == tokens == off.generate_ar(prompt, 24).tokens[:8]
+    for engine in (fused, off):
+        same_or_near_tie(engine.generate_ar(prompt, 24).tokens[:8], tokens, reference,
+                         tol=0.05 * float(lt.abs().amax()))
+
+
+def same_or_near_tie(ours: list, tokens: list, reference: list, tol: float) -> None:
+    """Greedy tokens equal the reference's up to where the two may fork: a token whose reference logit
+    is within `tol` (the logits' agreement bound above) of the reference's own choice."""
+    for i, (a, b) in enumerate(zip(ours, tokens)):
+        if a != b:
+            gap = float(reference[i][b] - reference[i][a])
+            assert gap <= tol, f"token {i}: ours {a}, the torch path's {b}, which its logits prefer by {gap:.4f} > {tol:.4f}"
+            return
+    assert len(ours) == len(tokens)
 
 
 @torch.inference_mode()

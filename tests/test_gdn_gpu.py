@@ -34,7 +34,7 @@ def reference(mixed, nk, dk, decay, beta, state):
 
 
 @pytest.mark.parametrize("t", [1, 2, 16, 64])
-@pytest.mark.parametrize("nk, hv, dk, dv", [(4, 8, 64, 64), (16, 32, 128, 128), (2, 2, 128, 96)])
+@pytest.mark.parametrize("nk, hv, dk, dv", [(4, 8, 64, 64), (16, 32, 128, 128), (16, 48, 128, 128), (2, 2, 128, 96)])
 def test_chain_kernel_equals_reference(t, nk, hv, dk, dv):
     from specpilot.kernels.gdn_chain import available
 

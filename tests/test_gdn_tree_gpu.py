@@ -76,7 +76,7 @@ def the_kernels_are_built():
 
 
 @pytest.mark.parametrize("n", [1, 2, 16, 17, 64])
-@pytest.mark.parametrize("nk, hv, dk, dv", [(4, 8, 64, 64), (16, 32, 128, 128), (2, 2, 128, 96)])
+@pytest.mark.parametrize("nk, hv, dk, dv", [(4, 8, 64, 64), (16, 32, 128, 128), (16, 48, 128, 128), (2, 2, 128, 96)])
 def test_chain_shaped_tree_equals_the_chain_kernel_exactly(n, nk, hv, dk, dv):
     g = torch.Generator(device="cuda").manual_seed(fresh_seed())
     mixed, decay, beta, state = inputs(n, nk, hv, dk, dv, g)
@@ -87,7 +87,7 @@ def test_chain_shaped_tree_equals_the_chain_kernel_exactly(n, nk, hv, dk, dv):
 
 
 @pytest.mark.parametrize("n", [16, 33, 64])
-@pytest.mark.parametrize("nk, hv, dk, dv", [(4, 8, 64, 64), (16, 32, 128, 128), (2, 2, 128, 96)])
+@pytest.mark.parametrize("nk, hv, dk, dv", [(4, 8, 64, 64), (16, 32, 128, 128), (16, 48, 128, 128), (2, 2, 128, 96)])
 def test_random_tree_matches_the_reference(n, nk, hv, dk, dv):
     seed = fresh_seed()
     g = torch.Generator(device="cuda").manual_seed(seed)

@@ -19,7 +19,7 @@ from specpilot.verify.verdict import PRECISION_FACTOR
 ZOO = settings.get().zoo
 
 
-@pytest.fixture(scope="module", params=["tiny-qwen3.5", "tiny-qwen3-next"])     # Qwen3-Next: + sparse MoE
+@pytest.fixture(scope="module", params=["tiny-qwen3.5", "tiny-qwen3.5-27b", "tiny-qwen3-next"])  # 27B's head groups; + MoE
 def pair(request, tmp_path_factory):
     return Pair(tmp_path_factory.mktemp("hybrid"), request.param, [0, 2], block_size=16, seed=fresh_seed())
 

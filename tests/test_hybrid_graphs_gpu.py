@@ -23,8 +23,8 @@ ZOO = settings.get().zoo
 def random_hybrid(kind: str, dtype):
     from specpilot.models.random_ckpt import HYBRID_PRESETS, random_target
 
-    cfg = HYBRID_PRESETS["tiny-qwen3.5"]
-    if kind == "kernels":       # widths our GDN chain and decode attention kernels take
+    cfg = HYBRID_PRESETS["tiny-qwen3.5-27b" if kind == "kernels-27b" else "tiny-qwen3.5"]
+    if kind.startswith("kernels"):      # widths our GDN chain and decode attention kernels take
         cfg = dataclasses.replace(cfg, linear_key_head_dim=64, linear_value_head_dim=64, head_dim=64)
     return random_target(cfg, "cuda", dtype, seed=fresh_seed())
 
@@ -37,7 +37,7 @@ def zoo_target():
     return load_target(ZOO / "hybrid-tiny", device="cuda", dtype=torch.bfloat16)
 
 
-@pytest.mark.parametrize("kind", ["reference", "kernels", "zoo"])
+@pytest.mark.parametrize("kind", ["reference", "kernels", "kernels-27b", "zoo"])   # 27b: its head groups
 @torch.inference_mode()
 def test_graphed_steps_equal_eager_bitwise(kind):
     from specpilot.config import EngineConfig

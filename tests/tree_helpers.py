@@ -52,8 +52,8 @@ def oracle_drafts(engine, prompt_len, transcript):
     runner, vocab = engine.runner, engine.target.config.vocab_size
     original = runner.draft_step
 
-    def draft_step(ctx_features, ctx_start, block_ids, start, full_block):
-        original(ctx_features, ctx_start, block_ids, start, full_block)     # the drafter's caches as usual
+    def draft_step(ctx_features, ctx_start, block_ids, start, full_block, visible=None):
+        original(ctx_features, ctx_start, block_ids, start, full_block, visible)   # the drafter's caches as usual
         depths = block_ids.shape[1] - 1
         g = torch.Generator().manual_seed(start)
         logits = torch.randn(1, depths, vocab, generator=g)                 # noise in [-4, 4]

@@ -47,7 +47,8 @@ def run_spec(engine, ids, max_new_tokens, stop_ids, temperature, block_size, pol
     mask_row = torch.full((1, block_size), engine.drafter.mask_token_id, dtype=torch.long, device=device)
     # Greedy runs whole blocks to the end where max_seq_len has room: an eager tail step costs more than
     # the rows it saves (on a hybrid target its attention reaches cuDNN, which plans each new shape:
-    # ~60 ms on an H100).
+    # ~60 ms on an H100). The drafter does not see the rows past max_length, so it drafts what the
+    # shorter block of stock and the batched engine drafts.
     # Sampling keeps stock's shorter tail block, so that it draws the same random numbers.
     whole_blocks = temperature == 0 and certified is None
     stopped = tokens[0] in stop
@@ -59,7 +60,7 @@ def run_spec(engine, ids, max_new_tokens, stop_ids, temperature, block_size, pol
         block[0, 0] = tokens[-1]
         draft_probs = draft_logits = None
         if rows > 1:                                                        # draft
-            draft_logits = runner.draft_step(ctx, ctx_start, block, start, block_size)   # [1, rows-1, V]
+            draft_logits = runner.draft_step(ctx, ctx_start, block, start, block_size, visible=vs)  # [1, rows-1, V]
             if temperature > 0:
                 draft_probs = sampling_probs(draft_logits, temperature)
                 drafts = sample_probs(draft_probs, generator)

@@ -143,37 +143,48 @@ class StepRunner:
             return self.drafter.forward_block(block_ids, positions, self.draft_cache, kv_len,
                                               last_visible=last_visible)
 
-    def _draft(self, ctx_features, ctx_positions, block_ids, block_positions, kv_len: int, compiled: bool = False):
+    def _draft(self, ctx_features, ctx_positions, block_ids, block_positions, kv_len: int, last_visible,
+               compiled: bool = False):
         self.write_draft_context(ctx_features, ctx_positions, compiled)
-        return self.forward_draft(block_ids, block_positions, kv_len, compiled=compiled)
+        return self.forward_draft(block_ids, block_positions, kv_len, last_visible, compiled=compiled)
 
-    def draft_step(self, ctx_features, ctx_start: int, block_ids, start: int, full_block: int):
+    def draft_step(self, ctx_features, ctx_start: int, block_ids, start: int, full_block: int,
+                   visible: int | None = None):
         """Injects ctx_features [1, C, F] (target features at positions ctx_start..ctx_start+C-1) and
         drafts block_ids [1, T] at positions start..start+T-1 -> draft logits [1, T-1, V].
+
+        visible < T: a tail block run at full size whose rows from `visible` on lie past max_length.
+        Those rows sit at the trash slot, unseen, as in the fused step, so the real rows draft what
+        stock's shorter block drafts (up to kernel rounding).
 
         Graphed when T == full_block: the context is padded to T rows (padding -> trash); a longer one
         (the prompt's, at the first draft) has its leading rows written eagerly first (no attention in
         a context write, so no new attention shape to plan)."""
         c, t = ctx_features.shape[1], block_ids.shape[1]
         device = block_ids.device
+        visible = t if visible is None else visible
+        if not 1 <= visible <= t:
+            raise ValueError(f"draft_step: visible rows {visible} must be in [1, block rows {t}]")
         if self.use_graphs and t == full_block and c > t:
             lead = c - t
             self.write_draft_context(ctx_features[:, :lead], torch.arange(ctx_start, ctx_start + lead, device=device))
             ctx_features, ctx_start, c = ctx_features[:, lead:], ctx_start + lead, t
-        block_positions = torch.arange(start, start + t, device=device)
+        rows = torch.arange(t, device=device)
+        trash = torch.full_like(rows, self.draft_cache.trash_slot)
+        block_positions = torch.where(rows < visible, start + rows, trash)
+        last_visible = block_positions[visible - 1:visible]                 # on the device: no copy
         if not self.use_graphs or t != full_block:
             ctx_positions = torch.arange(ctx_start, ctx_start + c, device=device)
-            return self._draft(ctx_features, ctx_positions, block_ids, block_positions, start + t)
-        rows = torch.arange(t, device=device)
-        ctx_positions = torch.where(rows < c, ctx_start + rows, torch.full_like(rows, self.draft_cache.trash_slot))
+            return self._draft(ctx_features, ctx_positions, block_ids, block_positions, start + t, last_visible)
+        ctx_positions = torch.where(rows < c, ctx_start + rows, trash)
         if c < t:
             pad = ctx_features.new_zeros(1, t - c, ctx_features.shape[2])
             ctx_features = torch.cat([ctx_features, pad], dim=1)
         span = self.kv_span(start + t)
         key = ("draft", t, span)
         if key not in self.graphs:
-            def fn(f, cp, b, bp):
-                return self._draft(f, cp, b, bp, span, compiled=True)
-            self.graphs[key] = self.step_factory(fn, (ctx_features, ctx_positions, block_ids, block_positions),
-                                                 self.pool)
-        return self.graphs[key](ctx_features, ctx_positions, block_ids, block_positions)
+            def fn(f, cp, b, bp, lv):
+                return self._draft(f, cp, b, bp, span, lv, compiled=True)
+            self.graphs[key] = self.step_factory(
+                fn, (ctx_features, ctx_positions, block_ids, block_positions, last_visible), self.pool)
+        return self.graphs[key](ctx_features, ctx_positions, block_ids, block_positions, last_visible)

@@ -1,6 +1,7 @@
 """Random-weight hybrid (Qwen3.5 layout) targets: presets, in-memory models, HF config dicts.
 
-Presets: `tiny-qwen3.5` (CPU tests: 4 layers, 3 GDN + 1 gated attention), `tiny-qwen3-next` (the
+Presets: `tiny-qwen3.5` (CPU tests: 4 layers, 3 GDN + 1 gated attention), `tiny-qwen3.5-27b` (the same
+with the 27B's head groups: 3 GDN value heads per key head, 6 query heads per KV head), `tiny-qwen3-next` (the
 same with a 4-expert top-2 MoE + shared expert in layers 0, 2, 3), `qwen3.5-9b`
 (transformers' default Qwen3_5TextConfig: hidden 4096, 32 layers, 16/32 GDN key/value heads of 128,
 vocab 248320) and `qwen3.5-27b` (a 27B-class shape: hidden 5120, 64 layers, 16/48 GDN heads, 24/4
@@ -26,6 +27,8 @@ def _layer_types(n: int, interval: int = 4) -> tuple:
 HYBRID_PRESETS = {
     "tiny-qwen3.5": HybridConfig("qwen3_5", 320, 64, _layer_types(4), 4, 2, 16, 0.5, 2, 4, 16, 16, 4, 128, 1e-6,
                                  RopeConfig(10000.0), False, 2048),
+    "tiny-qwen3.5-27b": HybridConfig("qwen3_5", 320, 64, _layer_types(4), 6, 1, 16, 0.5, 2, 6, 16, 16, 4, 128,
+                                     1e-6, RopeConfig(10000.0), False, 2048),
     "tiny-qwen3-next": HybridConfig("qwen3_next", 320, 64, _layer_types(4), 4, 2, 16, 0.5, 2, 4, 16, 16, 4, 96,
                                     1e-6, RopeConfig(10000.0), False, 2048, moe_layers=(0, 2, 3), num_experts=4,
                                     num_experts_per_tok=2, moe_intermediate_size=32,

@@ -300,18 +300,30 @@ class BatchEngine:
             lengths = self._verify_lengths(decoding, drafts)
             self.block_rows += sum(drafts[s.id].rows if s.id in drafts else 1 for s in decoding)
             self.verify_rows += sum(lengths.values())
-            chunks, budget = [], self.config.prefill_chunk
-            for state in self.running:
-                if not state.decoding and budget > 0:
-                    rows = min(budget, state.prompt_len - state.prefilled)
-                    chunks.append((state, rows))
-                    budget -= rows
-            verify_and_accept(self, decoding, drafts, lengths, chunks)
+            verify_and_accept(self, decoding, drafts, lengths, self._chunks())
         self._finish_done()
         if not self.running:
             self.ar_in_flight = None                 # nobody left to read it: its rows were all wasted
         if self.config.adaptive:
             self.estimator.end_step()               # this step's labels into the rates, O(block)
+
+    def _chunks(self) -> list:
+        """This step's prefill chunks, (state, rows) in arrival order: at most prefill_chunk rows, and on
+        the graphed path at most one forward's tiles, so that they ride in one forward (a chunk whose
+        last tile is partly padding takes a whole tile; past the tiles, a second forward would read
+        every weight again)."""
+        chunks, budget = [], self.config.prefill_chunk
+        tile = self.graphs.prefill_tile if self.graphs is not None else 1
+        tiles = self.graphs.prefill_requests if self.graphs is not None else budget
+        for state in self.running:
+            if state.decoding:
+                continue
+            rows = min(budget, state.prompt_len - state.prefilled, tiles * tile)
+            if rows <= 0:
+                break
+            chunks.append((state, rows))
+            budget, tiles = budget - rows, tiles - -(-rows // tile)
+        return chunks
 
     def _finish_done(self) -> None:
         for state in [s for s in self.running if s.done]:

@@ -3,9 +3,10 @@
 cache, which holds the tiles before it), logits only at each tile's last row.
 
 A step with decode rows carries its chunks in the decode rows' own forward (DecodeGraphs.mixed: one
-pass over the weights for both, as a serving engine's mixed batch); chunks past one forward's tiles,
-and the steps of prompt rows only, take the prefill forward (DecodeGraphs.prefill). A chunk is never
-split between forwards. Batched AR and the speculative engines prefill the same way."""
+pass over the weights for both, as a serving engine's mixed batch); the steps of prompt rows only take
+the prefill forward (DecodeGraphs.prefill). A step's chunks fit one forward's tiles
+(BatchEngine._chunks): a second forward would read every weight again. Batched AR and the speculative
+engines prefill the same way."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,22 +40,12 @@ class TilePlan:
 EMPTY = TilePlan([], [], [], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))   # warmup's all-padding tiles
 
 
-def calls(engine, chunks: list) -> list:
-    """The chunks grouped into forwards of at most engine.graphs.prefill_requests tiles, in order."""
-    tile, top = engine.graphs.prefill_tile, engine.graphs.prefill_requests
-    groups, tiles = [], 0
-    for s, rows in chunks:
-        need = -(-rows // tile)
-        if not groups or tiles + need > top:
-            groups.append([])
-            tiles = 0
-        groups[-1].append((s, rows))
-        tiles += need
-    return groups
-
-
 def plan(engine, chunks: list) -> TilePlan:
+    """The tiles of a step's chunks (BatchEngine._chunks keeps them within one forward's tiles)."""
     tile = engine.graphs.prefill_tile
+    need = sum(-(-rows // tile) for _, rows in chunks)
+    if need > engine.graphs.prefill_requests:
+        raise RuntimeError(f"prefill chunks need {need} tiles, one forward takes {engine.graphs.prefill_requests}")
     segments, first_tile, ids = [], [], []
     for s, rows in chunks:
         first_tile.append(len(segments))
@@ -78,14 +69,13 @@ def as_inputs(engine, uploaded: list, tiles: int) -> tuple:
     return ids, positions, slots, keys.view(tiles, -1), last.view(tiles, engine.graphs.prefill_tile), rows
 
 
-def prefill_alone(engine, groups: list) -> None:
-    """Chunk groups (calls) through the prefill forward, one forward each, read back one by one."""
-    for group in groups:
-        p = plan(engine, group)
-        tiles = graphed.request_bucket(len(p.segments))
-        keys = engine.graphs.key_bucket(max(s.start + s.rows for s in p.segments))
-        logits, features = engine.graphs.prefill(*upload(engine, p, tiles, keys))
-        done(engine, p, logits, features, torch.argmax(logits, dim=-1).tolist())
+def prefill_alone(engine, chunks: list) -> None:
+    """A step of prompt rows only: its chunks through the prefill forward."""
+    p = plan(engine, chunks)
+    tiles = graphed.request_bucket(len(p.segments))
+    keys = engine.graphs.key_bucket(max(s.start + s.rows for s in p.segments))
+    logits, features = engine.graphs.prefill(*upload(engine, p, tiles, keys))
+    done(engine, p, logits, features, torch.argmax(logits, dim=-1).tolist())
 
 
 def done(engine, plan_: TilePlan, logits, features, greedy: list) -> None:

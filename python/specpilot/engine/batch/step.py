@@ -190,14 +190,11 @@ def verify(engine, decoding: list, drafts: dict, windows: dict, chunks: list, gr
     request, also_read's host list or None)."""
     if (graph_rows is not None and engine.graphs is not None and engine.config.ragged_verify and decoding
             and (not drafts or engine.config.batched_draft)):
-        groups = prefill_tiles.calls(engine, chunks) if chunks else []
         launched = _launch_graphed(engine, decoding, drafts, windows, graph_rows, also_read,
-                                   prefill_tiles.plan(engine, groups[0]) if groups else None)
-        if len(groups) > 1:     # chunks past one forward's tiles: their own forward, queued behind
-            prefill_tiles.prefill_alone(engine, groups[1:])
+                                   prefill_tiles.plan(engine, chunks) if chunks else None)
         return _finish_graphed(engine, *launched)
     if chunks and not decoding and engine.graphs is not None:        # a step of prompt rows only
-        prefill_tiles.prefill_alone(engine, prefill_tiles.calls(engine, chunks))
+        prefill_tiles.prefill_alone(engine, chunks)
         return [], (also_read.tolist() if also_read is not None else None)
     return _verify_eager(engine, decoding, drafts, windows, chunks, also_read)
 
