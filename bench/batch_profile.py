@@ -8,6 +8,8 @@ verify + accept), the device time of its kernels (a step is host-bound when that
 time), the floor (weights + KV read once over the card's copy bandwidth) and, under torch.profiler,
 the top ops by device and by host time and the count of host-device synchronizations. Random weights
 (scale tier): acceptance is ~nothing, so a spec step verifies full blocks and commits one token.
+Per-kernel device times overlap under programmatic dependent launch (a kernel's wait for the one
+before it counts as its own time): `--no-pdl` for an attribution, the default for the step times.
 `--chunks` adds each mode with a prefill chunk in every step (`ar+chunk`, `spec+chunk`): a closed
 loop's steps carry one while clients come and go, and those steps took most of its time.
 """
@@ -38,11 +40,14 @@ def build(preset: str, device, dtype, drafter_layers: int, block: int):
     return target, drafter
 
 
-def engine_at(target, drafter, concurrency: int, context: int, steps: int, newcomers: bool = False):
+def engine_at(target, drafter, concurrency: int, context: int, steps: int, newcomers: bool = False,
+              pdl: bool = True):
     """A BatchEngine with `concurrency` requests of `context` prompt tokens each, all past prefill;
-    with `newcomers`, room for one more request (WithNewcomers)."""
+    with `newcomers`, room for one more request (WithNewcomers); pdl=False: no programmatic dependent
+    launch in its kernels."""
     import torch
 
+    from specpilot.config import EngineConfig
     from specpilot.engine.batch import BatchConfig, BatchEngine, Request
     from specpilot.engine.batch.run import pool_pages
 
@@ -50,7 +55,8 @@ def engine_at(target, drafter, concurrency: int, context: int, steps: int, newco
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 256, (context,), generator=gen).tolist() for _ in range(concurrency + newcomers)]
     engine = BatchEngine(target, drafter, BatchConfig(), max_batch=len(prompts),
-                         kv_pages=pool_pages(prompts, max_new, len(prompts), BatchConfig().page_size))
+                         kv_pages=pool_pages(prompts, max_new, len(prompts), BatchConfig().page_size),
+                         engine_config=EngineConfig(attention_pdl=pdl, gemv_pdl=pdl))
     for p in prompts[:concurrency]:
         engine.submit(Request(tuple(p), max_new))
     while not all(s.decoding for s in engine.running) or len(engine.running) < concurrency:
@@ -167,6 +173,10 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--drafter-layers", type=int, default=5)
     p.add_argument("--block", type=int, default=16)
+    p.add_argument("--no-pdl", action="store_true",
+                   help="kernels without programmatic dependent launch: under PDL a kernel starts before the one "
+                        "it depends on ends, and the profiler counts its wait as its own time (the attention "
+                        "combine kernel looked longer than the attention itself)")
     p.add_argument("--chunks", action="store_true",
                    help="also each mode with a prefill chunk in every step (a newcomer of --context tokens "
                         "always prefilling, chunks of the engine's default size)")
@@ -187,7 +197,7 @@ def main(argv=None) -> int:
     for c in [int(x) for x in args.concurrency.split(",")]:
         for mode in ("ar", "spec", "ar+chunk", "spec+chunk")[:4 if args.chunks else 2]:
             engine = engine_at(target, drafter if mode.startswith("spec") else None, c, args.context, args.steps,
-                               newcomers=mode.endswith("+chunk"))
+                               newcomers=mode.endswith("+chunk"), pdl=not args.no_pdl)
             time_steps(engine, 3, rounds=1)                              # warm-up
             wall = statistics.median(time_steps(engine, args.steps))
             row = {"mode": mode, "concurrency": c, "context": args.context, "step_ms": wall * 1e3,

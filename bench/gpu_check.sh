@@ -162,7 +162,8 @@ for packed in glob.glob('_C.*.so.xz'): open('/tmp/sp_tree/specpilot/' + packed[:
              run_step trees python3 scripts/ab_trees.py --tree "$(cut -d' ' -f1 tree/REVISION)=/tmp/sp_tree" \
                --tree this=/tmp/sp --rounds ${TREES_ROUNDS:-2} --out "$OUT/trees.jsonl" ;;
     # The batched engine (engine/batch): its GPU tests, per-request forcing at C=8 on the zoo pair, the
-    # scale tier under closed-loop clients (tau 6.49 replayed per request) and the real tier at C=16.
+    # scale tier under closed-loop clients (tau 6.49 replayed per request, 256 new tokens a request:
+    # BATCH_TOKENS=1024 shrinks the prefill's share, ~2 minutes more) and the real tier at C=16.
     batch)   if [ "${BATCH_TESTS:-1}" = 1 ]; then
                run_step batch_tests timeout 120 python3 -m pytest -q -m gpu tests/test_batch_gpu.py tests/test_batch_adaptive_gpu.py
                tail -1 "$OUT/batch_tests.log" | tee -a "$summary"
@@ -173,7 +174,7 @@ for packed in glob.glob('_C.*.so.xz'): open('/tmp/sp_tree/specpilot/' + packed[:
              grep '^verdict' "$OUT/batch_force.log" | tee -a "$summary"
              run_step batch_scale timeout ${BATCH_SCALE_S:-300} python3 -m specpilot bench --target random:qwen3-8b \
                --concurrency ${BATCH_LEVELS:-8,16,32} --replay 6.49 --datasets "$SPECPILOT_DATASETS" \
-               --limit ${BATCH_LIMIT:-13} --max-new-tokens ${BATCH_TOKENS:-96} --dtype bf16 --out "$OUT/batch_scale" \
+               --limit ${BATCH_LIMIT:-13} --max-new-tokens ${BATCH_TOKENS:-256} --dtype bf16 --out "$OUT/batch_scale" \
                ${BATCH_ABLATIONS:+--ablations $BATCH_ABLATIONS} ${BATCH_PREFILL:+--prefill-chunk $BATCH_PREFILL}
              [ "${BATCH_ZOO_S:-150}" = 0 ] || run_step batch_zoo timeout ${BATCH_ZOO_S:-150} python3 -m specpilot bench --target "$SPECPILOT_ZOO/code-tiny" \
                --drafter "$SPECPILOT_ZOO/code-tiny-dflash-b16" --concurrency 1,16 --limit 32 --max-new-tokens 128 \

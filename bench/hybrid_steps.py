@@ -91,7 +91,9 @@ def divergence(engine, prompt: list, ar: list, spec: list) -> dict:
     of the logit is the bf16 caveat of two summation shapes (decode vs verify); a wide one is a bug."""
     import torch
 
-    i = next(j for j, (a, b) in enumerate(zip(ar, spec)) if a != b)
+    i = next((j for j, (a, b) in enumerate(zip(ar, spec)) if a != b), min(len(ar), len(spec)))
+    if i == min(len(ar), len(spec)):
+        return {"index": i, "lengths": [len(ar), len(spec)]}          # one transcript ends early
     ids = torch.tensor([prompt + ar[:i]], device=engine.device)
     logits = engine.runner.prefill(ids, with_features=False)[0][0, -1].float()
     top2 = torch.topk(logits, 2)

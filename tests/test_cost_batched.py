@@ -1,6 +1,6 @@
 """The batched step model (cost/batched.py): its limits against the single-request model, prefix-first's
-pass 2 and the verify length, rows past the ridge, the CLI, and the agents' cost-model evaluator
-agreeing with it on the batched verify policies."""
+pass 2 and the verify length, rows past the ridge, a prefill chunk in a step and the closed loop, the
+CLI, and the agents' cost-model evaluator agreeing with it on the batched verify policies."""
 import json
 
 import pytest
@@ -13,7 +13,7 @@ from specpilot.agents.mechanisms import by_name
 from specpilot.bench import traces
 from specpilot.cost import cost_report
 from specpilot.cost.batched import (CARDS, Acceptance, batched_step, best_verify_len, binomial_expectation,
-                                    step_seconds)
+                                    closed_loop, step_seconds)
 from specpilot.cost.shapes import ModelShape, drafter_target_layers
 from specpilot.cost.two_level import preset_shapes, step_ceilings
 
@@ -115,6 +115,46 @@ def test_rows_flat_below_the_ridge_and_linear_past_it(qwen):
     assert ar[0] < ar[1] < ar[2] < 1.5 * ar[0]                 # AR: weights once, KV per request
 
 
+def test_a_chunk_rides_free_below_the_ridge_and_costs_its_math_past_it(qwen):
+    """Qwen3-8B on an H100 (ridge ~350 rows): AR's 8 rows + a 256-row chunk stay under the ridge, so the
+    step's linears cost about the weights' bytes; 32 requests x 16 verify rows + 256 are past it, so the
+    chunk adds its own flops; a chunk's LM head runs at its tiles' last rows only."""
+    target, drafter, feats = qwen
+
+    def linears(c, chunk):
+        return step_seconds(target, drafter, feats, c, 16, H100, "bf16", 512, prefill_rows=chunk)
+
+    plain, mixed = linears(8, 0), linears(8, 256)
+    assert mixed["decode"]["linear"] / plain["decode"]["linear"] < 1.15
+    assert mixed["draft"] == plain["draft"]                                # the drafter sees no prompt rows
+    past = linears(32, 256)["verify"]["linear"] - linears(32, 0)["verify"]["linear"]
+    gemm_flops = 2 * 256 * sum(n * k * count for _, _, n, k, count in target.gemms(1))
+    assert past == pytest.approx(gemm_flops / H100.matmul_flops, rel=0.02)
+
+
+def test_closed_loop(qwen):
+    """No prompt rows: the decode steps' speedup; prompt rows lower it, more so at few new tokens and
+    high concurrency, where chunk steps are most of spec's time; past its decode steps a run is
+    prefill-bound (every step carries a chunk)."""
+    target, drafter, feats = qwen
+    tau = Acceptance.geometric(6.49, 16)
+
+    def loop(c, new, prompt, **kw):
+        return closed_loop(target, drafter, feats, c, tau, H100, new, prompt, weights="bf16", context=512, **kw)
+
+    assert loop(8, 256, 0)["speedup_over_ar"] == pytest.approx(loop(8, 256, 0)["decode_only_speedup"])
+    assert loop(8, 256, 0)["speedup_over_ar"] == pytest.approx(step(qwen, 8, tau)["speedup_over_ar"])
+    short, long_ = loop(32, 256, 330), loop(32, 1024, 330)
+    assert short["speedup_over_ar"] < long_["speedup_over_ar"] < long_["decode_only_speedup"]
+    assert short["spec_prefill_share"] > long_["spec_prefill_share"] > 0
+    assert loop(8, 256, 330)["speedup_over_ar"] > short["speedup_over_ar"]
+    bound = loop(32, 64, 2000)                               # 250 chunk steps, 10 spec decode steps
+    assert bound["chunk_steps"] > bound["spec_steps"] and bound["spec_prefill_share"] == pytest.approx(1.0)
+    assert bound["spec_s"] == pytest.approx(bound["chunk_steps"] * bound["mixed_ms"]["spec"] / 1e3)
+    with pytest.raises(ValueError, match="new_tokens >= 1"):
+        loop(8, 0, 100)
+
+
 def test_cost_cli_concurrency(tmp_path, capsys, qwen):
     assert cli.main(["cost", "--target", "qwen3-8b", "--concurrency", "32", "--verify-prefix", "4", "--tau", "3",
                      "--weights", "bf16", "--context", "512"]) == 0
@@ -139,6 +179,14 @@ def test_cost_cli_concurrency(tmp_path, capsys, qwen):
     assert "--card 'A100'" in capsys.readouterr().err
     assert cli.main(["cost", "--target", str(t), "--verify-prefix", "4"]) == 2
     assert "--verify-prefix go with --concurrency" in capsys.readouterr().err
+    assert cli.main(["cost", "--target", str(t), "--new-tokens", "256"]) == 2
+    assert "--new-tokens go with --concurrency" in capsys.readouterr().err
+    assert cli.main(["cost", "--target", "qwen3-8b", "--concurrency", "32", "--tau", "6.49", "--weights", "bf16",
+                     "--context", "512", "--new-tokens", "256", "--prompt-tokens", "330"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert any(line.startswith("closed-loop spec / AR") for line in out)
+    data = json.loads(out[-1])
+    assert data["closed_loop"]["chunk_steps"] == pytest.approx(32 * 330 / 256)
 
 
 def test_evaluator_models_the_batched_verify_policies(qwen):

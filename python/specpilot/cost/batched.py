@@ -97,11 +97,13 @@ def padded_requests(n: int, graphed: bool) -> int:
 
 
 def step_seconds(target, drafter, feats: int, batch: int, rows: int, ceil: Ceilings, weights: str = "bf16",
-                 context: int = 1024, draft_vocab: int = 0, certified=None) -> dict:
+                 context: int = 1024, draft_vocab: int = 0, certified=None, prefill_rows: int = 0) -> dict:
     """{step: {kind: seconds}} for decode (batch x 1 rows), draft and verify (batch x rows rows), every
-    component at its ceiling (the rule of cost/gaps.py and two_level.step_ceilings)."""
+    component at its ceiling (the rule of cost/gaps.py and two_level.step_ceilings); prefill_rows: a
+    prompt chunk riding in the decode and verify forwards (shapes.step_components)."""
     out = {}
-    for c in step_components(target, drafter, feats, batch, rows, context, weights, draft_vocab, certified):
+    for c in step_components(target, drafter, feats, batch, rows, context, weights, draft_vocab, certified,
+                             prefill_rows):
         nbytes, flops = work(c, ceil.device, target, drafter, batch, context, weights)
         seconds = c.extra[0] * ceil.launch_s if c.kind == "launches" else ceiling_of(nbytes, flops, ceil)[0]
         kinds = out.setdefault(c.step, {})
@@ -116,10 +118,12 @@ def binomial_expectation(n: int, q: float, seconds_of) -> float:
 
 def batched_step(target, drafter, feats: int, concurrency: int, acceptance: Acceptance, ceil: Ceilings,
                  weights: str = "bf16", context: int = 1024, verify_prefix: int = 0, verify_len: int = 0,
-                 graphed: bool = True) -> dict:
+                 graphed: bool = True, prefill_rows: int = 0) -> dict:
     """The AR step and the speculative step (draft + verify under one verify policy) at concurrency C,
     tokens per step from `acceptance` (its block is the drafter's block: the drafter drafts it whole),
-    tokens/s of each and spec over AR. Times in seconds; breakdown: {step: {kind: seconds}}."""
+    tokens/s of each and spec over AR. Times in seconds; breakdown: {step: {kind: seconds}}.
+    prefill_rows: both steps carry a newcomer's chunk of that many prompt rows (in prefix-first, its
+    first pass does)."""
     block, c = acceptance.block, concurrency
     if c < 1 or block < 2:
         raise ValueError(f"need concurrency >= 1 and block >= 2, got {c}, {block}")
@@ -132,8 +136,8 @@ def batched_step(target, drafter, feats: int, concurrency: int, acceptance: Acce
         raise ValueError(f"verify_len {verify_len} must be in 1..{block}")
     r = padded_requests(c, graphed)
 
-    def steps(requests, rows):
-        return step_seconds(target, drafter, feats, requests, rows, ceil, weights, context)
+    def steps(requests, rows, chunk=prefill_rows):
+        return step_seconds(target, drafter, feats, requests, rows, ceil, weights, context, prefill_rows=chunk)
 
     spec = steps(r, block)
     decode = spec["decode"]
@@ -143,7 +147,7 @@ def batched_step(target, drafter, feats: int, concurrency: int, acceptance: Acce
         rest = block - verify_prefix
         breakdown["verify"] = steps(r, verify_prefix)["verify"]
         q = acceptance.survival(verify_prefix + 1)          # accepted all P judged drafts
-        by_k = {k: steps(padded_requests(k, graphed), rest)["verify"] for k in range(1, c + 1)} if q > 0 else {}
+        by_k = {k: steps(padded_requests(k, graphed), rest, 0)["verify"] for k in range(1, c + 1)} if q > 0 else {}
         pass2_kinds = {kind: binomial_expectation(c, q, lambda k: by_k[k][kind]) if q > 0 else 0.0
                        for kind in breakdown["verify"]}
         breakdown["verify.pass2"] = pass2_kinds
@@ -167,7 +171,49 @@ def batched_step(target, drafter, feats: int, concurrency: int, acceptance: Acce
             "pass1_s": total["verify"] if verify_prefix else None, "pass2_s": pass2 if verify_prefix else None,
             "spec_s": spec_s, "ar_tokens_per_s": ar_tps, "spec_tokens_per_s": spec_tps,
             "speedup_over_ar": spec_tps / ar_tps, "breakdown": breakdown,
-            "ceilings": ceil.to_dict(), "weights": weights, "context": context, "graphed": graphed}
+            "ceilings": ceil.to_dict(), "weights": weights, "context": context, "graphed": graphed,
+            "prefill_rows": prefill_rows}
+
+
+def closed_loop(target, drafter, feats: int, concurrency: int, acceptance: Acceptance, ceil: Ceilings,
+                new_tokens: int, prompt_tokens: float, prefill_chunk: int = 256, **kw) -> dict:
+    """A closed loop's speedup at the ceilings: C clients, each request `prompt_tokens` prompt rows and
+    `new_tokens` new tokens. Prefill costs AR and spec alike in rows, but not in share: each chunk step
+    (at most `prefill_chunk` prompt rows, riding in a decode forward: batched_step's prefill_rows) is
+    one of AR's new_tokens steps a request and one of spec's new_tokens / E[a]. Per C requests:
+    C * prompt_tokens / prefill_chunk chunk steps, each also a decode step; past the decode steps a run
+    is prefill-bound. Full occupancy (no waves or tails). kw: batched_step's."""
+    if new_tokens < 1 or prompt_tokens < 0 or prefill_chunk < 1:
+        raise ValueError(f"need new_tokens >= 1, prompt_tokens >= 0, prefill_chunk >= 1, got "
+                         f"{new_tokens}, {prompt_tokens}, {prefill_chunk}")
+    plain = batched_step(target, drafter, feats, concurrency, acceptance, ceil, **kw)
+    mixed = batched_step(target, drafter, feats, concurrency, acceptance, ceil, prefill_rows=prefill_chunk, **kw)
+    chunk_steps = concurrency * prompt_tokens / prefill_chunk
+
+    def seconds(decode_steps, plain_s, mixed_s):
+        return chunk_steps * mixed_s + max(0.0, decode_steps - chunk_steps) * plain_s
+
+    ar_s = seconds(new_tokens, plain["decode_s"], mixed["decode_s"])
+    spec_steps = new_tokens * concurrency / plain["tokens_per_step"]
+    spec_s = seconds(spec_steps, plain["spec_s"], mixed["spec_s"])
+    return {"concurrency": concurrency, "new_tokens": new_tokens, "prompt_tokens": prompt_tokens,
+            "prefill_chunk": prefill_chunk, "chunk_steps": chunk_steps, "ar_steps": new_tokens,
+            "spec_steps": spec_steps, "ar_s": ar_s, "spec_s": spec_s, "speedup_over_ar": ar_s / spec_s,
+            "decode_only_speedup": plain["speedup_over_ar"],
+            "mixed_ms": {"ar": mixed["decode_s"] * 1e3, "spec": mixed["spec_s"] * 1e3},
+            "plain_ms": {"ar": plain["decode_s"] * 1e3, "spec": plain["spec_s"] * 1e3},
+            "spec_prefill_share": chunk_steps * mixed["spec_s"] / spec_s, "policy": plain["policy"]}
+
+
+def format_closed_loop(loop: dict) -> str:
+    return (f"# closed loop at the ceilings: {loop['prompt_tokens']:.0f} prompt + {loop['new_tokens']} new tokens a "
+            f"request, chunks of {loop['prefill_chunk']} rows ({loop['chunk_steps']:.1f} chunk steps per "
+            f"{loop['concurrency']} requests)\n"
+            f"step ms without / with a chunk: AR {loop['plain_ms']['ar']:.3f} / {loop['mixed_ms']['ar']:.3f}, spec "
+            f"{loop['plain_ms']['spec']:.3f} / {loop['mixed_ms']['spec']:.3f}; chunk steps "
+            f"{100 * loop['spec_prefill_share']:.0f}% of spec's time\n"
+            f"closed-loop spec / AR {loop['speedup_over_ar']:.2f}x (decode steps alone "
+            f"{loop['decode_only_speedup']:.2f}x)")
 
 
 def best_verify_len(target, drafter, feats, concurrency, acceptance, ceil, **kw) -> dict:

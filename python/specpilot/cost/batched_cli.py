@@ -26,13 +26,21 @@ def add_arguments(parser) -> None:
                    help="acceptance lengths from a recorded trace (specpilot bench's traces_*.json) instead of "
                         "a geometric law fitted to --tau")
     g.add_argument("--draft-layers", type=int, default=5, help="the preset target's DFlash drafter layers")
+    g.add_argument("--new-tokens", type=int, default=0, metavar="N",
+                   help="also the closed loop's speedup at the ceilings: requests of N new tokens and "
+                        "--prompt-tokens prompt rows, whose prefill chunks ride in decode steps")
+    g.add_argument("--prompt-tokens", type=float, default=0.0, metavar="P", help="mean prompt rows a request")
+    g.add_argument("--prefill-chunk", type=int, default=256, metavar="ROWS",
+                   help="prompt rows a step carries at most (BatchConfig.prefill_chunk)")
 
 
 def refuse_without_concurrency(args) -> None:
     """The batched model's options mean nothing to the single-request gap table: name the one given."""
     given = [flag for flag, on in (("--verify-prefix", args.verify_prefix), ("--verify-len", args.verify_len),
                                    ("--trace", args.trace), ("--matmul", args.matmul is not None),
-                                   ("--card", args.card != "H100")) if on]
+                                   ("--card", args.card != "H100"), ("--new-tokens", args.new_tokens),
+                                   ("--prompt-tokens", args.prompt_tokens),
+                                   ("--prefill-chunk", args.prefill_chunk != 256)) if on]
     if given:
         raise ValueError(f"{', '.join(given)} go with --concurrency C (the batched step model)")
 
@@ -95,7 +103,7 @@ def _ceilings(args):
 
 
 def run(args) -> int:
-    from specpilot.cost.batched import batched_step, format_step
+    from specpilot.cost.batched import batched_step, closed_loop, format_closed_loop, format_step
 
     if args.concurrency < 1:
         raise ValueError(f"--concurrency must be >= 1, got {args.concurrency}")
@@ -115,5 +123,11 @@ def run(args) -> int:
         print(f"# against full-block verify: {full['spec_tokens_per_s']:.0f} tok/s ({full['speedup_over_ar']:.2f}x AR);"
               f" {step['policy']} is {step['spec_tokens_per_s'] / full['spec_tokens_per_s']:.3f}x full-block verify")
         out["full_block"] = full
+    if args.new_tokens or args.prompt_tokens:
+        loop = closed_loop(target, drafter, feats, args.concurrency, acceptance, ceil, args.new_tokens,
+                           args.prompt_tokens, args.prefill_chunk, verify_prefix=args.verify_prefix,
+                           verify_len=args.verify_len, **kw)
+        print(format_closed_loop(loop))
+        out["closed_loop"] = loop
     print(json.dumps(out))
     return 0

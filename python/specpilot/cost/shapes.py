@@ -124,8 +124,12 @@ def untimed_kernels(step: str, weights: str, layers: int) -> int:
 
 def step_components(target: ModelShape, drafter: ModelShape | None, n_target_feats: int, batch: int,
                     block_size: int, context: int, weights: str = "bf16", draft_vocab: int = 0,
-                    certified: tuple | None = None) -> list:
+                    certified: tuple | None = None, prefill_rows: int = 0) -> list:
     """Components of an AR decode step, and with a drafter, of a draft and a verify step.
+
+    prefill_rows P > 0: a newcomer's prompt chunk rides in the decode and verify forwards (the batched
+    engine's mixed step): P more rows through every linear and attention layer (attending over
+    `context` keys, as the decode rows), and LM-head rows only at each PREFILL_TILE-row tile's last.
 
     draft_vocab N > 0 (EngineConfig.draft_vocab): the draft LM head has N rows, plus the expansion of
     its logits to a full -inf row (an `accept`-kind scan of the vocabulary). certified = (rank r,
@@ -143,8 +147,13 @@ def step_components(target: ModelShape, drafter: ModelShape | None, n_target_fea
             out.append(Component(step, prefix + "gdn", "recurrent", m, count=shape.recurrent.layers,
                                  extra=(shape.recurrent_bytes(batch, m),)))
 
-    layers("decode", target, batch)
-    out.append(Component("decode", "lm_head", "linear", batch, target.vocab, target.hidden))
+    tile_heads = 0
+    if prefill_rows:
+        from specpilot.engine.batch.graphed import PREFILL_TILE
+
+        tile_heads = -(-prefill_rows // PREFILL_TILE)
+    layers("decode", target, batch + prefill_rows)
+    out.append(Component("decode", "lm_head", "linear", batch + tile_heads, target.vocab, target.hidden))
     out.append(Component("decode", "sample", "accept", batch, target.vocab))
     out.append(Component("decode", "launches", "launches", extra=(untimed_kernels("decode", weights, target.layers),)))
     if drafter is None:
@@ -161,9 +170,9 @@ def step_components(target: ModelShape, drafter: ModelShape | None, n_target_fea
     if draft_vocab:
         out.append(Component("draft", "draft.vocab_expand", "accept", draft_rows, target.vocab))
     out.append(Component("draft", "launches", "launches", extra=(untimed_kernels("draft", weights, drafter.layers),)))
-    layers("verify", target, mb)
+    layers("verify", target, mb + prefill_rows)
     if certified is None:
-        out.append(Component("verify", "lm_head", "linear", mb, target.vocab, target.hidden))
+        out.append(Component("verify", "lm_head", "linear", mb + tile_heads, target.vocab, target.hidden))
     else:
         rank, fallback_rate = certified
         out.append(Component("verify", "lm_head.level1", "linear", mb, target.vocab, rank))
