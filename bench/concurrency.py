@@ -183,6 +183,25 @@ def run_levels(target, drafter, prompts, levels, max_new_tokens, stop_ids=(), re
     return rows
 
 
+def add_ceiling_model(rows: list, shapes, prompts: list, max_new_tokens: int, prefill_chunk: int, card: str) -> None:
+    """Each spec row gets `ceiling_model`: its closed loop's spec / AR with every kernel at the card's
+    stated ceilings (cost/batched.py closed_loop): this run's mean prompt rows, new tokens and chunk,
+    the row's measured tau as a geometric law, the best fixed verify length, bf16. shapes: (target,
+    drafter, feature layers, block) ModelShapes; card: a key of cost/batched.py CARDS."""
+    from specpilot.cost.batched import CARDS, Acceptance, closed_loop
+
+    target, drafter, feats, block = shapes
+    prompt = float(np.mean([len(p) for p in prompts]))
+    context = int(prompt + max_new_tokens / 2)
+    for r in rows:
+        if r["method"] != "spec" or r.get("error") or not r.get("tau") or not 1 <= r["tau"] <= block:
+            continue
+        law = Acceptance.geometric(r["tau"], block)
+        runs = [closed_loop(target, drafter, feats, r["concurrency"], law, CARDS[card], max_new_tokens, prompt,
+                            prefill_chunk, weights="bf16", context=context, verify_len=n) for n in range(1, block + 1)]
+        r["ceiling_model"] = min(runs, key=lambda run: run["spec_s"])["speedup_over_ar"]
+
+
 def failed(rows: list) -> list:
     """The rows of runs that failed (run_levels keeps going past them)."""
     return [r for r in rows if r.get("error")]
@@ -193,15 +212,16 @@ def markdown(rows: list, info: dict) -> str:
             ", ".join(f"{k}: {v}" for k, v in info.items()), "",
             "| C | AR tok/s | spec tok/s | speedup | tau | TTFT p50 / p99 ms | TPOT p50 / p99 ms | verified rows | "
             "prefill steps' time AR / spec | spec step ms with / without a chunk | "
-            "no ragged verify | no batched draft | no adaptive verify | with prefix-first (verified rows) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "no ragged verify | no batched draft | no adaptive verify | with prefix-first (verified rows) | "
+            "at the ceilings (model) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     by = {(r["method"], r["concurrency"]): r for r in rows}
     for c in sorted({r["concurrency"] for r in rows}):
         ar, sp = by[("ar", c)], by.get(("spec", c))
         if sp is None:
             continue
         if sp.get("error"):
-            head.append(f"| {c} | {ar['tokens_per_s']:.1f} | failed | - | - | - | - | - | - | - | - | - | - | - |")
+            head.append(f"| {c} | {ar['tokens_per_s']:.1f} | failed | - | - | - | - | - | - | - | - | - | - | - | - |")
             continue
         abl = [_speedup(by.get((m, c))) for m in ("no_ragged_verify", "no_batched_draft", "no_adaptive_verify")]
         prefix = by.get(("with_prefix_first", c))
@@ -214,7 +234,8 @@ def markdown(rows: list, info: dict) -> str:
         head.append(f"| {c} | {ar['tokens_per_s']:.1f} | {sp['tokens_per_s']:.1f} | {sp['speedup']:.2f}x | {tau} | "
                     f"{sp['ttft_p50_ms']:.1f} / {sp['ttft_p99_ms']:.1f} | {_ms(sp['tpot_p50_ms'])} / "
                     f"{_ms(sp['tpot_p99_ms'])} | {share} | {prefill} | "
-                    f"{_ms(sp.get('prefill_step_ms'))} / {_ms(sp.get('decode_step_ms'))} | " + " | ".join(abl) + " |")
+                    f"{_ms(sp.get('prefill_step_ms'))} / {_ms(sp.get('decode_step_ms'))} | " + " | ".join(abl) +
+                    (f" | {sp['ceiling_model']:.2f}x |" if sp.get("ceiling_model") else " | - |"))
     return "\n".join(head) + "\n"
 
 
@@ -287,6 +308,32 @@ def load_models(args, tokenizer):
     return target, load_drafter(args.drafter, target), tuple(e2e.stop_ids_for(args.target, tokenizer))
 
 
+def ceiling_model_note(args, target, drafter, arrivals) -> str:
+    """Which stated ceilings the table's model column uses ("H100 stated ceilings"), or why none."""
+    from specpilot.bench.report import device_name
+
+    card = next((name for name in ("H100", "H200") if name in device_name(target.device)), None)
+    why = ("no stated ceilings for this device" if card is None else
+           "bf16 only" if args.dtype != "bf16" else
+           "closed loops only" if arrivals is not None else
+           "dense targets only" if hasattr(target.config, "layer_types") else
+           "DFlash drafters only" if getattr(drafter, "kind", "dflash") != "dflash" else None)
+    return f"{card} stated ceilings (cost/batched.py closed_loop)" if why is None else f"not computed: {why}"
+
+
+def model_shapes(args, drafter) -> tuple:
+    """(target, drafter, feature layers, block) ModelShapes of this run's pair, for the ceiling model."""
+    from specpilot.bench import random_pair
+    from specpilot.cost.shapes import ModelShape, drafter_target_layers
+    from specpilot.cost.two_level import preset_shapes
+
+    if random_pair.is_random(args.target):
+        preset, layers = random_pair.parse(args.target)
+        return (*preset_shapes(preset, layers), layers, drafter.block_size)
+    return (ModelShape.from_dir(args.target), ModelShape.from_dir(args.drafter), drafter_target_layers(args.drafter),
+            drafter.block_size)
+
+
 def cli_run(args, load_tokenizer) -> int:
     """`specpilot bench --concurrency LEVELS`: first turns of the benchmarks' prompts (--limit each)."""
     from specpilot.bench import datasets
@@ -313,12 +360,19 @@ def cli_run(args, load_tokenizer) -> int:
     arrivals = poisson_arrivals(len(prompts), rate) if rate is not None else None
     rows = run_levels(target, drafter, prompts, levels, args.max_new_tokens, stop_ids, replay_tau, ablations=ablations,
                       arrivals=arrivals, base=base)
+    model = ceiling_model_note(args, target, drafter, arrivals)
+    if model.startswith("H"):
+        try:                 # the measured rows are written whatever the model makes of them
+            add_ceiling_model(rows, model_shapes(args, drafter), prompts, args.max_new_tokens, base.prefill_chunk,
+                              model.split()[0])
+        except (ValueError, FileNotFoundError, KeyError) as e:
+            model = f"not computed: {e}"
     info = {"target": args.target, "drafter": args.drafter or "random", "device": device_name(target.device),
             "dtype": args.dtype, "prompts": len(prompts), "benchmarks": ",".join(names),
             "max_new_tokens": args.max_new_tokens, "replay tau": replay_tau,
             "step costs": "measured by each engine's warmup" if target.device.type == "cuda" else "roofline (no CUDA)",
             "verify prefix": prefix,
-            "prefill chunk": base.prefill_chunk,
+            "prefill chunk": base.prefill_chunk, "ceiling model": model,
             **({"arrivals": f"Poisson, {rate} requests/s (seed 0), C caps the batch"} if rate else {})}
     write(rows, info, Path(args.out))
     print(markdown(rows, info))

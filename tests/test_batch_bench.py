@@ -138,3 +138,30 @@ def test_table_rows_have_the_header_columns_and_step_times():
     lines = [line for line in concurrency.markdown(rows, {"target": "t"}).splitlines() if line.startswith("|")]
     assert len(lines) == 4 and len({line.count("|") for line in lines}) == 1
     assert "| 21.50 / 10.25 |" in lines[2] and "| failed |" in lines[3]
+
+
+def test_spec_rows_carry_the_closed_loop_at_the_ceilings():
+    """A spec row's `ceiling_model` is cost/batched.py's closed loop for the run (its prompts' mean
+    length, new tokens, chunk, the row's tau, the best fixed verify length); the table shows it last;
+    a CPU run says why it has none."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from specpilot.cost.batched import CARDS, Acceptance, closed_loop
+    from specpilot.cost.two_level import preset_shapes
+
+    target, drafter = preset_shapes("qwen3-8b", 5)
+    rows = [{"method": "ar", "concurrency": 8, "tokens_per_s": 1.0, "speedup": 1.0, "tau": None},
+            {"method": "spec", "concurrency": 8, "tokens_per_s": 3.0, "speedup": 3.0, "tau": 6.0, "ttft_p50_ms": 1.0,
+             "ttft_p99_ms": 2.0, "tpot_p50_ms": 1.0, "tpot_p99_ms": 1.0, "verified_rows_share": 0.5}]
+    prompts = [[1] * 200, [1] * 400]
+    concurrency.add_ceiling_model(rows, (target, drafter, 5, 16), prompts, 256, 256, "H100")
+    assert "ceiling_model" not in rows[0]
+    want = max(closed_loop(target, drafter, 5, 8, Acceptance.geometric(6.0, 16), CARDS["H100"], 256, 300.0, 256,
+                           weights="bf16", context=428, verify_len=n)["speedup_over_ar"] for n in range(1, 17))
+    assert rows[1]["ceiling_model"] == pytest.approx(want, rel=0.02) and 1.0 < want < 16
+    assert concurrency.markdown(rows, {}).splitlines()[-1].endswith(f"| {rows[1]['ceiling_model']:.2f}x |")
+    cpu = SimpleNamespace(device=torch.device("cpu"), config=SimpleNamespace())
+    assert concurrency.ceiling_model_note(SimpleNamespace(dtype="bf16"), cpu, None, None) == \
+        "not computed: no stated ceilings for this device"
