@@ -35,6 +35,8 @@ def fresh_seed() -> int:
     names it."""
     if os.environ.get("SPECPILOT_TEST_SEED"):
         seed = int(os.environ["SPECPILOT_TEST_SEED"])
+        if not 0 <= seed < 2**31:       # the range fresh seeds come from, which tests count on
+            raise ValueError(f"SPECPILOT_TEST_SEED={seed} must be in [0, 2**31)")
     elif _SEEDS is not None:
         seed = _SEEDS.randrange(2**31)
     else:
