@@ -99,10 +99,10 @@ def closed_loop(target, drafter, config, concurrency: int, prompts: list, max_ne
         for client in range(concurrency):
             submit_next(client)
     while len(results) < len(prompts):
-        if arrivals is not None:
-            submit_arrived(engine.clock())
+        if arrivals is not None:                        # host time: a device sync would stall AR's lookahead
+            submit_arrived(time.perf_counter())
             if engine.idle:                             # nothing in flight: wait for the next arrival
-                time.sleep(max(0.0, t0 + arrivals[pending[0]] - engine.clock()))
+                time.sleep(max(0.0, t0 + arrivals[pending[0]] - time.perf_counter()))
                 continue
         for r in engine.step():
             if r.error:

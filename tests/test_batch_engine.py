@@ -148,3 +148,17 @@ def test_replay_equals_single_request_replay(written_pair):
         assert results[i].replay_shortfalls == ref.replay_shortfalls == 0
     bad = batch.submit(Request((1, 2), 5, temperature=1.0, replay=AcceptanceReplay([1], 2.0)))
     assert "replay needs greedy decoding" in {r.request_id: r for r in batch.run_until_done()}[bad].error
+
+
+def test_request_times_take_no_device_sync(small_vocab, monkeypatch):
+    """Submit, first token and finish are host events: neither submit nor step calls BatchEngine.clock
+    (a device sync on CUDA, which would wait for the step AR's lookahead launched ahead); the times
+    still come out in order."""
+    target, drafter, seed = small_vocab
+    for pair_drafter in (drafter, None):
+        engine = BatchEngine(target, pair_drafter, BatchConfig(), max_batch=2, kv_pages=64)
+        monkeypatch.setattr(engine, "clock", lambda: pytest.fail("a request's time synced the device"))
+        for r in mixed_requests(VOCAB, seed)[:3]:
+            engine.submit(r)
+        results = engine.run_until_done()
+        assert len(results) == 3 and all(r.error is None and r.prefill_s > 0 and r.decode_s >= 0 for r in results)

@@ -149,7 +149,7 @@ class BatchEngine:
                 problem = (f"prompt of {len(request.prompt_ids)} tokens + max_new_tokens={request.max_new_tokens} "
                            f"needs {need} KV pages of {self.page_size} slots, but the whole cache holds "
                            f"{self.pool.num_pages}")
-        state = RequestState(id=rid, req=request, submitted_s=self.clock(), generator=None)
+        state = RequestState(id=rid, req=request, submitted_s=time.perf_counter(), generator=None)
         if problem is not None:
             self._finished.append(BatchResult(prompt_len=len(getattr(request, "prompt_ids", ()) or ()), tokens=[],
                                               request_id=rid, error=problem))
@@ -240,6 +240,9 @@ class BatchEngine:
         return -(-(len(request.prompt_ids) + request.max_new_tokens) // self.page_size)
 
     def clock(self) -> float:
+        """Wall time once the device's queued work is done: for timing forwards (profile.py). A request's
+        own times (submit, first token, finish) are host events, stamped without it: the host holds
+        the tokens by then, and a device sync would wait for the step AR's lookahead launched ahead."""
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter()
@@ -270,7 +273,7 @@ class BatchEngine:
             state.pages = []
         if self.recurrent is not None:
             self.recurrent.release(state.id)
-        result = state.result(self.clock(), error)
+        result = state.result(time.perf_counter(), error)     # a host event (clock)
         if self.drafter is None:                        # AR: no verify steps, as Engine.generate_ar
             result.acceptance_lengths, result.steps = [], max(len(result.tokens) - 1, 0)
         if state.req.replay is not None:

@@ -9,6 +9,7 @@ the prefill forward (DecodeGraphs.prefill). A step's chunks fit one forward's ti
 engines prefill the same way."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,6 +106,6 @@ def prefilled(engine, s, rows: int, feats, logits, greedy) -> None:
     s.prefilled += rows
     if s.decoding:
         s.tokens = [greedy if s.req.temperature == 0 else engine.sample_first(s, logits[None])]
-        s.first_token_s = engine.clock()
+        s.first_token_s = time.perf_counter()          # a host event (BatchEngine.clock)
         s.start = s.prompt_len
         s.stopped = s.tokens[0] in s.req.stop_ids
