@@ -308,8 +308,9 @@ def load_models(args, tokenizer):
     return target, load_drafter(args.drafter, target), tuple(e2e.stop_ids_for(args.target, tokenizer))
 
 
-def ceiling_model_note(args, target, drafter, arrivals) -> str:
-    """Which stated ceilings the table's model column uses ("H100 stated ceilings"), or why none."""
+def ceiling_model_card(args, target, drafter, arrivals) -> tuple:
+    """(card, note): the stated ceilings (a cost/batched.py CARDS key) the table's model column uses,
+    or (None, why there is none)."""
     from specpilot.bench.report import device_name
 
     card = next((name for name in ("H100", "H200") if name in device_name(target.device)), None)
@@ -318,7 +319,9 @@ def ceiling_model_note(args, target, drafter, arrivals) -> str:
            "closed loops only" if arrivals is not None else
            "dense targets only" if hasattr(target.config, "layer_types") else
            "DFlash drafters only" if getattr(drafter, "kind", "dflash") != "dflash" else None)
-    return f"{card} stated ceilings (cost/batched.py closed_loop)" if why is None else f"not computed: {why}"
+    if why is not None:
+        return None, f"not computed: {why}"
+    return card, f"{card} stated ceilings (cost/batched.py closed_loop)"
 
 
 def model_shapes(args, drafter) -> tuple:
@@ -360,11 +363,11 @@ def cli_run(args, load_tokenizer) -> int:
     arrivals = poisson_arrivals(len(prompts), rate) if rate is not None else None
     rows = run_levels(target, drafter, prompts, levels, args.max_new_tokens, stop_ids, replay_tau, ablations=ablations,
                       arrivals=arrivals, base=base)
-    model = ceiling_model_note(args, target, drafter, arrivals)
-    if model.startswith("H"):
+    card, model = ceiling_model_card(args, target, drafter, arrivals)
+    if card is not None:
         try:                 # the measured rows are written whatever the model makes of them
             add_ceiling_model(rows, model_shapes(args, drafter), prompts, args.max_new_tokens, base.prefill_chunk,
-                              model.split()[0])
+                              card)
         except (ValueError, FileNotFoundError, KeyError) as e:
             model = f"not computed: {e}"
     info = {"target": args.target, "drafter": args.drafter or "random", "device": device_name(target.device),

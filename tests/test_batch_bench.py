@@ -163,5 +163,5 @@ def test_spec_rows_carry_the_closed_loop_at_the_ceilings():
     assert rows[1]["ceiling_model"] == pytest.approx(want, rel=0.02) and 1.0 < want < 16
     assert concurrency.markdown(rows, {}).splitlines()[-1].endswith(f"| {rows[1]['ceiling_model']:.2f}x |")
     cpu = SimpleNamespace(device=torch.device("cpu"), config=SimpleNamespace())
-    assert concurrency.ceiling_model_note(SimpleNamespace(dtype="bf16"), cpu, None, None) == \
-        "not computed: no stated ceilings for this device"
+    assert concurrency.ceiling_model_card(SimpleNamespace(dtype="bf16"), cpu, None, None) == \
+        (None, "not computed: no stated ceilings for this device")
