@@ -101,7 +101,9 @@ def test_modules_and_swap(gen):
     x = torch.randn(2, 5, 96, generator=gen).to(torch.bfloat16)  # any leading dims
     assert s12(x).shape == (2, 5, 64) and same_bits(s12(x), twin(x))
 
-    expect = model[3](model[2](model[1](twin(x))))
+    # The swapped layers must match their bf16 twins (same kernel order), not torch's own linear:
+    # torch sums in another order, and about 1 in 100 weight draws rounds one output differently.
+    expect = model[3](Bf16Linear(model[2].weight.data)(model[1](twin(x))))
     report = swap_linears(model, max_bits_per_weight=13.0)  # K=64: 12 + 40/64 bits/weight
     assert report.swapped == ["0", "2"] and "3" in report.kept and "bias" in report.kept["3"]
     assert isinstance(model[0], Split12Linear) and isinstance(model[3], nn.Linear)
