@@ -8,9 +8,11 @@ The tree is built best-first (engine/tree/build.py) from random draft logits ove
 shape is a bushy one. Reported per N: chain_ms (eager, as the hybrid loop runs it), tree_ms (the tree
 forward, eager: SDPA with the ancestor mask, and on hybrids the GDN tree path below), commit_ms (K/V
 compaction + hybrid state gather of a mid-depth path), tree_over_chain; with CUDA graphs also
-chain_graphed_ms (the graphed verify the chain loop uses), tree_graphed_ms (engine/tree/graphs.py: the
-tree packed, copied over and its graph replayed, as the tree loop runs it) and
-tree_graphed_over_chain_graphed (issue 34's target, graphed against graphed: at most 1.1) and
+chain_graphed_ms (the graphed verify the chain loop uses), tree_graphed_ms (engine/tree/graphs.py
+tree_step, as the tree loop runs it: one graph that builds the tree from the draft logits, packs it,
+runs the target over it and takes the greedy accepted path) and
+tree_graphed_over_chain_graphed (issue 34's target, graphed against graphed: at most 1.1; the tree's
+figure also holds its build and accept) and
 commit_graphed_ms (the commit with its K/V move graphed, as the tree loop runs it). On hybrids
 with EngineConfig.fused_kernels on, both run the GDN CUDA kernels: the chain the recurrence kernel
 (kernels/gdn_chain.py), the tree its parent-indexed form and the tree conv (kernels/gdn_tree.py);
@@ -52,11 +54,10 @@ def ran_tree_kernels(forward) -> bool:
 
 @torch.inference_mode()
 def tree_step_times(engine, context: int, nodes: int, iters: int, seed: int = 0) -> dict:
-    from specpilot.engine.tree.build import build_tree
+    from specpilot.engine.tree.build import grow_tree
     from specpilot.engine.tree.commit import commit_path, move_kv
-    from specpilot.engine.tree.graphs import kv_mover
-    from specpilot.engine.tree.graphs import tree_forward as graphed_tree_forward
-    from specpilot.engine.tree.layout import TreeLayout
+    from specpilot.engine.tree.graphs import kv_mover, tree_forward, tree_step
+    from specpilot.engine.tree.layout import PendingTree, TreeLayout
 
     target, runner, cache = engine.target, engine.runner, engine.cache
     device, vocab = target.device, target.config.vocab_size
@@ -64,20 +65,23 @@ def tree_step_times(engine, context: int, nodes: int, iters: int, seed: int = 0)
     prompt = torch.randint(0, vocab - 2, (1, context), generator=g).to(device)
     runner.prefill(prompt, with_features=False)
     block = prompt[:, -nodes:].clone()
-    tree = build_tree(torch.randn(15, vocab, generator=g) * 4, int(prompt[0, -1]), nodes)
+    draft_logits = (torch.randn(15, vocab, generator=g) * 4).to(device=device, dtype=target.dtype)
+    anchor = int(prompt[0, -1])
+    tree = grow_tree(draft_logits, anchor, nodes).to_host()
     layout = TreeLayout(tree, context, device)
 
-    def tree_forward():
-        graphed_tree_forward(runner, layout, False, graphed=False)
+    def eager_forward():
+        tree_forward(runner, layout, False)
 
-    out = {"nodes": nodes, "tree_depth": max(tree.depth), "gdn_tree_kernels": ran_tree_kernels(tree_forward),
+    out = {"nodes": nodes, "tree_depth": max(tree.depth), "gdn_tree_kernels": ran_tree_kernels(eager_forward),
            "chain_ms": timed_ms(lambda: runner.target_step(block, context, with_features=False, graphed=False), iters),
-           "tree_ms": timed_ms(tree_forward, iters)}
+           "tree_ms": timed_ms(eager_forward, iters)}
+
+    def graphed_step():                          # as the tree loop runs it
+        tree_step(runner, PendingTree(context, nodes, device, tree), draft_logits, anchor, nodes, 16, False)
     if engine.use_graphs:
         out["chain_graphed_ms"] = timed_ms(lambda: runner.target_step(block, context, with_features=False), iters)
-        # as the tree loop runs it: the tree packed and copied over, then the graph replayed
-        out["tree_graphed_ms"] = timed_ms(lambda: graphed_tree_forward(runner, TreeLayout(tree, context, device),
-                                                                       False), iters)
+        out["tree_graphed_ms"] = timed_ms(graphed_step, iters)
         out["tree_graphed_over_chain_graphed"] = out["tree_graphed_ms"] / out["chain_graphed_ms"]
     path = tree.path_to(max(range(len(tree)), key=lambda i: (tree.depth[i] == max(tree.depth) // 2, -i)))
 
@@ -88,11 +92,10 @@ def tree_step_times(engine, context: int, nodes: int, iters: int, seed: int = 0)
             if hasattr(cache, "committed_len"):
                 cache.committed_len = context                   # rewind (same state sizes)
         return step
-    out["commit_ms"] = timed_ms(then_commit(tree_forward), iters) - out["tree_ms"]
+    out["commit_ms"] = timed_ms(then_commit(eager_forward), iters) - out["tree_ms"]
     if engine.use_graphs:                                       # the K/V move graphed (the hybrid state eager)
-        replay = lambda: graphed_tree_forward(runner, layout, False)          # noqa: E731
-        out["commit_graphed_ms"] = (timed_ms(then_commit(replay, kv_mover(runner, nodes)), iters)
-                                    - timed_ms(replay, iters))
+        out["commit_graphed_ms"] = (timed_ms(then_commit(graphed_step, kv_mover(runner, nodes)), iters)
+                                    - timed_ms(graphed_step, iters))
     out["tree_over_chain"] = out["tree_ms"] / out["chain_ms"]
     return out
 

@@ -1,10 +1,13 @@
 """Draft trees: best-first construction under a budget, the ancestor mask / conv windows a forward
 uses, the greedy accepted path, and the per-node GDN recurrence against the chain recurrence."""
+import heapq
+import itertools
+
 import pytest
 import torch
 
-from specpilot.engine.tree.accept import accepted_path
-from specpilot.engine.tree.build import DraftTree, build_tree
+from specpilot.engine.tree.accept import accepted_on_device, accepted_path
+from specpilot.engine.tree.build import DraftTree, build_tree, grow_tree, tree_size
 from specpilot.engine.tree.layout import TreeLayout
 from specpilot.models import gdn, gdn_tree
 
@@ -42,6 +45,62 @@ def test_tree_shape_invariants(budget):
     children = tree.children()
     for kids in children:
         assert len({tree.tokens[c] for c in kids}) == len(kids)     # siblings differ
+
+
+def best_first(draft_logits, anchor: int, budget: int) -> DraftTree:
+    """The rule restated as heap growth (float64 scores): pop the best candidate, whose candidates are
+    its next sibling rank and its first child."""
+    logp, ids = torch.log_softmax(draft_logits.double(), dim=-1).sort(dim=-1, descending=True)
+    tokens, parents, depth, score, heap, order = [anchor], [-1], [0], [0.0], [], itertools.count()
+
+    def push(parent, rank):
+        if depth[parent] < logp.shape[0] and rank < logp.shape[1]:
+            heapq.heappush(heap, (-(score[parent] + logp[depth[parent], rank].item()), next(order), parent, rank))
+
+    push(0, 0)
+    while heap and len(tokens) < budget:
+        neg, _, parent, rank = heapq.heappop(heap)
+        tokens.append(int(ids[depth[parent], rank]))
+        parents.append(parent)
+        depth.append(depth[parent] + 1)
+        score.append(-neg)
+        push(parent, rank + 1)
+        push(len(tokens) - 1, 0)
+    return DraftTree(tokens, parents, depth)
+
+
+@pytest.mark.parametrize("depths,vocab,budget", [(15, 40, 32), (15, 8192, 16), (15, 300, 64), (3, 5, 64), (1, 7, 16)])
+def test_grow_tree_is_best_first_growth(depths, vocab, budget):
+    # tie-free scores (random logits): the static-shape selection equals growing the tree node by node
+    g = torch.Generator().manual_seed(depths * 1000 + budget)
+    for _ in range(3):
+        logits = torch.randn(depths, vocab, generator=g, dtype=torch.float64) * 3
+        tree = build_tree(logits, anchor=7, budget=budget)
+        assert tree == best_first(logits, 7, budget)
+        assert len(tree) == tree_size(depths, vocab, budget)
+
+
+def test_grow_tree_paths_and_ties():
+    # uniform logits: every score ties; the order still puts parents first and siblings apart
+    tree = grow_tree(torch.zeros(4, 6), anchor=2, budget=20)
+    host = tree.to_host()
+    assert len(host) == 20 and host.depth[1:] == sorted(host.depth[1:])   # equal scores: shallower first
+    for i in range(len(host)):
+        assert tree.path[i, :host.depth[i] + 1].tolist() == host.path_to(i)
+        assert (tree.path[i, host.depth[i] + 1:] == len(host)).all()
+
+
+@pytest.mark.parametrize("depths,budget", [(1, 16), (3, 32), (14, 8)])
+def test_padded_rows_stay_out_of_the_tree(depths, budget):
+    # a tail block in a graph of 15 rows: rows past `depths` are padding (here: logits that would win)
+    g = torch.Generator().manual_seed(depths)
+    logits = torch.randn(depths, 50, generator=g) * 3
+    padded = torch.cat([logits, torch.full((15 - depths, 50), 30.0)])
+    plain = grow_tree(logits, 4, budget)
+    masked = grow_tree(padded, 4, budget, depths=torch.tensor([depths]))
+    assert tree_size(depths, 50, budget) == tree_size(15, 50, budget) == budget
+    assert masked.to_host() == plain.to_host()
+    assert torch.equal(masked.path[:, :depths + 1], plain.path) and (masked.path[:, depths + 1:] == budget).all()
 
 
 def test_budget_and_input_errors():
@@ -87,6 +146,25 @@ def test_accepted_path_follows_the_argmax():
     assert accepted_path(TREE, [2, 0, 0, 0, 0, 0]) == ([0], 2)
     with pytest.raises(ValueError, match="rows"):
         accepted_path(TREE, [1, 2])
+
+
+def test_accepted_on_device_is_the_host_rule():
+    g = torch.Generator().manual_seed(5)
+    for budget in (2, 16, 32):
+        tensors = grow_tree(torch.randn(6, 12, generator=g) * 2, anchor=4, budget=budget)
+        tree = tensors.to_host()
+        for trial in range(20):
+            argmax = torch.randint(0, 12, (len(tree),), generator=g)
+            if trial % 2:           # follow a random root-to-leaf walk, so that long paths are accepted
+                node = 0
+                while tree.children()[node]:
+                    child = tree.children()[node][int(torch.randint(0, len(tree.children()[node]), (1,), generator=g))]
+                    argmax[node] = tree.tokens[child]
+                    node = child
+            path, bonus = accepted_path(tree, argmax.tolist())
+            out = accepted_on_device(tensors, argmax).tolist()
+            assert out[:2] == [len(path) - 1, bonus] and out[2:2 + len(path)] == path
+            assert all(x == len(tree) for x in out[2 + len(path):])
 
 
 def test_tree_recurrence_equals_the_chain_along_every_path():

@@ -5,6 +5,7 @@ eager tree loop's tokens and acceptance on dense and hybrid pairs; warmup captur
 graph. The GPU twin (real graphs, bitwise against eager) is tests/test_tree_graphs_gpu.py."""
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU thread)
 from test_engine_helpers import fresh_seed
@@ -52,8 +53,9 @@ def replay_like(cache):
     class ReplayLike(StaticShapeStep):
         def __call__(self, *inputs):
             out = super().__call__(*inputs)
-            if len(inputs) == 1 and out is not None and hasattr(cache, "step_buffers"):   # a tree step
-                n = next(n for n in cache.step_buffers if packed_size(n) == inputs[0].numel())
+            tree_step = len(inputs) == 2 and inputs[1].dtype == torch.long and inputs[1].shape == (3,)
+            if tree_step and hasattr(cache, "step_buffers"):    # read: 2 + (depths + 1) + 3N
+                n = (out[0].numel() - 3 - inputs[0].shape[0]) // 3
                 for j, (_, states) in enumerate(cache.step_buffers[n]):
                     assert cache.snapshots[j] is states
                 cache.windows = [None] * len(cache.conv)
@@ -92,7 +94,7 @@ def test_graphed_tree_loop_equals_eager(pair):
             assert ours.acceptance_lengths == eager[b].acceptance_lengths
             assert max(ours.acceptance_lengths) > 2
         trees = {k for k in eng.runner.graphs if k[0] == "tree"}
-        assert {(k[1], k[2]) for k in trees} == {(b, True) for b in budgets}
+        assert {(k[1], k[2], k[3]) for k in trees} == {(b, 15, True) for b in budgets}   # tails: padded
         assert {k for k in eng.runner.graphs if k[0] == "tree_commit"} == {("tree_commit", b) for b in budgets}
         if hasattr(eng.cache, "step_buffers"):
             assert set(budgets) <= set(eng.cache.step_buffers)
@@ -123,6 +125,43 @@ def test_graphed_sampled_tree_loop_equals_eager(pair):
     assert eager[2] != eager[3]
 
 
+class HostSyncs(TorchDispatchMode):
+    """Records the ops that read a tensor's values back to the host (a CUDA graph cannot hold them):
+    .item() and 0-dim tensor indexing (_local_scalar_dense), nonzero, boolean-mask indexing."""
+
+    def __init__(self):
+        super().__init__()
+        self.found = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        masks = name.startswith("aten.index.Tensor") and any(
+            t is not None and t.dtype == torch.bool for t in args[1])
+        if "_local_scalar_dense" in name or "nonzero" in name or "masked_select" in name or masks:
+            self.found.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("depths", [15, 3])
+def test_the_graphed_step_reads_nothing_back(pair, depths):
+    """The tree step's device part (build, pack, forward, accept) runs without a host read, so a CUDA
+    graph can hold it; the CPU sees the ops a capture would reject."""
+    from specpilot.engine.tree.graphs import _step_fn
+    from specpilot.engine.tree.layout import PendingTree
+
+    eng = pair.engine
+    prompt = pair.random_prompt(20, pair.seed + 3)
+    eng.runner.prefill(torch.tensor([prompt]), with_features=True)
+    vocab = eng.target.config.vocab_size
+    draft = torch.cat([torch.randn(depths, vocab), torch.zeros(15 - depths, vocab)])
+    if hasattr(eng.cache, "begin_tree"):
+        eng.cache.begin_tree(PendingTree(len(prompt), 16, torch.device("cpu")))
+    with HostSyncs() as spy:
+        read = _step_fn(eng.runner, 16, len(prompt) + 16, True)(draft, torch.tensor([5, len(prompt), depths]))[0]
+    assert spy.found == []
+    assert read.shape == (2 + 16 + 3 * 16,)
+
+
 def test_warmup_captures_every_span(pair):
     eng = pair.engine
     prompt = pair.random_prompt(11, pair.seed + 6)
@@ -132,7 +171,8 @@ def test_warmup_captures_every_span(pair):
     try:
         with tree_budget(eng, 16):
             eng.warmup(16)
-        want = {("tree", 16, True, span) for span in kv_spans(eng.runner.capacity) if span > 16} | {("tree_commit", 16)}
+        want = ({("tree", 16, 15, True, span, eng.target.dtype) for span in kv_spans(eng.runner.capacity) if span > 16}
+                | {("tree_commit", 16)})
         assert {k for k in eng.runner.graphs if k[0].startswith("tree")} == want
         assert run(pair, prompt, ar, 16).tokens == ar                  # the hybrid cache was reset after it
         assert {k for k in eng.runner.graphs if k[0].startswith("tree")} == want
@@ -157,4 +197,4 @@ def test_tree_steps_bench_reports_graphed_beside_graphed(preset):
     assert row["tree_graphed_ms"] > 0 and row["chain_graphed_ms"] > 0
     assert row["tree_graphed_over_chain_graphed"] == row["tree_graphed_ms"] / row["chain_graphed_ms"]
     assert "commit_graphed_ms" in row and ("tree_commit", 8) in engine.runner.graphs
-    assert ("tree", 8, False, kv_bucket(40 + 8, engine.runner.capacity)) in engine.runner.graphs
+    assert ("tree", 8, 15, False, kv_bucket(40 + 8, engine.runner.capacity), engine.target.dtype) in engine.runner.graphs

@@ -1,6 +1,7 @@
-"""CUDA-graphed tree verify steps (engine/tree/graphs.py) on the GPU: each graphed tree step equals the
-eager tree forward at the same kv span bit for bit (logits; on hybrids the per-node states and conv
-windows), replayed with different trees and node counts over growing contexts that cross a kv bucket,
+"""CUDA-graphed tree steps (engine/tree/graphs.py: build, pack, verify, accept in one graph) on the GPU:
+each graphed tree step equals the same step run eagerly at the same kv span bit for bit (the read: path
+and tree; logits; on hybrids the per-node states and conv windows), replayed with different draft
+logits, tail depths and node counts over growing contexts that cross a kv bucket,
 with a random path committed after each step (the graphed K/V move against the eager one), on dense
 and hybrid tiny random targets in fp32 and bf16 (bf16 hybrid: the GDN tree kernels); greedy tree
 generation with graphs equals AR decoding (fp32) on dense and hybrid pairs with oracle drafts, through
@@ -16,16 +17,6 @@ from test_engine_helpers import fresh_seed
 from tree_helpers import oracle_drafts, tree_budget
 
 pytestmark = requires_gpu
-
-
-def random_tree(n: int, g: torch.Generator):
-    from specpilot.engine.tree.build import DraftTree
-
-    parents = [-1] + [int(torch.randint(max(0, i - 3), i, (1,), generator=g)) for i in range(1, n)]
-    depth = [0] * n
-    for i in range(1, n):
-        depth[i] = depth[parents[i]] + 1
-    return DraftTree([0] * n, parents, depth)
 
 
 def tiny_target(kind: str, dtype):
@@ -48,9 +39,10 @@ def test_graphed_tree_step_equals_eager_bitwise(kind, dtype):
     from specpilot.config import EngineConfig
     from specpilot.engine import Engine
     from specpilot.engine.graphs import kv_bucket
+    from specpilot.engine.tree.accept import read_step
     from specpilot.engine.tree.commit import commit_path
-    from specpilot.engine.tree.graphs import kv_mover, tree_forward
-    from specpilot.engine.tree.layout import TreeLayout
+    from specpilot.engine.tree.graphs import _step_fn, kv_mover, tree_step
+    from specpilot.engine.tree.layout import PendingTree
 
     target = tiny_target(kind, dtype)
     graphed, eager = (Engine(target, None, max_seq_len=600, config=EngineConfig(cuda_graphs=on))
@@ -65,26 +57,35 @@ def test_graphed_tree_step_equals_eager_bitwise(kind, dtype):
     for engine in (graphed, eager):
         engine.runner.prefill(prompt, with_features=False)
     for step in range(12):
-        n = (8, 16, 32)[step % 3]
-        tree = dataclasses.replace(random_tree(n, host), tokens=torch.randint(0, vocab, (n,), generator=host).tolist())
+        n, depths = (8, 16, 32)[step % 3], (15, 15, 4)[step % 3 if step < 9 else 2]    # 4: a padded tail
+        draft = (torch.randn(depths, vocab, generator=gen, device="cuda") * 3).to(dtype)
+        anchor = int(torch.randint(0, vocab, (1,), generator=host))
         span = kv_bucket(start + n, graphed.runner.capacity)
-        layouts = [TreeLayout(tree, start, "cuda") for _ in range(2)]
-        ours, _ = tree_forward(graphed.runner, layouts[0], with_features=False)
-        ours = ours.clone()
-        with eager.runner.kernel_ctx(n):
-            ref, _ = target(layouts[1].tokens, layouts[1].slots, eager.cache, span, (), tree=layouts[1])
+        records = [PendingTree(start, n, torch.device("cuda")) for _ in range(2)]
+        read, ours, _ = tree_step(graphed.runner, records[0], draft, anchor, n, 16, False)
+        read, ours = read.clone(), ours.clone()
+        if hybrid:
+            eager.cache.begin_tree(records[1])
+        padded = torch.cat([draft, draft.new_zeros(15 - depths, vocab)])
+        meta = torch.tensor([anchor, start, depths], device="cuda")
+        ref_read, ref, _ = _step_fn(eager.runner, n, span, False)(padded, meta)[:3]    # eager, same span
         assert torch.equal(ours, ref), f"step {step} (N={n}, span {span}): logits differ"
+        assert torch.equal(read, ref_read), f"step {step}: the tree or its accepted path differs"
         if hybrid:
             for j in range(len(graphed.cache.conv)):
                 assert torch.equal(graphed.cache.snapshots[j], eager.cache.snapshots[j]), f"step {step}: states"
                 assert torch.equal(graphed.cache.windows[j], eager.cache.windows[j]), f"step {step}: conv windows"
+        _, _, tree = read_step(read, n)
+        assert max(tree.depth) <= depths
+        for record in records:
+            record.tree = tree
         path = tree.path_to(int(torch.randint(0, 8, (1,), generator=host)))    # <= 8 tokens: start stays < 512 - 32
-        commit_path(graphed.cache, layouts[0], path, kv_mover(graphed.runner, n))    # its K/V move graphed
-        commit_path(eager.cache, layouts[1], path)
+        commit_path(graphed.cache, records[0], path, kv_mover(graphed.runner, n))    # its K/V move graphed
+        commit_path(eager.cache, records[1], path)
         start += len(path)
     assert {key[1] for key in graphed.runner.graphs if key[0] == "tree"} == {8, 16, 32}
     assert {key[1] for key in graphed.runner.graphs if key[0] == "tree_commit"} == {8, 16, 32}
-    assert len({key[3] for key in graphed.runner.graphs if key[0] == "tree"}) == 2     # both kv spans replayed
+    assert len({key[4] for key in graphed.runner.graphs if key[0] == "tree"}) == 2     # both kv spans replayed
     for a, b in zip(graphed.cache.k + graphed.cache.v, eager.cache.k + eager.cache.v):
         assert torch.equal(a[:, :, :start], b[:, :, :start])
     if hybrid:
@@ -119,8 +120,8 @@ def test_graphed_tree_generation_equals_ar(fp32_pair, budget):
     with tree_budget(engine, budget):
         engine.warmup(16)
         captured = tree_graphs()
-        assert captured == {("tree", budget, True, span) for span in kv_spans(engine.runner.capacity)} | \
-            {("tree_commit", budget)}
+        assert captured == {("tree", budget, 15, True, span, engine.target.dtype)
+                            for span in kv_spans(engine.runner.capacity)} | {("tree_commit", budget)}
         for length, max_new in ((7, 60), (200, 120)):               # several kv buckets
             prompt = torch.randint(0, vocab - 2, (length,), generator=g).tolist()
             ar = engine.generate_ar(prompt, max_new).tokens

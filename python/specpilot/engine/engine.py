@@ -118,7 +118,7 @@ class Engine:
                                   device=self.device, dtype=self.target.dtype)
                 self.runner.draft_step(ctx, span - b - 1, ids, span - b, b)
         if self.config.tree_budget:                    # the tree verify forward (engine/tree/graphs.py)
-            warm_tree_graphs(self.runner, self.config.tree_budget, b > 1)
+            warm_tree_graphs(self.runner, self.config.tree_budget, b, self.target.dtype)
         if drafter_kind(self.drafter) in ("dflash2", "dspark", "pard"):
             warm_block_drafts(self, b)                 # their greedy draft graphs (engine/block_draft.py)
         if self.config.fused_steps:

@@ -46,7 +46,7 @@ class HybridCache:
         self.state = [torch.zeros(batch, hv, dk, dv, device=device, dtype=torch.float32) for _ in cfg.gdn_layers]
         self.committed_len = 0          # tokens folded into conv / state
         self.pending = None             # (start, T, every_position) of the last forward
-        self.pending_tree = None        # the TreeLayout of the last forward when it was a tree's
+        self.pending_tree = None        # the tree record (TreeLayout, PendingTree) of the last forward when it was a tree's
         self.windows = [None] * len(cfg.gdn_layers)     # per layer: [B, C, K-1+T] of the last forward
         self.snapshots = [None] * len(cfg.gdn_layers)   # per layer: [B, T or 1, H, Dk, Dv] fp32
         self.step_buffers = {}          # t -> per layer (window [B, C, K-1+t], states [B, t, H, Dk, Dv])
@@ -124,6 +124,9 @@ class HybridCache:
         if layout is None:
             raise ValueError("recurrent state: commit_path needs a pending tree forward")
         tree = layout.tree
+        if tree is None:
+            raise ValueError("recurrent state: commit_path checks the path against the tree, which this tree "
+                             "forward's record does not hold yet (read the step back first)")
         if not nodes or nodes[0] != 0 or any(tree.parents[c] != p for p, c in zip(nodes, nodes[1:])):
             raise ValueError(f"recurrent state: {nodes} is not a path from the tree's root")
         last = nodes[-1]

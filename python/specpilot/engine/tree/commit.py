@@ -18,7 +18,7 @@ def kv_moves(layout, nodes: list) -> torch.Tensor:
     """int64 [2N] on the layout's device: the source slots, then the destination slots start..start+N-1."""
     n, start = layout.size, layout.start
     src = [start + (nodes[d] if d < len(nodes) else d) for d in range(n)]
-    return torch.tensor(src + list(range(start, start + n)), dtype=torch.long).to(layout.packed.device)
+    return torch.tensor(src + list(range(start, start + n)), dtype=torch.long).to(layout.device)
 
 
 def move_kv(cache, moves: torch.Tensor) -> None:

@@ -1,16 +1,22 @@
-"""The tree verify forward, eager or CUDA-graphed: one graph per (nodes N, features, kv span), in the
-runner's graph dict and memory pool beside the chain steps (engine/steps.py), captured by the same
-step factory (engine/graphs.py: GraphedStep on CUDA, StaticShapeStep in the CPU tests).
+"""The tree step's device part, eager or as one CUDA graph: build the tree from the draft logits
+(build.grow_tree), pack it (layout.pack_tensors), run the target over it, take the target's argmax
+and the greedy accepted path (accept.accepted_on_device). Its outputs are one int64 tensor the host
+reads once a step (the path, the bonus and the tree), the logits (sampling reads them) and the
+features. One graph per (nodes N, depths, features, kv span), in the runner's graph dict and memory
+pool beside the chain steps (engine/steps.py), captured by the same step factory (engine/graphs.py:
+GraphedStep on CUDA, StaticShapeStep in the CPU tests) and by Engine.warmup for the drafter's block.
 
-A graph's only input is the tree packed as int64 [4N + N*N] (engine/tree/layout.py: tokens, parents,
-slots, rope positions, ancestors): the forward derives its ancestor mask and conv windows from it on
-the device, so one graph serves every tree of N nodes at any anchor whose slots fit its span. Hybrid
-targets (as engine/hybrid_graphs.py) run the cache's host bookkeeping (begin_tree) eagerly, and the
-graph writes the per-node states into the cache's reserved buffers of N (shared with the chain steps
-of N tokens and with every span's tree graph); since a replay runs no Python, the conv windows and
-states the capture stashed (graph outputs, fixed memory) are stashed again after each replay.
+A graph's inputs are the draft logits [block - 1, V] and int64 [3] (anchor token, anchor position,
+depths drafted): a tail block drafts fewer depths, whose rows past them are padding that
+grow_tree(depths=) keeps out of the tree, so one graph serves every anchor whose slots fit its span
+and every tail whose tree still fills the budget (tree_size); a smaller tree runs the same function
+eagerly. Hybrid targets (as engine/hybrid_graphs.py) run the cache's host bookkeeping (begin_tree)
+eagerly, and the graph writes the per-node states into the cache's reserved buffers of N (shared with
+the chain steps of N tokens and with every span's tree graph); since a replay runs no Python, the
+conv windows and states the capture stashed (graph outputs, fixed memory) are stashed again after
+each replay.
 
-Exactness: a replay runs the kernels of the eager forward at the same kv span (the eager tree forward
+Exactness: a replay runs the kernels of the eager function at the same kv span (the eager tree forward
 writes the same reserved buffers once they exist), so graphed and eager steps at one span give the same
 bits (tests/test_tree_graphs_gpu.py). The commit's K/V move (engine/tree/commit.py) is graphed per N
 too (kv_mover); the hybrid state commit stays eager (HybridCache.commit_path).
@@ -20,26 +26,81 @@ from __future__ import annotations
 import torch
 
 from ..recurrent_state import MAX_SNAPSHOT_T
-from .build import DraftTree
+from .accept import accepted_on_device
+from .build import grow_tree, tree_size
 from .commit import move_kv
-from .layout import TreeInputs, TreeLayout
+from .layout import PendingTree, TreeInputs, TreeLayout, pack_tensors
 
 
-def tree_forward(runner, layout: TreeLayout, with_features: bool, graphed: bool = True):
-    """The target over the tree `layout` -> (logits [1, N, V], features [1, N, F] or None); graphed when
-    the runner graphs and `graphed` (the outputs are then the graph's: valid until its next replay)."""
-    n, cache = layout.size, runner.cache
-    if not (runner.use_graphs and graphed):
-        layers = runner.feature_layers if with_features else ()
-        with runner.kernel_ctx(n):
-            return runner.target(layout.tokens, layout.slots, cache, layout.start + n, layers, tree=layout)
+def tree_step(runner, record: PendingTree, draft_logits: torch.Tensor, anchor: int, budget: int, block: int,
+              with_features: bool):
+    """One tree step's device part for the tree `record` names (anchor position, node count
+    tree_size(depths, V, budget)); draft_logits [depths, V] (depths may be 0). Returns (read: int64
+    [2 + W + 3N], the accepted drafts a, the bonus, the path padded with N to W = block width, then
+    the tree's tokens, parents and depths; logits [1, N, V]; features [1, N, F] or None). Graphed when
+    the runner graphs and the tree fills the budget (the outputs are then the graph's: valid until
+    its next replay), at the width of `block` rows (a tail's draft logits padded)."""
+    n, cache = record.size, runner.cache
+    depths, vocab = draft_logits.shape
+    if n != tree_size(depths, vocab, budget):
+        raise ValueError(f"tree_step: a record of {n} nodes for {depths} depths of {vocab} tokens under budget "
+                         f"{budget} (tree_size: {tree_size(depths, vocab, budget)})")
+    meta = _meta(runner, (anchor, record.start, depths))
     hybrid = getattr(runner.target, "is_hybrid", False)
     if hybrid:
-        cache.begin_tree(layout)                        # host: commit the last forward's accepted part
-    out = _graph(runner, n, runner.kv_span(layout.start + n), with_features)(layout.packed)
+        cache.begin_tree(record)                         # host: commit the last forward's accepted part
+    if not (runner.use_graphs and n == budget and depths < block):
+        return _step_fn(runner, budget, record.start + n, with_features)(draft_logits, meta)[:3]
+    if depths + 1 < block:                               # a tail block: padding rows, kept out of the tree
+        draft_logits = torch.cat([draft_logits, draft_logits.new_zeros(block - 1 - depths, vocab)])
+    out = _graph(runner, budget, block - 1, runner.kv_span(record.start + n), with_features,
+                 draft_logits.dtype)(draft_logits, meta)
     if hybrid:
-        _restash(cache, out[2:])
-    return out[0], out[1]
+        _restash(cache, out[3:])
+    return out[0], out[1], out[2]
+
+
+def tree_forward(runner, layout: TreeLayout, with_features: bool):
+    """The target over a host-made tree `layout`, eagerly -> (logits [1, N, V], features or None): the
+    verify forward alone (bench/tree_steps.py, the GPU tests' reference)."""
+    layers = runner.feature_layers if with_features else ()
+    with runner.kernel_ctx(layout.size):
+        return runner.target(layout.tokens, layout.slots, runner.cache, layout.start + layout.size, layers, tree=layout)
+
+
+def _meta(runner, values) -> torch.Tensor:
+    """int64 [3] on the target's device: pinned on CUDA, so the copy does not wait for the draft in
+    flight. The buffer is reused: the last step's copy from it finished before that step's read."""
+    buffer = getattr(runner, "_tree_meta", None)
+    if buffer is None:
+        buffer = torch.empty(3, dtype=torch.long)
+        if runner.target.device.type == "cuda":
+            buffer = buffer.pin_memory()
+        runner._tree_meta = buffer
+    buffer.copy_(torch.tensor(values, dtype=torch.long))
+    return buffer.to(runner.target.device, non_blocking=True)
+
+
+def _step_fn(runner, budget: int, span: int, with_features: bool):
+    target, cache = runner.target, runner.cache
+    layers = runner.feature_layers if with_features else ()
+    hybrid = getattr(target, "is_hybrid", False)
+
+    def fn(draft_logits, meta):
+        grown = grow_tree(draft_logits, meta[:1], budget, depths=meta[2:])
+        n = len(grown)
+        tree = TreeInputs(pack_tensors(grown, meta[1:2]), n)
+        with runner.kernel_ctx(n):
+            if not hybrid:
+                logits, features = target(tree.tokens, tree.slots, cache, span, layers, tree=tree)
+                records = ()
+            else:
+                logits, features = target.forward_begun(tree.tokens, tree.slots, cache, span, True, layers, tree=tree)
+                records = (*cache.windows, *cache.snapshots)
+        accepted = accepted_on_device(grown, torch.argmax(logits[0], dim=-1))
+        read = torch.cat([accepted, grown.tokens, grown.parents, grown.depth])
+        return (read, logits, features, *records)
+    return fn
 
 
 def kv_mover(runner, n: int):
@@ -55,47 +116,34 @@ def kv_mover(runner, n: int):
     return lambda cache, moves: runner.graphs[key](moves)
 
 
-def warm_tree_graphs(runner, nodes: int, with_features: bool) -> int:
-    """Captures the tree graphs of `nodes` nodes for every kv span (Engine.warmup), without a step:
-    their example trees write scratch K/V into a span's last slots, which later writes overwrite
-    before they are visible; a hybrid cache is reset (the next forward must be a prefill). Returns
-    how many spans have a graph."""
+def warm_tree_graphs(runner, nodes: int, block: int, dtype) -> int:
+    """Captures the tree step graphs of `nodes` nodes for drafts of `block` rows (draft logits of
+    `dtype`), for every kv span (Engine.warmup), without a step: their example trees write scratch K/V
+    into a span's last slots, which later writes overwrite before they are visible; a hybrid cache is
+    reset (the next forward must be a prefill). Returns how many spans have a graph."""
     if getattr(runner.target, "is_hybrid", False) and nodes > MAX_SNAPSHOT_T:
         return 0                                        # refused by the first tree forward (begin_tree)
+    if tree_size(block - 1, runner.target.config.vocab_size, nodes) < nodes:
+        return 0                                        # every tree of this block is smaller: eager
     spans = [span for span in runner.kv_spans() if span - nodes >= 1]
     for span in spans:
-        _graph(runner, nodes, span, with_features)
+        _graph(runner, nodes, block - 1, span, block > 1, dtype)
     kv_mover(runner, nodes)
     if getattr(runner.target, "is_hybrid", False):
         runner.cache.reset()
     return len(spans)
 
 
-def _graph(runner, n: int, span: int, with_features: bool):
-    key = ("tree", n, with_features, span)
+def _graph(runner, n: int, depths: int, span: int, with_features: bool, dtype):
+    key = ("tree", n, depths, with_features, span, dtype)
     if key not in runner.graphs:
-        target, cache = runner.target, runner.cache
-        layers = runner.feature_layers if with_features else ()
-        hybrid = getattr(target, "is_hybrid", False)
-        if hybrid:
-            cache.reserve(n)
-
-        def fn(packed):
-            tree = TreeInputs(packed, n)
-            with runner.kernel_ctx(n):
-                if not hybrid:
-                    return target(tree.tokens, tree.slots, cache, span, layers, tree=tree)
-                logits, features = target.forward_begun(tree.tokens, tree.slots, cache, span, True, layers, tree=tree)
-            return (logits, features, *cache.windows, *cache.snapshots)
-
-        example = TreeLayout(_chain(n), span - n, runner.target.device).packed
-        runner.graphs[key] = runner.step_factory(fn, (example,), runner.pool)
+        device = runner.target.device
+        if getattr(runner.target, "is_hybrid", False):
+            runner.cache.reserve(n)
+        example = (torch.zeros(depths, runner.target.config.vocab_size, dtype=dtype, device=device),
+                   torch.tensor([0, span - n, depths], dtype=torch.long, device=device))
+        runner.graphs[key] = runner.step_factory(_step_fn(runner, n, span, with_features), example, runner.pool)
     return runner.graphs[key]
-
-
-def _chain(n: int) -> DraftTree:
-    """The capture's example tree (any tree of n nodes would do: a replay takes each step's)."""
-    return DraftTree([0] * n, list(range(-1, n - 1)), list(range(n)))
 
 
 def _restash(cache, records) -> None:

@@ -13,11 +13,13 @@ its static `packed`. TreeLayout adds the host side (the DraftTree, the anchor po
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from specpilot.ops.attention import AttentionMask
 
-from .build import DraftTree
+from .build import DraftTree, TreeTensors
 
 
 def packed_size(n: int) -> int:
@@ -72,31 +74,61 @@ class TreeInputs:
         return self._windows[width]
 
 
-def pack_tree(tree: DraftTree, start: int) -> torch.Tensor:
-    """The host tensor TreeInputs reads (int64 [4N + N*N], CPU)."""
+def pack_tensors(tree: TreeTensors, start) -> torch.Tensor:
+    """TreeInputs' int64 [4N + N*N] on the tree's device, without a host sync; start: the anchor
+    position, an int or an int64 tensor of one element on that device (a graph's input)."""
+    n, device = len(tree), tree.tokens.device
+    at = start.reshape(1) if torch.is_tensor(start) else torch.full((1,), int(start), dtype=torch.long, device=device)
+    ancestors = torch.zeros(n, n + 1, dtype=torch.long, device=device)     # column n takes the paths' padding
+    ancestors.scatter_(1, tree.path, 1)
+    return torch.cat([tree.tokens, tree.parents, at + torch.arange(n, device=device), at + tree.depth,
+                      ancestors[:, :n].reshape(-1)])
+
+
+def host_tensors(tree: DraftTree) -> TreeTensors:
+    """A host-made DraftTree as TreeTensors (CPU), its parent order checked."""
     n = len(tree)
     for i, p in enumerate(tree.parents):                        # the per-node kernels rely on this order
         if not (p == -1 if i == 0 else 0 <= p < i):
             raise ValueError(f"tree node {i} has parent {p}: node 0 is the root (parent -1) and every "
                              f"other node's parent must come before it")
-    paths, ones = [], []                                        # node i's root path; its ancestor entries
-    for i, p in enumerate(tree.parents):
-        paths.append((paths[p] if p >= 0 else []) + [i])
-        ones.extend(4 * n + i * n + j for j in paths[i])
-    packed = torch.zeros(packed_size(n), dtype=torch.long)
-    packed[:4 * n] = torch.tensor([tree.tokens, tree.parents, list(range(start, start + n)),
-                                   [start + d for d in tree.depth]], dtype=torch.long).reshape(-1)
-    packed[torch.tensor(ones, dtype=torch.long)] = 1
-    return packed
+    width = max(tree.depth) + 1
+    path = torch.full((n, width), n, dtype=torch.long)
+    for i in range(n):
+        nodes = tree.path_to(i)
+        path[i, :len(nodes)] = torch.tensor(nodes)
+    return TreeTensors(*(torch.tensor(v, dtype=torch.long) for v in (tree.tokens, tree.parents, tree.depth)), path)
+
+
+def pack_tree(tree: DraftTree, start: int) -> torch.Tensor:
+    """The host tensor TreeInputs reads (int64 [4N + N*N], CPU)."""
+    return pack_tensors(host_tensors(tree), start)
+
+
+@dataclass
+class PendingTree:
+    """The host's record of a tree forward at anchor position `start` over `size` nodes (the hybrid
+    cache's begin_tree / commit_path and the K/V commit read it); `tree`: the DraftTree once read."""
+    start: int
+    size: int
+    device: torch.device
+    tree: DraftTree | None = None
 
 
 class TreeLayout(TreeInputs):
-    def __init__(self, tree: DraftTree, start: int, device):
-        packed = pack_tree(tree, start)
-        if torch.device(device).type == "cuda":
-            packed = packed.pin_memory().to(device, non_blocking=True)
+    """A tree forward's inputs at anchor position `start`. tree: a DraftTree (packed on the host, one
+    copy over) or grow_tree's TreeTensors (packed where they are; `tree` is then None until the host
+    reads the tree back and sets it: the hybrid commit checks its path against it)."""
+
+    def __init__(self, tree, start: int, device):
+        if isinstance(tree, TreeTensors):
+            packed, host = pack_tensors(tree, start), None
+        else:
+            packed, host = pack_tree(tree, start), tree
+            if torch.device(device).type == "cuda":
+                packed = packed.pin_memory().to(device, non_blocking=True)
         super().__init__(packed, len(tree))
-        self.tree, self.start = tree, start
+        self.tree, self.start, self.device = host, start, packed.device
 
     def attention_mask(self, kv_len: int, groups: int, dtype) -> AttentionMask:
         if kv_len < self.start + self.size:

@@ -2,10 +2,11 @@
 
 Per step, anchor at position `start` (as engine/spec.py's chain loop):
   draft  the block [anchor, mask x (vs - 1)] -> draft logits at depths 1..vs-1
-  tree   best-first under the node budget (build.py)
+  tree   best-first under the node budget, on the device (build.py)
   verify one target forward over the tree's nodes (ancestor mask; hybrid: per-node conv / state),
          CUDA-graphed per node budget when the engine graphs (graphs.py)
-  accept greedy: the longest path of target-argmax tokens + bonus (accept.py); temperature > 0:
+  accept greedy: the longest path of target-argmax tokens + bonus, on the device, read back with the
+         tree in one copy (accept.py); temperature > 0:
          recursive rejection sampling over each node's children (sampling.py); commit / stop as chain
   commit the path's K/V into its positional slots, the hybrid state at its last node (commit.py);
          the path's target features become the next draft's context
@@ -20,15 +21,15 @@ from specpilot.verify.sampling import sample, sampling_probs
 
 from ..accept import commit
 from ..result import GenerationResult
-from .accept import accepted_path
-from .build import build_tree
+from .accept import read_step
+from .build import tree_size
 from .commit import commit_path, move_kv
-from .graphs import kv_mover, tree_forward
-from .layout import TreeLayout
+from .graphs import kv_mover, tree_step
+from .layout import PendingTree
 from .sampling import sampled_path
 
-TREE_EAGER = ("tree verification: stepwise loop (the fused whole-step graphs are chain-only; the tree's "
-              "verify forward is graphed per node budget, its commit moves K/V on the host's path)")
+TREE_EAGER = ("tree verification: stepwise loop (the fused whole-step graphs are chain-only; the tree step, "
+              "build + verify + accept, is graphed per node budget, one host read a step)")
 
 
 def check_tree_request(engine, temperature, replay) -> None:
@@ -62,20 +63,19 @@ def run_tree_spec(engine, ids, max_new_tokens, stop_ids, block_size, budget, tem
             block = mask_row[:, :vs].clone()                                # [1, vs]
             block[0, 0] = tokens[-1]
             draft_logits = runner.draft_step(ctx, ctx_start, block, start, block_size)[0]   # [vs-1, V]
-        tree = build_tree(draft_logits, tokens[-1], budget)
-        layout = TreeLayout(tree, start, device)                            # verify (graphed: full trees)
-        full = len(tree) == budget
-        logits, feats = tree_forward(runner, layout, vs > 1, graphed=full)
-        if temperature > 0:                                                 # accept
+        record = PendingTree(start, tree_size(draft_logits.shape[0], draft_logits.shape[1], budget), device)
+        read, logits, feats = tree_step(runner, record, draft_logits, tokens[-1], budget, block_size, vs > 1)
+        path, bonus, tree = read_step(read, record.size)                   # the one host read of the step
+        if temperature > 0:                                                 # accept: sampled on the host
             path, bonus = sampled_path(tree, sampling_probs(logits[0], temperature), generator)
-        else:
-            path, bonus = accepted_path(tree, torch.argmax(logits[0], dim=-1).tolist())
+        record.tree = tree
         new = [tree.tokens[i] for i in path[1:]] + [bonus]
         produced, stopped = commit(new, max_length - start - 1, stop, tokens)
         if vs > 1:       # before the commit: a graph's outputs are only valid until another graph replays
             ctx = feats[:, torch.tensor(path[:produced], device=device)]   # anchor + accepted drafts
             ctx_start = start
-        commit_path(runner.cache, layout, path[:produced], kv_mover(runner, budget) if full else move_kv)
+        full = record.size == budget
+        commit_path(runner.cache, record, path[:produced], kv_mover(runner, budget) if full else move_kv)
         start += produced
         acceptance.append(produced)
 
