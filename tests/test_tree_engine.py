@@ -1,5 +1,6 @@
 """Tree verification in the engine, fp32 on the CPU, on tiny random dense (Qwen3, LLaMA) and hybrid
-(Qwen3.5) pairs: the tree loop's tokens equal AR decoding's and the chain loop's at every budget and
+(Qwen3.5) pairs, through the stepwise tree loop and (dense) the fused tree step: the tree loop's tokens
+equal AR decoding's and the chain loop's at every budget and
 block size, with stop tokens and tail blocks; oracle drafts make trees accept paths through siblings
 (tau above the chain's); planted commit / recurrence bugs fail the state check; refusals are clear."""
 import dataclasses
@@ -19,6 +20,17 @@ from specpilot.models import gdn, gdn_tree
 @pytest.fixture(scope="module", params=["tiny-qwen3", "tiny-llama", "tiny-qwen3.5"])
 def pair(request, tmp_path_factory):
     return TinyPair(tmp_path_factory.mktemp("tree"), request.param, seed=fresh_seed())
+
+
+@pytest.fixture(autouse=True, params=["stepwise", "fused"])
+def loop(request, pair):
+    """Every test on both greedy tree loops: stepwise (tree/loop.py) and the fused step (tree/fused.py)."""
+    if request.param == "fused" and getattr(pair.target, "is_hybrid", False):
+        pytest.skip("hybrid targets run the stepwise loop (the engine turns fused steps off)")
+    saved = pair.engine.config
+    pair.engine.config = dataclasses.replace(saved, fused_steps=request.param == "fused")
+    yield request.param
+    pair.engine.config = saved
 
 
 def spec(pair, prompt, max_new, budget, block_size=None, stop=()):
@@ -88,36 +100,47 @@ def tree_state_matches_ar(pair, prompt, max_new, budget=32) -> bool:
                               # of recurrence; the planted wrong K/V or states below are off by ~1
 
 
-def sibling_paths_committed(pair, prompt, ar) -> bool:
+def sibling_paths_committed(pair, prompt, ar, loop) -> bool:
     """Whether the oracle tree run commits some path off the top-1 spine (else a planted bug in
     sibling handling could go unseen)."""
     seen = []
-    original = tree_commit.commit_path
+    original_commit, original_move = tree_commit.commit_path, tree_commit.move_kv
 
     def spy(cache, layout, nodes, *move):
         seen.append(any(layout.tree.depth[n] != n for n in nodes))
-        original(cache, layout, nodes, *move)
+        original_commit(cache, layout, nodes, *move)
+
+    def spy_moves(cache, moves):                      # the fused step: a slot that takes another's K/V
+        n = moves.numel() // 2
+        seen.append(bool((moves[:n] != moves[n:]).any()))
+        original_move(cache, moves)
 
     with pytest.MonkeyPatch.context() as patch, oracle_drafts(pair.engine, len(prompt), ar):
-        patch.setattr("specpilot.engine.tree.loop.commit_path", spy)
+        if loop == "fused":
+            patch.setattr("specpilot.engine.tree.fused.move_kv", spy_moves)
+        else:
+            patch.setattr("specpilot.engine.tree.loop.commit_path", spy)
         spec(pair, prompt, 60, 32)
     return any(seen)
 
 
-def test_committed_state_equals_ar(pair):
+def test_committed_state_equals_ar(pair, loop):
     prompt = pair.random_prompt(13, pair.seed + 3)
-    assert sibling_paths_committed(pair, prompt, pair.engine.generate_ar(prompt, 60).tokens)
+    assert sibling_paths_committed(pair, prompt, pair.engine.generate_ar(prompt, 60).tokens, loop)
     assert tree_state_matches_ar(pair, prompt, 60)
 
 
-def test_planted_kv_left_in_place_is_caught(pair, monkeypatch):
+def test_planted_kv_left_in_place_is_caught(pair, loop, monkeypatch):
     """Skipping the K/V compaction (a sibling's or a stale K/V left in the positional slots) must
     fail the state check."""
     def no_compaction(cache, layout, nodes, *move):
         if hasattr(cache, "commit_path"):
             cache.commit_path(nodes)                  # the hybrid state stays right: only K/V are wrong
 
-    monkeypatch.setattr("specpilot.engine.tree.loop.commit_path", no_compaction)
+    if loop == "fused":
+        monkeypatch.setattr("specpilot.engine.tree.fused.move_kv", lambda cache, moves: None)
+    else:
+        monkeypatch.setattr("specpilot.engine.tree.loop.commit_path", no_compaction)
     assert not tree_state_matches_ar(pair, pair.random_prompt(13, pair.seed + 3), 60)
 
 

@@ -8,7 +8,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU thread)
-from test_engine_helpers import fresh_seed
+from test_engine_helpers import fresh_seed, loop_config
 from tree_helpers import TinyPair, oracle_drafts, tree_budget
 from specpilot.engine.graphs import StaticShapeStep, kv_bucket, kv_spans
 from specpilot.engine.steps import StepRunner
@@ -80,28 +80,58 @@ def run(pair, prompt, ar, budget):
 
 
 def test_graphed_tree_loop_equals_eager(pair):
+    """The stepwise loop (fused steps off): its tree step graphs give the eager loop's tokens and
+    acceptance; tails replay the block's graph (padded)."""
     eng = pair.engine
     prompt = pair.random_prompt(13, pair.seed + 5)
     ar = eng.generate_ar(prompt, 60).tokens
     budgets = (4, 16, 32)
-    eager = {b: run(pair, prompt, ar, b) for b in budgets}
+    with loop_config(eng, fused_steps=False):
+        eager = {b: run(pair, prompt, ar, b) for b in budgets}
+        saved = eng.runner
+        eng.runner = graphed_runner(eng)
+        try:
+            for b in budgets:
+                ours = run(pair, prompt, ar, b)
+                assert ours.tokens == eager[b].tokens == ar, f"budget {b}, seed {pair.seed}"
+                assert ours.acceptance_lengths == eager[b].acceptance_lengths
+                assert max(ours.acceptance_lengths) > 2
+            trees = {k for k in eng.runner.graphs if k[0] == "tree"}
+            assert {(k[1], k[2], k[3]) for k in trees} == {(b, 15, True) for b in budgets}   # tails: padded
+            assert {k for k in eng.runner.graphs if k[0] == "tree_commit"} == {("tree_commit", b) for b in budgets}
+            if hasattr(eng.cache, "step_buffers"):
+                assert set(budgets) <= set(eng.cache.step_buffers)
+        finally:
+            eng.runner = saved
+            if hasattr(eng.cache, "step_buffers"):
+                eng.cache.step_buffers.clear()
+
+
+@pytest.mark.parametrize("early", [True, False])
+def test_fused_tree_step_equals_the_stepwise_loop(pair, early):
+    """Dense greedy trees take the fused step (tree/fused.py), graphed (the stand-in): AR's tokens and
+    the stepwise loop's acceptance at every budget (the same trees: a tail's padded rows stay out),
+    with its control advanced by the step itself (early launch) or sent by the host."""
+    eng = pair.engine
+    if getattr(eng.target, "is_hybrid", False):
+        pytest.skip("hybrid targets run the stepwise loop (the engine turns fused steps off)")
+    prompt = pair.random_prompt(13, pair.seed + 5)
+    ar = eng.generate_ar(prompt, 60).tokens
+    budgets = (4, 16, 32)
+    with loop_config(eng, fused_steps=False):
+        stepwise = {b: run(pair, prompt, ar, b) for b in budgets}
     saved = eng.runner
     eng.runner = graphed_runner(eng)
     try:
-        for b in budgets:
-            ours = run(pair, prompt, ar, b)
-            assert ours.tokens == eager[b].tokens == ar, f"budget {b}, seed {pair.seed}"
-            assert ours.acceptance_lengths == eager[b].acceptance_lengths
-            assert max(ours.acceptance_lengths) > 2
-        trees = {k for k in eng.runner.graphs if k[0] == "tree"}
-        assert {(k[1], k[2], k[3]) for k in trees} == {(b, 15, True) for b in budgets}   # tails: padded
-        assert {k for k in eng.runner.graphs if k[0] == "tree_commit"} == {("tree_commit", b) for b in budgets}
-        if hasattr(eng.cache, "step_buffers"):
-            assert set(budgets) <= set(eng.cache.step_buffers)
+        with loop_config(eng, fused_steps=True, early_launch=early):
+            for b in budgets:
+                ours = run(pair, prompt, ar, b)
+                assert ours.tokens == ar, f"budget {b}, seed {pair.seed}"
+                assert ours.acceptance_lengths == stepwise[b].acceptance_lengths
+        assert {k[:3] for k in eng.runner.fused.graphs if k[0] == "tree"} == {("tree", 16, b) for b in budgets}
+        assert not any(k[0] == "tree" for k in eng.runner.graphs)           # the stepwise graphs unused
     finally:
         eng.runner = saved
-        if hasattr(eng.cache, "step_buffers"):
-            eng.cache.step_buffers.clear()
 
 
 def test_graphed_sampled_tree_loop_equals_eager(pair):
@@ -173,9 +203,13 @@ def test_warmup_captures_every_span(pair):
             eng.warmup(16)
         want = ({("tree", 16, 15, True, span, eng.target.dtype) for span in kv_spans(eng.runner.capacity) if span > 16}
                 | {("tree_commit", 16)})
+        dense = not getattr(eng.target, "is_hybrid", False)
+        fused = {("tree", 16, 16, span) for span in kv_spans(eng.runner.capacity)} if dense else set()
         assert {k for k in eng.runner.graphs if k[0].startswith("tree")} == want
+        assert {k for k in eng.runner.fused.graphs if k[0] == "tree"} == fused     # the greedy dense step
         assert run(pair, prompt, ar, 16).tokens == ar                  # the hybrid cache was reset after it
         assert {k for k in eng.runner.graphs if k[0].startswith("tree")} == want
+        assert {k for k in eng.runner.fused.graphs if k[0] == "tree"} == fused     # warmup had them all
     finally:
         eng.runner = saved
         if hasattr(eng.cache, "step_buffers"):

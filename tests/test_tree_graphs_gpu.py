@@ -4,8 +4,9 @@ and tree; logits; on hybrids the per-node states and conv windows), replayed wit
 logits, tail depths and node counts over growing contexts that cross a kv bucket,
 with a random path committed after each step (the graphed K/V move against the eager one), on dense
 and hybrid tiny random targets in fp32 and bf16 (bf16 hybrid: the GDN tree kernels); greedy tree
-generation with graphs equals AR decoding (fp32) on dense and hybrid pairs with oracle drafts, through
-the graphs warmup captured. Skipped on CPU."""
+generation with graphs equals AR decoding (fp32) on dense and hybrid pairs, with the real drafter
+(dense: the fused tree step) and with oracle drafts (the stepwise loop), through the graphs warmup
+captured. Skipped on CPU."""
 import dataclasses
 
 import pytest
@@ -13,7 +14,7 @@ import torch
 
 from conftest import requires_gpu
 from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU thread)
-from test_engine_helpers import fresh_seed
+from test_engine_helpers import fresh_seed, loop_config
 from tree_helpers import oracle_drafts, tree_budget
 
 pytestmark = requires_gpu
@@ -122,11 +123,15 @@ def test_graphed_tree_generation_equals_ar(fp32_pair, budget):
         captured = tree_graphs()
         assert captured == {("tree", budget, 15, True, span, engine.target.dtype)
                             for span in kv_spans(engine.runner.capacity)} | {("tree_commit", budget)}
+        fused = {k for k in engine.runner.fused.graphs if k[0] == "tree" and k[2] == budget}
+        dense = not getattr(engine.target, "is_hybrid", False)
+        assert fused == ({("tree", 16, budget, span) for span in kv_spans(engine.runner.capacity)} if dense else set())
         for length, max_new in ((7, 60), (200, 120)):               # several kv buckets
             prompt = torch.randint(0, vocab - 2, (length,), generator=g).tolist()
             ar = engine.generate_ar(prompt, max_new).tokens
-            assert engine.generate_spec(prompt, max_new).tokens == ar              # the real drafter
-            with oracle_drafts(engine, len(prompt), ar):                          # paths through siblings
-                tree = engine.generate_spec(prompt, max_new)
+            assert engine.generate_spec(prompt, max_new).tokens == ar              # the real drafter (dense: fused)
+            with oracle_drafts(engine, len(prompt), ar), loop_config(engine, fused_steps=False):
+                tree = engine.generate_spec(prompt, max_new)                      # paths through siblings
             assert tree.tokens == ar and max(tree.acceptance_lengths) > 2
         assert tree_graphs() == captured                                         # warmup had them all
+        assert {k for k in engine.runner.fused.graphs if k[0] == "tree" and k[2] == budget} == fused

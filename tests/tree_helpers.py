@@ -44,31 +44,41 @@ def rank_of(position: int) -> int:
     return 1 if position % 4 == 1 else 0
 
 
+def oracle_logits(start: int, depths: int, vocab: int, prompt_len: int, transcript) -> torch.Tensor:
+    """[1, depths, V]: depth d ranks the target's own token at start + d as rank_of says, a fixed decoy
+    above it when it is second, over noise that depends on `start` only (a padded block's first rows
+    are a shorter block's)."""
+    g = torch.Generator().manual_seed(start)
+    logits = torch.randn(1, depths, vocab, generator=g)                     # noise in [-4, 4]
+    for d in range(1, depths + 1):
+        i = start + d - prompt_len
+        true = transcript[i] if i < len(transcript) else 0
+        decoy = (true + 1 + start % 5) % vocab
+        rank = rank_of(start + d)
+        logits[0, d - 1, true] = (20.0, 19.0)[rank] if rank < 2 else -20.0
+        if rank == 1:
+            logits[0, d - 1, decoy] = 20.0
+    return logits
+
+
 @contextlib.contextmanager
 def oracle_drafts(engine, prompt_len, transcript):
-    """engine.runner.draft_step replaced: depth d of the block at anchor position `start` ranks the
-    target's own token at start + d (transcript[start + d - prompt_len]) as rank_of says, a fixed decoy
-    above it when it is second. Only the drafts change: outputs must not."""
+    """The drafter's logits replaced by oracle_logits', in the stepwise loops (runner.draft_step) and in
+    the fused steps (their draft forward: the CPU runs it eagerly, so the oracle reads the block's
+    anchor position). Only the drafts change: outputs must not."""
     runner, vocab = engine.runner, engine.target.config.vocab_size
-    original = runner.draft_step
+    original, forwards = runner.draft_step, runner.fused.forwards
 
     def draft_step(ctx_features, ctx_start, block_ids, start, full_block, visible=None):
         original(ctx_features, ctx_start, block_ids, start, full_block, visible)   # the drafter's caches as usual
-        depths = block_ids.shape[1] - 1
-        g = torch.Generator().manual_seed(start)
-        logits = torch.randn(1, depths, vocab, generator=g)                 # noise in [-4, 4]
-        for d in range(1, depths + 1):
-            i = start + d - prompt_len
-            true = transcript[i] if i < len(transcript) else 0
-            decoy = (true + 1 + start % 5) % vocab
-            rank = rank_of(start + d)
-            logits[0, d - 1, true] = (20.0, 19.0)[rank] if rank < 2 else -20.0
-            if rank == 1:
-                logits[0, d - 1, decoy] = 20.0
-        return logits
+        return oracle_logits(start, block_ids.shape[1] - 1, vocab, prompt_len, transcript)
 
-    runner.draft_step = draft_step
+    def draft_forward(block_ids, positions, kv_len, last_visible):
+        forwards.draft(block_ids, positions, kv_len, last_visible)
+        return oracle_logits(int(positions[0]), block_ids.shape[1] - 1, vocab, prompt_len, transcript)
+
+    runner.draft_step, runner.fused.forwards = draft_step, dataclasses.replace(forwards, draft=draft_forward)
     try:
         yield engine
     finally:
-        runner.draft_step = original
+        runner.draft_step, runner.fused.forwards = original, forwards

@@ -74,8 +74,9 @@ class EngineConfig:
     engine's (BatchConfig.verify_prefix): refused here."""
     tree_budget: int = 0
     """Tree verification (docs/trees.md): each step verifies a tree of this many nodes (the anchor
-    included) built from the drafter's block distributions, in one target pass, on the eager stepwise
-    loop (greedy, or recursive rejection sampling at temperature > 0). 0: chain verification."""
+    included) built from the drafter's block distributions, in one target pass: greedy on a dense target
+    with fused_steps, one fused step a block (engine/tree/fused.py); otherwise the stepwise tree loop
+    (greedy, or recursive rejection sampling at temperature > 0). 0: chain verification."""
     graph_kv_step: int = 0
     """The key span of a CUDA-graphed step (one graph per span; engine/graphs.py kv_bucket): 0, the next
     power of two >= the context (from 256); N, a multiple of 64: the next multiple of N. A graphed

@@ -122,7 +122,8 @@ class Engine:
         if drafter_kind(self.drafter) in ("dflash2", "dspark", "pard"):
             warm_block_drafts(self, b)                 # their greedy draft graphs (engine/block_draft.py)
         if self.config.fused_steps:
-            self.runner.fused.capture_all(b if drafter_kind(self.drafter) == "dflash" else None)
+            dflash = drafter_kind(self.drafter) == "dflash"
+            self.runner.fused.capture_all(b if dflash else None, self.config.tree_budget if dflash else 0)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         return len(self.runner.graphs) + len(self.runner.fused.graphs)

@@ -68,7 +68,7 @@ class FusedSteps:
         (draft_cache None without a drafter); feature_width: the drafter's context features;
         step_kernels: EngineConfig.step_kernels; kv_buckets: the runner's graphs.KVBuckets."""
         self.forwards, self.drafter, self.step_kernels, self.kv_buckets = forwards, drafter, step_kernels, kv_buckets
-        self.capacity, self.trash = cache.slots, cache.trash_slot
+        self.cache, self.capacity, self.trash = cache, cache.slots, cache.trash_slot
         if draft_cache is not None and draft_cache.trash_slot != self.trash:
             raise RuntimeError(f"target / draft caches differ in slots ({self.trash} vs {draft_cache.trash_slot})")
         self.dtype, self.feature_width = dtype, feature_width
@@ -87,6 +87,7 @@ class FusedSteps:
         self.spec_out = {}                                      # B -> _Readback of [2 + 2B]
         self.replay_drafts = {}                                 # B -> [steps, B-1]: replay's drafts per step
         self.replay_accepted = {}                               # B -> [steps]: replay's accepted drafts
+        self.tree_out = {}                                      # (B, N) -> _Readback of [3 + B] (tree/fused.py)
 
     # -- buffers --------------------------------------------------------------------------------
     def _spec_buffers(self, b: int):
@@ -156,15 +157,20 @@ class FusedSteps:
             self.graphs[key] = step
         return step
 
-    def capture_all(self, block_size: int | None) -> int:
-        """Captures the AR step (and the spec step for `block_size` > 1) for every kv span, with
-        scratch control values (writes land in slots 0..B-1, rewritten by the next prefill).
+    def capture_all(self, block_size: int | None, tree_budget: int = 0) -> int:
+        """Captures the AR step (and the spec step for `block_size` > 1, and the tree step of
+        `tree_budget` nodes when given) for every kv span, with scratch control values (writes land in
+        slots 0..max(B, N)-1, rewritten by the next prefill or written before they are read).
         Must run outside a generation: a capture's warm-up calls execute the step."""
         if not self.use_graphs:
             return 0
         spec = block_size is not None and block_size > 1 and self.drafter is not None
+        from .tree.build import tree_size
+        vocab = self.drafter.target.config.vocab_size if spec else 0
+        tree = spec and tree_budget > 0 and tree_size(1, vocab, tree_budget) == tree_budget   # fused_tree_usable's
         spans = self.kv_buckets.spans()
         wanted = [("ar", s) for s in spans] + ([("spec", block_size, s) for s in spans] if spec else [])
+        wanted += [("tree", block_size, tree_budget, s) for s in spans if s >= tree_budget] if tree else []
         if all(k in self.graphs for k in wanted):
             return len(self.graphs)                             # the per-generation call: nothing to do
         for span in spans:
@@ -175,6 +181,11 @@ class FusedSteps:
                 self._send(start=0, ctx_start=0, ctx_count=0, vs=block_size, anchor=0, replay=0,
                            max_length=block_size + 1, step=0)
                 self._step(("spec", block_size, span), lambda: self._spec_fn(block_size, span))
+            if tree and span >= tree_budget:
+                from .tree.fused import tree_step_fn
+                self._send(start=0, ctx_start=0, ctx_count=0, vs=block_size, anchor=0, replay=0,
+                           max_length=block_size + 1, step=0)
+                self._step(("tree", block_size, tree_budget, span), lambda: tree_step_fn(self, block_size, tree_budget, span))
         return len(self.graphs)
 
     # -- AR (host side) -------------------------------------------------------------------------
@@ -242,6 +253,21 @@ class FusedSteps:
         else:
             out = self._spec_fn(b, span_end)()
         return self.spec_out[b].fetch(out)
+
+    def tree_launch(self, b: int, n: int, start: int) -> _Readback:
+        """Replays the tree step (tree/fused.py) of n nodes for the control now on the device, whose
+        anchor sits at `start` (the host's count: its n scratch slots and block pick the kv span)."""
+        from .tree.fused import tree_step_fn
+
+        if (b, n) not in self.tree_out:
+            self.tree_out[(b, n)] = _Readback(3 + b, self.device)
+        end = start + max(b, n)
+        if self.use_graphs:
+            span = self.kv_buckets.span(end)
+            out = self._step(("tree", b, n, span), lambda: tree_step_fn(self, b, n, span))()
+        else:
+            out = tree_step_fn(self, b, n, end)()
+        return self.tree_out[(b, n)].fetch(out)
 
     def spec_step(self, b: int, start: int, ctx_start: int, ctx_count: int, vs: int, anchor: int) -> list:
         """One greedy DFlash step from explicit control values (no replay); returns

@@ -44,6 +44,7 @@ class StepForwards:
     target: Callable          # (ids [1, T], positions [T], kv_len, with_features) -> (logits, features)
     write_context: Callable   # (features [1, C, F], positions [C]) -> None: into the draft cache
     draft: Callable           # (block_ids [1, T], positions [T], kv_len, last_visible) -> logits [1, T-1, V]
+    tree_target: Callable     # (tree: tree.layout.TreeInputs, kv_len, with_features) -> (logits, features)
 
 
 class StepRunner:
@@ -68,7 +69,8 @@ class StepRunner:
         self._switchable = None                               # split12 linears whose kernel we pick
         forwards = StepForwards(target=functools.partial(self.forward_target, compiled=True),
                                 write_context=functools.partial(self.write_draft_context, compiled=True),
-                                draft=functools.partial(self.forward_draft, compiled=True))
+                                draft=functools.partial(self.forward_draft, compiled=True),
+                                tree_target=self.forward_tree)
         self.fused = FusedSteps(forwards, cache, draft_cache, drafter, target.dtype,   # whole greedy steps
                                 len(self.feature_layers) * target.config.hidden_size, use_graphs,
                                 self.step_factory, self.pool, config.step_kernels, self.kv_buckets)
@@ -91,6 +93,13 @@ class StepRunner:
             yield
 
     # -- target ---------------------------------------------------------------------------------
+    def forward_tree(self, tree, kv_len: int, with_features: bool):
+        """The target over a draft tree's nodes (tree.layout.TreeInputs: slots, rope positions and the
+        ancestor mask from its packed tensor), attending to cache slots [0, kv_len)."""
+        layers = self.feature_layers if with_features else ()
+        with self.kernel_ctx(tree.size):
+            return self.target(tree.tokens, tree.slots, self.cache, kv_len, layers, tree=tree)
+
     def forward_target(self, ids, positions, kv_len: int, with_features: bool, logits_rows=None,
                        compiled: bool = False, head=None):
         """The target over ids [1, T] at `positions`, attending to cache slots [0, kv_len); head: an LM

@@ -63,9 +63,7 @@ def tree_step(runner, record: PendingTree, draft_logits: torch.Tensor, anchor: i
 def tree_forward(runner, layout: TreeLayout, with_features: bool):
     """The target over a host-made tree `layout`, eagerly -> (logits [1, N, V], features or None): the
     verify forward alone (bench/tree_steps.py, the GPU tests' reference)."""
-    layers = runner.feature_layers if with_features else ()
-    with runner.kernel_ctx(layout.size):
-        return runner.target(layout.tokens, layout.slots, runner.cache, layout.start + layout.size, layers, tree=layout)
+    return runner.forward_tree(layout, layout.start + layout.size, with_features)
 
 
 def _meta(runner, values) -> torch.Tensor:
@@ -90,13 +88,13 @@ def _step_fn(runner, budget: int, span: int, with_features: bool):
         grown = grow_tree(draft_logits, meta[:1], budget, depths=meta[2:])
         n = len(grown)
         tree = TreeInputs(pack_tensors(grown, meta[1:2]), n)
-        with runner.kernel_ctx(n):
-            if not hybrid:
-                logits, features = target(tree.tokens, tree.slots, cache, span, layers, tree=tree)
-                records = ()
-            else:
+        if not hybrid:
+            logits, features = runner.forward_tree(tree, span, with_features)
+            records = ()
+        else:
+            with runner.kernel_ctx(n):
                 logits, features = target.forward_begun(tree.tokens, tree.slots, cache, span, True, layers, tree=tree)
-                records = (*cache.windows, *cache.snapshots)
+            records = (*cache.windows, *cache.snapshots)
         accepted = accepted_on_device(grown, torch.argmax(logits[0], dim=-1))
         read = torch.cat([accepted, grown.tokens, grown.parents, grown.depth])
         return (read, logits, features, *records)

@@ -1,4 +1,5 @@
-"""The speculative loop with tree verification (EngineConfig.tree_budget > 0).
+"""The speculative loop with tree verification (EngineConfig.tree_budget > 0). Greedy dense trees take
+the fused step instead (tree/fused.py: the same step as one captured call); this loop runs the rest.
 
 Per step, anchor at position `start` (as engine/spec.py's chain loop):
   draft  the block [anchor, mask x (vs - 1)] -> draft logits at depths 1..vs-1
@@ -24,12 +25,14 @@ from ..result import GenerationResult
 from .accept import read_step
 from .build import tree_size
 from .commit import commit_path, move_kv
+from .fused import fused_tree_usable, run_tree_fused
 from .graphs import kv_mover, tree_step
 from .layout import PendingTree
 from .sampling import sampled_path
 
-TREE_EAGER = ("tree verification: stepwise loop (the fused whole-step graphs are chain-only; the tree step, "
-              "build + verify + accept, is graphed per node budget, one host read a step)")
+TREE_EAGER = ("tree verification: greedy trees on dense targets run one fused step a block (tree/fused.py); "
+              "sampled and hybrid trees run the stepwise loop, its tree step (build + verify + accept) graphed "
+              "per node budget, one host read a step")
 
 
 def check_tree_request(engine, temperature, replay) -> None:
@@ -43,6 +46,8 @@ def check_tree_request(engine, temperature, replay) -> None:
 def run_tree_spec(engine, ids, max_new_tokens, stop_ids, block_size, budget, temperature=0.0,
                   generator=None) -> GenerationResult:
     # ids [1, n]
+    if fused_tree_usable(engine, temperature, block_size, budget):
+        return run_tree_fused(engine, ids, max_new_tokens, stop_ids, block_size, budget)
     runner, device, target = engine.runner, engine.device, engine.target
     n = ids.shape[1]
     max_length, stop = n + max_new_tokens, set(stop_ids)
