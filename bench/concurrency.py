@@ -186,7 +186,8 @@ def run_levels(target, drafter, prompts, levels, max_new_tokens, stop_ids=(), re
 def add_ceiling_model(rows: list, shapes, prompts: list, max_new_tokens: int, prefill_chunk: int, card: str) -> None:
     """Each spec row gets `ceiling_model`: its closed loop's spec / AR with every kernel at the card's
     stated ceilings (cost/batched.py closed_loop): this run's mean prompt rows, new tokens and chunk,
-    the row's measured tau as a geometric law, the best fixed verify length, bf16. shapes: (target,
+    the row's measured tau as a geometric law, the best fixed verify lengths of decode steps and of
+    chunk steps (as adaptive verify prices each), bf16. shapes: (target,
     drafter, feature layers, block) ModelShapes; card: a key of cost/batched.py CARDS."""
     from specpilot.cost.batched import CARDS, Acceptance, closed_loop
 
@@ -198,7 +199,8 @@ def add_ceiling_model(rows: list, shapes, prompts: list, max_new_tokens: int, pr
             continue
         law = Acceptance.geometric(r["tau"], block)
         runs = [closed_loop(target, drafter, feats, r["concurrency"], law, CARDS[card], max_new_tokens, prompt,
-                            prefill_chunk, weights="bf16", context=context, verify_len=n) for n in range(1, block + 1)]
+                            prefill_chunk, weights="bf16", context=context, verify_len=n, mixed_verify_len=m)
+                for n in range(1, block + 1) for m in range(1, block + 1)]
         r["ceiling_model"] = min(runs, key=lambda run: run["spec_s"])["speedup_over_ar"]
 
 

@@ -32,6 +32,16 @@ def test_rate_counts_each_request_up_to_its_own_drafts_and_padded_rows():
     assert choose_verify_rows(survivals, 4, (2, 4), StepCostTable([(8, 1.0), (16, 1.6)], fixed_s=1.0)) == 4
 
 
+def test_a_chunk_step_prices_its_prompt_rows_with_the_verify_rows():
+    # flat to 256 rows, then compute-bound: 16 requests verify whole blocks alone, but beside a chunk
+    # of 256 prompt rows the longer prefixes cost compute: 8 rows (5.0 tokens a request / 1.5) beat
+    # 16 (6.5 / 2.0)
+    survivals = np.cumprod(np.full((16, 15), 0.86), axis=1)
+    table = StepCostTable([(64, 1.0), (128, 1.0), (256, 1.0), (384, 1.5), (512, 2.0), (768, 3.0)])
+    assert choose_verify_rows(survivals, 16, (4, 8, 12, 16), table) == 16
+    assert choose_verify_rows(survivals, 16, (4, 8, 12, 16), table, prefill_rows=256) == 8
+
+
 def test_survivals_are_the_pooled_curve_zero_past_each_requests_drafts():
     est = AcceptanceEstimator(3)
     est.observe(3, 3)

@@ -112,7 +112,7 @@ def test_trims_from_the_first_decode_steps(pair):
     engine = engine_for(target, drafter, EAGER_ADAPTIVE, graphed=False, max_batch=5)
     rows = []
     choose = engine._verify_lengths
-    engine._verify_lengths = lambda decoding, drafts: rows.append(choose(decoding, drafts)) or rows[-1]
+    engine._verify_lengths = lambda decoding, drafts, chunks: rows.append(choose(decoding, drafts, chunks)) or rows[-1]
     run_staggered(engine, requests_for(seed), every=1)
     decode_steps = [max(lengths.values()) for lengths in rows if lengths]
     first = next((i for i, t in enumerate(decode_steps) if t < engine.block_size), None)

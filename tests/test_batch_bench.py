@@ -142,7 +142,8 @@ def test_table_rows_have_the_header_columns_and_step_times():
 
 def test_spec_rows_carry_the_closed_loop_at_the_ceilings():
     """A spec row's `ceiling_model` is cost/batched.py's closed loop for the run (its prompts' mean
-    length, new tokens, chunk, the row's tau, the best fixed verify length); the table shows it last;
+    length, new tokens, chunk, the row's tau, the best fixed verify lengths of decode and chunk steps);
+    the table shows it last;
     a CPU run says why it has none."""
     from types import SimpleNamespace
 
@@ -159,7 +160,8 @@ def test_spec_rows_carry_the_closed_loop_at_the_ceilings():
     concurrency.add_ceiling_model(rows, (target, drafter, 5, 16), prompts, 256, 256, "H100")
     assert "ceiling_model" not in rows[0]
     want = max(closed_loop(target, drafter, 5, 8, Acceptance.geometric(6.0, 16), CARDS["H100"], 256, 300.0, 256,
-                           weights="bf16", context=428, verify_len=n)["speedup_over_ar"] for n in range(1, 17))
+                           weights="bf16", context=428, verify_len=n, mixed_verify_len=m)["speedup_over_ar"]
+               for n in range(1, 17) for m in range(1, 17))
     assert rows[1]["ceiling_model"] == pytest.approx(want, rel=0.02) and 1.0 < want < 16
     assert concurrency.markdown(rows, {}).splitlines()[-1].endswith(f"| {rows[1]['ceiling_model']:.2f}x |")
     cpu = SimpleNamespace(device=torch.device("cpu"), config=SimpleNamespace())

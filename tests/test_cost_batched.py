@@ -153,6 +153,14 @@ def test_closed_loop(qwen):
     assert bound["spec_s"] == pytest.approx(bound["chunk_steps"] * bound["mixed_ms"]["spec"] / 1e3)
     with pytest.raises(ValueError, match="new_tokens >= 1"):
         loop(8, 0, 100)
+    # chunk steps with their own verify length: their tokens count first, decode steps make the rest
+    one = loop(16, 256, 330, verify_len=16)
+    own = loop(16, 256, 330, verify_len=16, mixed_verify_len=12)
+    mixed_tokens = 16 * tau.mean(12)
+    assert own["spec_steps"] == pytest.approx(own["chunk_steps"] + (256 * 16 - own["chunk_steps"] * mixed_tokens)
+                                              / (16 * tau.mean(16)))
+    assert own["mixed_ms"]["spec"] < one["mixed_ms"]["spec"] and own["plain_ms"] == one["plain_ms"]
+    assert loop(16, 256, 330, verify_len=16, mixed_verify_len=16)["spec_s"] == pytest.approx(one["spec_s"])
 
 
 def test_cost_cli_concurrency(tmp_path, capsys, qwen):

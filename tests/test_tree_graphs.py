@@ -192,6 +192,23 @@ def test_the_graphed_step_reads_nothing_back(pair, depths):
     assert read.shape == (2 + 16 + 3 * 16,)
 
 
+def test_the_fused_tree_step_reads_nothing_back(pair):
+    """The fused step (tree/fused.py: draft, tree, verify, accept, commit, next control) likewise."""
+    from specpilot.engine.tree.fused import tree_step_fn
+
+    eng = pair.engine
+    if getattr(eng.target, "is_hybrid", False):
+        pytest.skip("hybrid targets run the stepwise loop (the engine turns fused steps off)")
+    fused, prompt = eng.runner.fused, pair.random_prompt(20, pair.seed + 4)
+    _, features = eng.runner.prefill(torch.tensor([prompt]), with_features=True)
+    fused.write_prompt_context(features)
+    fused.spec_send(16, len(prompt), 0, 0, 5, len(prompt) + 9, 0, False)     # a tail: 8 rows can commit
+    with HostSyncs() as spy:
+        out = tree_step_fn(fused, 16, 16, len(prompt) + 16)()
+    assert spy.found == []
+    assert out.shape == (3 + 16,) and out[-1] == len(prompt) and out[0] <= 7
+
+
 def test_warmup_captures_every_span(pair):
     eng = pair.engine
     prompt = pair.random_prompt(11, pair.seed + 6)

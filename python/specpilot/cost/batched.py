@@ -176,17 +176,22 @@ def batched_step(target, drafter, feats: int, concurrency: int, acceptance: Acce
 
 
 def closed_loop(target, drafter, feats: int, concurrency: int, acceptance: Acceptance, ceil: Ceilings,
-                new_tokens: int, prompt_tokens: float, prefill_chunk: int = 256, **kw) -> dict:
+                new_tokens: int, prompt_tokens: float, prefill_chunk: int = 256, mixed_verify_len: int | None = None,
+                **kw) -> dict:
     """A closed loop's speedup at the ceilings: C clients, each request `prompt_tokens` prompt rows and
     `new_tokens` new tokens. Prefill costs AR and spec alike in rows, but not in share: each chunk step
     (at most `prefill_chunk` prompt rows, riding in a decode forward: batched_step's prefill_rows) is
-    one of AR's new_tokens steps a request and one of spec's new_tokens / E[a]. Per C requests:
+    one of AR's new_tokens steps a request and a spec step that makes its own tokens. Per C requests:
     C * prompt_tokens / prefill_chunk chunk steps, each also a decode step; past the decode steps a run
-    is prefill-bound. Full occupancy (no waves or tails). kw: batched_step's."""
+    is prefill-bound. Full occupancy (no waves or tails). mixed_verify_len: the chunk steps' verify
+    length (adaptive verify prices a chunk step with its chunk; default: kw's verify_len).
+    kw: batched_step's."""
     if new_tokens < 1 or prompt_tokens < 0 or prefill_chunk < 1:
         raise ValueError(f"need new_tokens >= 1, prompt_tokens >= 0, prefill_chunk >= 1, got "
                          f"{new_tokens}, {prompt_tokens}, {prefill_chunk}")
     plain = batched_step(target, drafter, feats, concurrency, acceptance, ceil, **kw)
+    if mixed_verify_len is not None:
+        kw = dict(kw, verify_len=mixed_verify_len)
     mixed = batched_step(target, drafter, feats, concurrency, acceptance, ceil, prefill_rows=prefill_chunk, **kw)
     chunk_steps = concurrency * prompt_tokens / prefill_chunk
 
@@ -194,7 +199,10 @@ def closed_loop(target, drafter, feats: int, concurrency: int, acceptance: Accep
         return chunk_steps * mixed_s + max(0.0, decode_steps - chunk_steps) * plain_s
 
     ar_s = seconds(new_tokens, plain["decode_s"], mixed["decode_s"])
-    spec_steps = new_tokens * concurrency / plain["tokens_per_step"]
+    # the steps the tokens need: the chunk steps' own, then decode steps (a prefill-bound run needs fewer)
+    left = new_tokens * concurrency - chunk_steps * mixed["tokens_per_step"]
+    spec_steps = (chunk_steps + left / plain["tokens_per_step"] if left > 0
+                  else new_tokens * concurrency / mixed["tokens_per_step"])
     spec_s = seconds(spec_steps, plain["spec_s"], mixed["spec_s"])
     return {"concurrency": concurrency, "new_tokens": new_tokens, "prompt_tokens": prompt_tokens,
             "prefill_chunk": prefill_chunk, "chunk_steps": chunk_steps, "ar_steps": new_tokens,

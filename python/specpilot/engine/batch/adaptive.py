@@ -13,9 +13,13 @@ e.g. its logit margins, would stall the GPU every step):
         step's objective sums survivals over its requests, so this mean is what it needs (a per-request
         curve would only help to tell this step's requests from the pool's)
   T*    the verify rows per request that maximise expected tokens per second of step time:
-        (sum over requests r of 1 + S[1] + ... + S[min(T, rows_r) - 1]) / cost(R x T), T among
-        verify_row_choices(block), cost from a StepCostTable measured on the card (profile.py), with
-        the host's share of a step learnt from the engine's own steps (StepCostTable.observe_step)
+        (sum over requests r of 1 + S[1] + ... + S[min(T, rows_r) - 1]) / cost(R x T + P), T among
+        verify_row_choices(block), P the prompt rows of newcomers' chunks riding in the same forward,
+        cost from a StepCostTable measured on the card (profile.py), with the host's share of a step
+        learnt from the engine's own steps (StepCostTable.observe_step). A chunk step is priced with
+        its chunk: past the ridge its verify rows cost compute, so it verifies shorter prefixes where
+        a decode step would not (the closed-loop model at the H100's ceilings, Qwen3-8B shape, tau
+        6.47, 256 new tokens: +1.5% at C = 16, cost/batched.py)
 The labels come from the accepted counts, which the step's one read-back brings to the host anyway;
 the counts fold into the rates once per step after the accept loop (O(block), no refit). Censoring:
 a trimmed step labels only the drafts it verified; its T depends on earlier steps only, never on
@@ -167,27 +171,30 @@ def survival_matrix(estimator: AcceptanceEstimator, drafts: list, sure_after: in
     return np.where(have, curve[None, :], 0.0)
 
 
-def choose_verify_rows(survivals: np.ndarray, padded_requests: int, choices: tuple, costs: StepCostTable) -> int:
+def choose_verify_rows(survivals: np.ndarray, padded_requests: int, choices: tuple, costs: StepCostTable,
+                       prefill_rows: int = 0) -> int:
     """T* of the module docstring: survivals [R, K] (0 past each request's drafts), the step's
     requests padded to its graph bucket (what the forward computes), T among `choices`; ties go to
-    the longer T."""
+    the longer T. prefill_rows: the newcomers' prompt rows that ride in the same forward; they are
+    priced with the verify rows (past the ridge a chunk makes every verify row cost compute)."""
     requests = survivals.shape[0]
     cum = np.concatenate([np.zeros((requests, 1)), np.cumsum(survivals, axis=1)], axis=1)   # [R, K + 1]
     best, best_rate = None, -1.0
     for t in sorted(choices):
         expected = requests + cum[:, min(t - 1, cum.shape[1] - 1)].sum()
-        rate = expected / costs.cost(padded_requests * t)
+        rate = expected / costs.cost(padded_requests * t + prefill_rows)
         if rate >= best_rate:
             best, best_rate = t, rate
     return best
 
 
 def choose_step_rows(estimator: AcceptanceEstimator, drafts: list, padded_requests: int, choices: tuple,
-                     costs: StepCostTable, probe: bool = False) -> int:
+                     costs: StepCostTable, probe: bool = False, prefill_rows: int = 0) -> int:
     """The step's verify rows per request from host state alone: T* of the estimate over requests with
-    `drafts` drafts each; on a probe step, T* again with every draft past that T* surely accepted."""
-    rows = choose_verify_rows(survival_matrix(estimator, drafts), padded_requests, choices, costs)
+    `drafts` drafts each (and the step's prefill rows priced beside them); on a probe step, T* again
+    with every draft past that T* surely accepted."""
+    rows = choose_verify_rows(survival_matrix(estimator, drafts), padded_requests, choices, costs, prefill_rows)
     if probe:
         bound = survival_matrix(estimator, drafts, sure_after=rows - 1)
-        rows = choose_verify_rows(bound, padded_requests, choices, costs)
+        rows = choose_verify_rows(bound, padded_requests, choices, costs, prefill_rows)
     return rows

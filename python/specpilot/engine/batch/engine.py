@@ -300,10 +300,11 @@ class BatchEngine:
                 self._finish_done()
                 decoding = [s for s in self.running if s.decoding]
             drafts = draft_all(self, decoding) if self.drafter is not None else {}
-            lengths = self._verify_lengths(decoding, drafts)
+            chunks = self._chunks()
+            lengths = self._verify_lengths(decoding, drafts, chunks)
             self.block_rows += sum(drafts[s.id].rows if s.id in drafts else 1 for s in decoding)
             self.verify_rows += sum(lengths.values())
-            verify_and_accept(self, decoding, drafts, lengths, self._chunks())
+            verify_and_accept(self, decoding, drafts, lengths, chunks)
         self._finish_done()
         if not self.running:
             self.ar_in_flight = None                 # nobody left to read it: its rows were all wasted
@@ -333,17 +334,20 @@ class BatchEngine:
             self.running.remove(state)
             self._finish(state)
 
-    def _verify_lengths(self, decoding: list, drafts: dict) -> dict:
+    def _verify_lengths(self, decoding: list, drafts: dict, chunks: list) -> dict:
         """Request id -> verify rows (anchor included): the whole block, or with adaptive verify at most
-        the step's T* (adaptive.py), from host state only (no read-back between draft and verify); every
+        the step's T* (adaptive.py), from host state only (no read-back between draft and verify), with
+        the step's prefill chunks priced in the same forward (graphed: in whole tiles); every
         adaptive_probe_every-th step the T* of the optimistic bound past the first T* (exploration)."""
         full = {s.id: drafts[s.id].rows if s.id in drafts else 1 for s in decoding}
         if not self.config.adaptive or not drafts:
             return full
         padded = request_bucket(len(decoding)) if self.graphs is not None else len(decoding)
+        tile = self.graphs.prefill_tile if self.graphs is not None else 1
+        prefill_rows = sum(-(-rows // tile) * tile for _, rows in chunks)
         every = self.config.adaptive_probe_every
         rows = choose_step_rows(self.estimator, [full[s.id] - 1 for s in decoding], padded, self.verify_row_choices,
-                                self.costs, probe=bool(every) and self.steps % every == 0)
+                                self.costs, probe=bool(every) and self.steps % every == 0, prefill_rows=prefill_rows)
         self.priced_rows = padded * rows
         return {rid: min(n, rows) for rid, n in full.items()}
 
