@@ -62,8 +62,8 @@ def test_graphed_tree_step_equals_eager_bitwise(kind, dtype):
         draft = (torch.randn(depths, vocab, generator=gen, device="cuda") * 3).to(dtype)
         anchor = int(torch.randint(0, vocab, (1,), generator=host))
         span = kv_bucket(start + n, graphed.runner.capacity)
-        records = [PendingTree(start, n, torch.device("cuda")) for _ in range(2)]
-        read, ours, _ = tree_step(graphed.runner, records[0], draft, anchor, n, 16, False)
+        record, read, ours, _ = tree_step(graphed.runner, start, draft, anchor, n, 16, False)
+        records = [record, PendingTree(start, n, torch.device("cuda"))]
         read, ours = read.clone(), ours.clone()
         if hybrid:
             eager.cache.begin_tree(records[1])

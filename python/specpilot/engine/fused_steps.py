@@ -165,9 +165,8 @@ class FusedSteps:
         if not self.use_graphs:
             return 0
         spec = block_size is not None and block_size > 1 and self.drafter is not None
-        from .tree.build import tree_size
-        vocab = self.drafter.target.config.vocab_size if spec else 0
-        tree = spec and tree_budget > 0 and tree_size(1, vocab, tree_budget) == tree_budget   # fused_tree_usable's
+        from .tree.build import fills_budget
+        tree = spec and tree_budget > 0 and fills_budget(self.drafter.target.config.vocab_size, tree_budget)
         spans = self.kv_buckets.spans()
         wanted = [("ar", s) for s in spans] + ([("spec", block_size, s) for s in spans] if spec else [])
         wanted += [("tree", block_size, tree_budget, s) for s in spans if s >= tree_budget] if tree else []

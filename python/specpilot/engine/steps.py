@@ -60,6 +60,9 @@ class StepRunner:
         self.capacity = cache.slots
         self.kv_buckets = KVBuckets(cache.slots, config.graph_kv_step)
         self.graphs = {}
+        # a tree step's (anchor, position, depths) on its way to the device (engine/tree/graphs.py): pinned,
+        # so the copy does not wait for the draft in flight; reused, the last copy done by the step's read
+        self.tree_meta = torch.zeros(3, dtype=torch.long, pin_memory=target.device.type == "cuda")
         self.step_factory = step_factory or GraphedStep
         self.pool = torch.cuda.graph_pool_handle() if use_graphs and self.step_factory is GraphedStep else None
         from .hybrid_graphs import HybridGraphSteps

@@ -19,7 +19,7 @@ e.g. its logit margins, would stall the GPU every step):
         learnt from the engine's own steps (StepCostTable.observe_step). A chunk step is priced with
         its chunk: past the ridge its verify rows cost compute, so it verifies shorter prefixes where
         a decode step would not (the closed-loop model at the H100's ceilings, Qwen3-8B shape, tau
-        6.47, 256 new tokens: +1.5% at C = 16, cost/batched.py)
+        6.47, 256 new tokens: 4.17 -> 4.25x at C = 16, docs/design.md section 13)
 The labels come from the accepted counts, which the step's one read-back brings to the host anyway;
 the counts fold into the rates once per step after the accept loop (O(block), no refit). Censoring:
 a trimmed step labels only the drafts it verified; its T depends on earlier steps only, never on

@@ -26,13 +26,12 @@ def accepted_path(tree: DraftTree, posterior: list) -> tuple:
         path.append(nxt)
 
 
-def accepted_on_device(tree: TreeTensors, argmax: torch.Tensor, depths: torch.Tensor | None = None) -> torch.Tensor:
+def accepted_on_device(tree: TreeTensors, argmax: torch.Tensor) -> torch.Tensor:
     """argmax [N] (the target's argmax at each node, on the tree's device) -> int64 [2 + W]: the
     accepted drafts a, the bonus token, then the accepted path's nodes, root first (W = tree.path's
     width; past the path: N). A node is on the path when every node of its root path carries the
     target's argmax at its parent; siblings carry distinct tokens, so those nodes form one path, and
-    its end is the deepest of them. depths (int64 [1]): nodes deeper than it are never accepted (a
-    tail block's rows past max_length)."""
+    its end is the deepest of them."""
     n = len(tree)
     if argmax.shape != (n,):
         raise ValueError(f"argmax has shape {tuple(argmax.shape)} for a tree of {n} nodes")
@@ -40,8 +39,6 @@ def accepted_on_device(tree: TreeTensors, argmax: torch.Tensor, depths: torch.Te
                        tree.tokens[1:] == argmax[tree.parents[1:]],
                        torch.ones(1, dtype=torch.bool, device=argmax.device)])     # [N + 1]: the padding matches
     on_path = match[tree.path].all(dim=1)
-    if depths is not None:
-        on_path = on_path & (tree.depth <= depths)
     end = torch.where(on_path, tree.depth, -1).argmax().view(1)     # index_select: a 0-dim index would sync
     return torch.cat([tree.depth.index_select(0, end), argmax.index_select(0, end), tree.path.index_select(0, end)[0]])
 

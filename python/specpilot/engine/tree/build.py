@@ -80,6 +80,12 @@ def tree_size(depths: int, vocab: int, budget: int) -> int:
     return 1 + min(keep, total)
 
 
+def fills_budget(vocab: int, budget: int) -> bool:
+    """Whether every tree of at least one drafted depth has `budget` nodes (a static shape for the
+    fused step: a tail's padding rows then never enter the tree)."""
+    return tree_size(1, vocab, budget) == budget
+
+
 def grow_tree(draft_logits: torch.Tensor, anchor, budget: int, depths: torch.Tensor | None = None) -> TreeTensors:
     """draft_logits [D, V] (depth d's draft logits in row d - 1), anchor (an int, or an int64 device
     tensor of one element) -> the tree of tree_size(D, V, budget) nodes of the module docstring, on

@@ -6,7 +6,8 @@ chain step's (step_kernels.CONTROL, on the device); per step, with no host value
   2. draft block [anchor, mask x (B-1)] at positions start.. (rows >= vs at the trash slot, unseen).
   3. tree of N nodes from the B-1 depths' logits (build.grow_tree; depths past vs - 1 stay out),
      packed (slots start.., rope start + depth), the target over it, its argmax, the greedy path
-     (accept.accepted_on_device, no node deeper than vs - 1).
+     (graphs.verify_tree, as the stepwise step; every tree fills the budget, build.fills_budget, so
+     no node lies deeper than vs - 1).
   4. commit by the rule of engine/accept.py (a + 1 tokens, capped by max_length; a stop token is
      the host's to see): the path's K/V into slots start.. (commit.move_kv), its features into the
      next draft's context, the next step's control.
@@ -22,10 +23,9 @@ import torch
 from ..accept import commit, produced_count
 from ..result import GenerationResult
 from ..step_kernels import ANCHOR, MAX_LENGTH, START, STEP
-from .accept import accepted_on_device
-from .build import grow_tree, tree_size
+from .build import fills_budget
 from .commit import move_kv
-from .layout import TreeInputs, pack_tensors
+from .graphs import verify_tree
 
 
 def fused_tree_usable(engine, temperature: float, block_size: int, budget: int) -> bool:
@@ -33,9 +33,8 @@ def fused_tree_usable(engine, temperature: float, block_size: int, budget: int) 
     turns them off for hybrids), a DFlash drafter, and every step's tree fills the budget."""
     from ..engine import drafter_kind                      # engine.py imports the tree loops
 
-    vocab = engine.target.config.vocab_size
     return (temperature == 0 and engine.config.fused_steps and block_size > 1
-            and drafter_kind(engine.drafter) == "dflash" and tree_size(1, vocab, budget) == budget)
+            and drafter_kind(engine.drafter) == "dflash" and fills_budget(engine.target.config.vocab_size, budget))
 
 
 def tree_step_fn(fused, b: int, n: int, span: int):
@@ -57,10 +56,8 @@ def tree_step_fn(fused, b: int, n: int, span: int):
         mask_block[:, :1].copy_(anchor.view(1, 1))
         forwards.write_context(feats, ctx_pos)
         draft_logits = forwards.draft(mask_block, blk_pos, span, start + vs - 1)          # [1, B-1, V]
-        grown = grow_tree(draft_logits[0], anchor, n, depths=vs - 1)
-        tree = TreeInputs(pack_tensors(grown, start), n)
-        logits, new_feats = forwards.tree_target(tree, span, True)                         # [1, N, V], [1, N, F]
-        accepted = accepted_on_device(grown, torch.argmax(logits[0], dim=-1), depths=vs - 1)
+        meta = torch.cat([anchor, start, vs - 1])
+        grown, accepted, logits, new_feats = verify_tree(forwards.tree_target, draft_logits[0], meta, n, span, True)
         a, bonus, path = accepted[0:1], accepted[1:2], accepted[2:]                        # path [B], padded with N
         produced = produced_count(a, max_length - start - 1)
         on_path = path.clamp(max=n - 1)

@@ -32,32 +32,42 @@ from .commit import move_kv
 from .layout import PendingTree, TreeInputs, TreeLayout, pack_tensors
 
 
-def tree_step(runner, record: PendingTree, draft_logits: torch.Tensor, anchor: int, budget: int, block: int,
+def tree_step(runner, start: int, draft_logits: torch.Tensor, anchor: int, budget: int, block: int,
               with_features: bool):
-    """One tree step's device part for the tree `record` names (anchor position, node count
-    tree_size(depths, V, budget)); draft_logits [depths, V] (depths may be 0). Returns (read: int64
-    [2 + W + 3N], the accepted drafts a, the bonus, the path padded with N to W = block width, then
-    the tree's tokens, parents and depths; logits [1, N, V]; features [1, N, F] or None). Graphed when
-    the runner graphs and the tree fills the budget (the outputs are then the graph's: valid until
-    its next replay), at the width of `block` rows (a tail's draft logits padded)."""
-    n, cache = record.size, runner.cache
+    """One tree step's device part at anchor position `start`; draft_logits [depths, V] (depths may be
+    0). Returns (record: the PendingTree of its tree_size(depths, V, budget) nodes, for the commit;
+    read: int64 [2 + W + 3N], the accepted drafts a, the bonus, the path padded with N to W = block
+    width, then the tree's tokens, parents and depths; logits [1, N, V]; features [1, N, F] or None).
+    Graphed when the runner graphs and the tree fills the budget (the outputs are then the graph's:
+    valid until its next replay), at the width of `block` rows (a tail's draft logits padded)."""
+    cache = runner.cache
     depths, vocab = draft_logits.shape
-    if n != tree_size(depths, vocab, budget):
-        raise ValueError(f"tree_step: a record of {n} nodes for {depths} depths of {vocab} tokens under budget "
-                         f"{budget} (tree_size: {tree_size(depths, vocab, budget)})")
-    meta = _meta(runner, (anchor, record.start, depths))
+    record = PendingTree(start, tree_size(depths, vocab, budget), runner.target.device)
+    n = record.size
+    meta = runner.tree_meta.copy_(torch.tensor((anchor, start, depths)))   # pinned on CUDA: no wait for the draft
+    meta = meta.to(runner.target.device, non_blocking=True)
     hybrid = getattr(runner.target, "is_hybrid", False)
     if hybrid:
         cache.begin_tree(record)                         # host: commit the last forward's accepted part
     if not (runner.use_graphs and n == budget and depths < block):
-        return _step_fn(runner, budget, record.start + n, with_features)(draft_logits, meta)[:3]
+        return (record, *_step_fn(runner, budget, start + n, with_features)(draft_logits, meta)[:3])
     if depths + 1 < block:                               # a tail block: padding rows, kept out of the tree
         draft_logits = torch.cat([draft_logits, draft_logits.new_zeros(block - 1 - depths, vocab)])
-    out = _graph(runner, budget, block - 1, runner.kv_span(record.start + n), with_features,
+    out = _graph(runner, budget, block - 1, runner.kv_span(start + n), with_features,
                  draft_logits.dtype)(draft_logits, meta)
     if hybrid:
         _restash(cache, out[3:])
-    return out[0], out[1], out[2]
+    return record, out[0], out[1], out[2]
+
+
+def verify_tree(forward, draft_logits, meta, budget: int, span: int, with_features: bool) -> tuple:
+    """A step's tree on the device: grown from the draft logits (meta: int64 [3] anchor token, anchor
+    position, depths drafted), packed, `forward(tree, span, with_features)` over it, the greedy path
+    -> (grown TreeTensors, accepted_on_device's tensor, logits, features). Shared by the stepwise
+    step (below) and the fused step (tree/fused.py)."""
+    grown = grow_tree(draft_logits, meta[:1], budget, depths=meta[2:])
+    logits, features = forward(TreeInputs(pack_tensors(grown, meta[1:2]), len(grown)), span, with_features)
+    return grown, accepted_on_device(grown, torch.argmax(logits[0], dim=-1)), logits, features
 
 
 def tree_forward(runner, layout: TreeLayout, with_features: bool):
@@ -66,38 +76,21 @@ def tree_forward(runner, layout: TreeLayout, with_features: bool):
     return runner.forward_tree(layout, layout.start + layout.size, with_features)
 
 
-def _meta(runner, values) -> torch.Tensor:
-    """int64 [3] on the target's device: pinned on CUDA, so the copy does not wait for the draft in
-    flight. The buffer is reused: the last step's copy from it finished before that step's read."""
-    buffer = getattr(runner, "_tree_meta", None)
-    if buffer is None:
-        buffer = torch.empty(3, dtype=torch.long)
-        if runner.target.device.type == "cuda":
-            buffer = buffer.pin_memory()
-        runner._tree_meta = buffer
-    buffer.copy_(torch.tensor(values, dtype=torch.long))
-    return buffer.to(runner.target.device, non_blocking=True)
-
-
 def _step_fn(runner, budget: int, span: int, with_features: bool):
     target, cache = runner.target, runner.cache
     layers = runner.feature_layers if with_features else ()
+
+    def hybrid_forward(tree, kv_len, _):
+        with runner.kernel_ctx(tree.size):
+            return target.forward_begun(tree.tokens, tree.slots, cache, kv_len, True, layers, tree=tree)
+
     hybrid = getattr(target, "is_hybrid", False)
 
     def fn(draft_logits, meta):
-        grown = grow_tree(draft_logits, meta[:1], budget, depths=meta[2:])
-        n = len(grown)
-        tree = TreeInputs(pack_tensors(grown, meta[1:2]), n)
-        if not hybrid:
-            logits, features = runner.forward_tree(tree, span, with_features)
-            records = ()
-        else:
-            with runner.kernel_ctx(n):
-                logits, features = target.forward_begun(tree.tokens, tree.slots, cache, span, True, layers, tree=tree)
-            records = (*cache.windows, *cache.snapshots)
-        accepted = accepted_on_device(grown, torch.argmax(logits[0], dim=-1))
-        read = torch.cat([accepted, grown.tokens, grown.parents, grown.depth])
-        return (read, logits, features, *records)
+        grown, accepted, logits, features = verify_tree(hybrid_forward if hybrid else runner.forward_tree,
+                                                        draft_logits, meta, budget, span, with_features)
+        records = (*cache.windows, *cache.snapshots) if hybrid else ()
+        return (torch.cat([accepted, grown.tokens, grown.parents, grown.depth]), logits, features, *records)
     return fn
 
 

@@ -23,11 +23,9 @@ from specpilot.verify.sampling import sample, sampling_probs
 from ..accept import commit
 from ..result import GenerationResult
 from .accept import read_step
-from .build import tree_size
 from .commit import commit_path, move_kv
 from .fused import fused_tree_usable, run_tree_fused
 from .graphs import kv_mover, tree_step
-from .layout import PendingTree
 from .sampling import sampled_path
 
 TREE_EAGER = ("tree verification: greedy trees on dense targets run one fused step a block (tree/fused.py); "
@@ -68,8 +66,7 @@ def run_tree_spec(engine, ids, max_new_tokens, stop_ids, block_size, budget, tem
             block = mask_row[:, :vs].clone()                                # [1, vs]
             block[0, 0] = tokens[-1]
             draft_logits = runner.draft_step(ctx, ctx_start, block, start, block_size)[0]   # [vs-1, V]
-        record = PendingTree(start, tree_size(draft_logits.shape[0], draft_logits.shape[1], budget), device)
-        read, logits, feats = tree_step(runner, record, draft_logits, tokens[-1], budget, block_size, vs > 1)
+        record, read, logits, feats = tree_step(runner, start, draft_logits, tokens[-1], budget, block_size, vs > 1)
         path, bonus, tree = read_step(read, record.size)                   # the one host read of the step
         if temperature > 0:                                                 # accept: sampled on the host
             path, bonus = sampled_path(tree, sampling_probs(logits[0], temperature), generator)
