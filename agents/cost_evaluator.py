@@ -16,17 +16,22 @@ second under the geometric acceptance, which is what its step-wide choice picks 
 per-position rates have converged: the engine's estimate is one survival curve for every request;
 graphed as the engine runs it, with its probe step every BatchConfig.adaptive_probe_every steps mixed
 in: the length chosen with every draft past L surely accepted; the estimate's few steps of learning
-are not modelled). What it does not
-(`models()` is False, the search skips them and says so): attention choices, PDL, early launch, step kernels, compile, page size, prefill chunk,
-the graphs' kv span buckets (graph_kv_step: the components attend to the exact context),
-draft_vocab (its tau cost is pair-specific: docs/two_level.md).
+are not modelled). Given a workload (prompt and new tokens a request), a batched deployment runs a
+closed loop (cost/batched.py closed_loop): some steps carry a prompt chunk of batch.prefill_chunk
+rows, each with its own verify length. What it does not (`models()` is False, the search skips them
+and says so): attention choices, PDL, early launch, step kernels, compile, page size, the prefill
+chunk's size (at the ceilings small chunks win, filling the verify's rows under the ridge, while the
+engine measured 2048 rows faster than 256 at C = 32 on an H100: a cost per chunk step that the
+ceilings do not see), the graphs' kv span buckets (graph_kv_step: the components attend to the
+exact context), draft_vocab (its tau cost is pair-specific: docs/two_level.md), tree_budget (its tau
+gain is the pair's and falls as the chain's tau rises: docs/trees.md).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from specpilot.cost.batched import CARDS, Acceptance, geometric_alpha, padded_requests
+from specpilot.cost.batched import CARDS, Acceptance, closed_loop_seconds, geometric_alpha, padded_requests
 from specpilot.cost.ceilings import Ceilings
 from specpilot.cost.gaps import ceiling_of, work
 from specpilot.cost.shapes import step_components
@@ -67,8 +72,14 @@ class CostModelEvaluator:
     forced = False
 
     def __init__(self, drafter_layers: int = 5, drafter_block: int = 16, context: int = 1024,
-                 tau: float = TAU_AT_DRAFTER_BLOCK):
+                 tau: float = TAU_AT_DRAFTER_BLOCK, workload: tuple | None = None):
+        """workload: (mean prompt tokens, new tokens) of a request in a closed loop: a batched
+        deployment's steps then carry its prompt chunks of batch.prefill_chunk rows; None: decode steps
+        alone. One request stays at its decode steps (its prompt is one forward either way)."""
+        if workload is not None and (workload[0] < 0 or workload[1] < 1):
+            raise ValueError(f"workload (prompt tokens, new tokens) needs prompt >= 0 and new >= 1, got {workload}")
         self.drafter_layers, self.drafter_block, self.context, self.tau = drafter_layers, drafter_block, context, tau
+        self.workload = workload
 
     def models(self, mechanism) -> bool:
         return mechanism.name in MODELLED
@@ -82,10 +93,11 @@ class CostModelEvaluator:
             raise ValueError(f"cost-model evaluator: no stated ceilings for card {dep.card!r}; known {sorted(CARDS)}")
         return CARDS[dep.card]
 
-    def step_times(self, dep, a: dict, policy: tuple | None = None) -> dict:
+    def step_times(self, dep, a: dict, policy: tuple | None = None, prefill_rows: int = 0) -> dict:
         """{step: {family: seconds}} of one step at concurrency C under assignment `a` (verify: the
         expected seconds under the verify policy, prefix-first's pass 2 included; `policy` overrides
-        the one `a` gives: ("len", L) is an eager verify of L rows per request)."""
+        the one `a` gives: ("len", L) is an eager verify of L rows per request). prefill_rows: a prompt
+        chunk rides in the step's target forward (the first one, where each request has its own)."""
         ceil = self._ceil(dep)
         target, drafter = preset_shapes(dep.target, self.drafter_layers)
         spec = dep.drafter != "none"
@@ -95,23 +107,27 @@ class CostModelEvaluator:
         c = dep.concurrency
         per_request = {"verify": not a.get("batch.ragged_verify", True) and c > 1,
                        "draft": not a.get("batch.batched_draft", True) and c > 1}
-        policy = policy or (self._verify_policy(dep, a, block) if spec else ("full", block))
+        policy = policy or (self._verify_policy(dep, a, block, prefill_rows) if spec else ("full", block))
         out = {"decode": {}, "draft": {}, "verify": {}}
 
-        def add(step_batch, rows, scale, keep, eager=False):
+        def add(step_batch, rows, scale, keep, eager=False, prefill=0):
             comps = step_components(target, drafter if spec else None, self.drafter_layers, step_batch, rows,
-                                    self.context, weights, 0, certified)
+                                    self.context, weights, 0, certified, prefill)
             self._accumulate(out, [comp for comp in comps if keep(comp)], ceil, target, drafter, step_batch,
                              weights, a, scale, eager)
 
         for one_per_request in (False, True):   # the batched pass, then the per-request forwards (x C)
             if one_per_request and not any(per_request.values()):
                 continue
-            step_batch, repeat = (1, c) if one_per_request else (c, 1)
-            add(step_batch, block, repeat, lambda comp: per_request.get(comp.step, False) == one_per_request
-                and (comp.step != "verify" or policy[0] == "full"))
+            keep = lambda comp: per_request.get(comp.step, False) == one_per_request and \
+                (comp.step != "verify" or policy[0] == "full")  # noqa: E731
+            if one_per_request:     # the chunk rides in the first request's forwards
+                add(1, block, 1, keep, prefill=prefill_rows)
+                add(1, block, c - 1, keep)
+            else:
+                add(c, block, 1, keep, prefill=prefill_rows)
         if policy[0] != "full":
-            self._policy_verify(add, policy, c, block, per_request["verify"], a, dep)
+            self._policy_verify(add, policy, c, block, per_request["verify"], a, dep, prefill_rows)
         if spec and not a.get("engine.fused_steps", True):
             out["verify"]["launches"] = out["verify"].get("launches", 0.0) + FUSED_STEPS_HOST_S
         return out
@@ -123,7 +139,7 @@ class CostModelEvaluator:
         """The acceptance law at `block`: geometric, fitted to the stated tau at the drafter's block."""
         return Acceptance.geometric(self.tau, block, self.drafter_block)
 
-    def _verify_policy(self, dep, a: dict, block: int) -> tuple:
+    def _verify_policy(self, dep, a: dict, block: int, prefill_rows: int = 0) -> tuple:
         """("full", block) | ("prefix", P) | ("len", L) | ("adaptive", L): how many rows a request
         verifies (adaptive: L, and _probe_len's on the probe steps)."""
         prefix = int(a.get("batch.verify_prefix", 0))
@@ -133,11 +149,11 @@ class CostModelEvaluator:
                              f"engine refuses it)")
         if prefix:
             return ("prefix", prefix)
-        if adaptive:
-            return ("adaptive", self._adaptive_len(dep, a, block))
+        if adaptive:      # a step with a chunk chooses its own length (BatchEngine._verify_lengths)
+            return ("adaptive", self._adaptive_len(dep, a, block, prefill_rows))
         return ("full", block)
 
-    def _adaptive_len(self, dep, a: dict, block: int) -> int:
+    def _adaptive_len(self, dep, a: dict, block: int, prefill_rows: int = 0) -> int:
         """The verify length among the engine's choices (the block's quarters) with the most tokens per
         step per second (the full block wins ties)."""
         from specpilot.engine.batch.adaptive import verify_row_choices
@@ -145,11 +161,11 @@ class CostModelEvaluator:
         acc = self.acceptance(block)
         rate = {}
         for n in verify_row_choices(block):
-            t = self.step_times(dep, a, policy=("len", n))
+            t = self.step_times(dep, a, policy=("len", n), prefill_rows=prefill_rows)
             rate[n] = acc.mean(n) / (sum(t["draft"].values()) + sum(t["verify"].values()))
         return max(rate, key=lambda n: (rate[n], n))
 
-    def _probe_len(self, dep, a: dict, block: int, length: int) -> int:
+    def _probe_len(self, dep, a: dict, block: int, length: int, prefill_rows: int = 0) -> int:
         """Adaptive verify's probe-step length: its choice again with every draft past the first
         length - 1 surely accepted (tokens past `length`: one each with the chance P(a >= length))."""
         from specpilot.engine.batch.adaptive import verify_row_choices
@@ -158,36 +174,42 @@ class CostModelEvaluator:
         rate = {}
         for n in verify_row_choices(block):
             tokens = acc.mean(n) if n <= length else acc.mean(length) + (n - length) * acc.survival(length)
-            t = self.step_times(dep, a, policy=("len", n))
+            t = self.step_times(dep, a, policy=("len", n), prefill_rows=prefill_rows)
             rate[n] = tokens / (sum(t["draft"].values()) + sum(t["verify"].values()))
         return max(rate, key=lambda n: (rate[n], n))
 
-    def _policy_verify(self, add, policy: tuple, c: int, block: int, per_request: bool, a: dict, dep) -> None:
+    def _policy_verify(self, add, policy: tuple, c: int, block: int, per_request: bool, a: dict, dep,
+                       prefill_rows: int = 0) -> None:
         """Adds the verify step's families under prefix-first or a verify length: one forward over every
-        request (ragged, padded to the request bucket when graphed) or one per request (ragged off)."""
+        request (ragged, padded to the request bucket when graphed) or one per request (ragged off);
+        a chunk of prefill_rows rides in the first forward (prefix-first: pass 1)."""
         graphed = a.get("engine.cuda_graphs", True)
         verify = lambda comp: comp.step == "verify"  # noqa: E731
         kind, rows = policy
         if kind == "adaptive":    # L rows, the probe's length on a share 1 / probe_every of the steps
             share = _probe_share()
-            self._policy_verify(_scaled(add, 1 - share), ("len", rows), c, block, per_request, a, dep)
+            self._policy_verify(_scaled(add, 1 - share), ("len", rows), c, block, per_request, a, dep, prefill_rows)
             if share:
-                probe = self._probe_len(dep, a, block, rows)
-                self._policy_verify(_scaled(add, share), ("len", probe), c, block, per_request, a, dep)
+                probe = self._probe_len(dep, a, block, rows, prefill_rows)
+                self._policy_verify(_scaled(add, share), ("len", probe), c, block, per_request, a, dep, prefill_rows)
             return
-        if kind == "len":     # a verify length: the graphed forward of R x L rows (engine/batch/graphed.py)
+
+        def first_pass(rows, eager=False):
             if per_request:
-                add(1, rows, c, verify, eager=not graphed)
+                add(1, rows, 1, verify, eager, prefill_rows)
+                add(1, rows, c - 1, verify, eager)
             else:
-                add(padded_requests(c, graphed), rows, 1, verify, eager=not graphed)
+                add(padded_requests(c, graphed), rows, 1, verify, eager, prefill_rows)
+
+        if kind == "len":     # a verify length: the graphed forward of R x L rows (engine/batch/graphed.py)
+            first_pass(rows, eager=not graphed)
             return
         rest = block - rows
         q = self.acceptance(block).survival(rows + 1)
+        first_pass(rows)
         if per_request:
-            add(1, rows, c, verify)
             add(1, rest, c * q, verify)
             return
-        add(padded_requests(c, graphed), rows, 1, verify)
         for k in range(1, c + 1):        # pass 2 over the k requests that accepted all P, k ~ Binomial(c, q)
             weight = math.comb(c, k) * q ** k * (1 - q) ** (c - k)
             if weight > 0:
@@ -209,24 +231,35 @@ class CostModelEvaluator:
                     kernels * EAGER_LAUNCH_S * comp.count * scale
             out[comp.step][fam] = out[comp.step].get(fam, 0.0) + seconds * comp.count * scale
 
-    def tokens_per_step(self, dep, a: dict) -> float:
+    def tokens_per_step(self, dep, a: dict, prefill_rows: int = 0) -> float:
         """Expected tokens a step commits over all C requests (prefix-first: as the full block)."""
         if dep.drafter == "none":
             return float(dep.concurrency)
         block = self._block(dep, a)
-        kind, rows = self._verify_policy(dep, a, block)
+        kind, rows = self._verify_policy(dep, a, block, prefill_rows)
         acc = self.acceptance(block)
         if kind == "adaptive":
             share = _probe_share()
-            probe = self._probe_len(dep, a, block, rows) if share else rows
+            probe = self._probe_len(dep, a, block, rows, prefill_rows) if share else rows
             return dep.concurrency * ((1 - share) * acc.mean(rows) + share * acc.mean(probe))
         return dep.concurrency * acc.mean(rows if kind == "len" else block)
 
     def seconds_per_token(self, dep, a: dict) -> float:
-        t = {step: sum(f.values()) for step, f in self.step_times(dep, a).items()}
+        if self.workload is None or dep.concurrency == 1:
+            seconds, tokens = self._step(dep, a)
+            return seconds / tokens
+        prompt, new = self.workload
+        chunk = int(a.get("batch.prefill_chunk", SHIPPED_BATCH.prefill_chunk))
+        seconds, _ = closed_loop_seconds(dep.concurrency * new, dep.concurrency * prompt / chunk,
+                                         self._step(dep, a), self._step(dep, a, chunk))
+        return seconds / (dep.concurrency * new)
+
+    def _step(self, dep, a: dict, prefill_rows: int = 0) -> tuple:
+        """(seconds, tokens) of one step (AR: decode; spec: draft + verify), carrying a chunk of prefill_rows."""
+        t = {step: sum(f.values()) for step, f in self.step_times(dep, a, prefill_rows=prefill_rows).items()}
         if dep.drafter == "none":
-            return t["decode"] / dep.concurrency
-        return (t["draft"] + t["verify"]) / self.tokens_per_step(dep, a)
+            return t["decode"], float(dep.concurrency)
+        return t["draft"] + t["verify"], self.tokens_per_step(dep, a, prefill_rows)
 
     def __call__(self, dep, a: dict) -> Estimate:
         return Estimate(1.0 / self.seconds_per_token(dep, a), None,
@@ -271,8 +304,8 @@ class CostModelEvaluator:
 
 def _scaled(add, factor: float):
     """step_times' `add` with every scale multiplied by `factor` (a share of the steps)."""
-    def scaled(step_batch, rows, scale, keep, eager=False):
-        add(step_batch, rows, scale * factor, keep, eager)
+    def scaled(step_batch, rows, scale, keep, eager=False, prefill=0):
+        add(step_batch, rows, scale * factor, keep, eager, prefill)
     return scaled
 
 

@@ -29,6 +29,10 @@ def add_arguments(parser) -> None:
     g.add_argument("--prompts", type=int, default=3, help="engine evaluator: zoo HumanEval prompts, or random "
                                                           "token prompts where the target has no tokenizer")
     g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--prompt-tokens", type=float, default=0.0, metavar="P",
+                   help="cost-model evaluator, concurrency > 1: mean prompt tokens a request; the estimate is then a "
+                        "closed loop of P prompt + --max-new-tokens new tokens a request whose prompt chunks ride in "
+                        "the steps; 0: decode steps only")
     g.add_argument("--repeats", type=int, default=2, help="engine evaluator: timings per candidate (best kept)")
     g.add_argument("--replay", type=float, default=None, metavar="TAU",
                    help="engine evaluator: time with this tau replayed (random-weight scale tier); the gate "
@@ -78,7 +82,7 @@ def run(args, device: str) -> int:
     if args.evaluator == "cost-model":
         from specpilot.agents.cost_evaluator import CostModelEvaluator
 
-        evaluator = CostModelEvaluator()
+        evaluator = CostModelEvaluator(workload=(args.prompt_tokens, args.max_new_tokens) if args.prompt_tokens else None)
         card = args.card or "H100"
         shape = args.target_shape or (Path(args.target).name if args.target else None)
     else:

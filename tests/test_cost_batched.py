@@ -259,3 +259,27 @@ def test_evaluator_mixes_adaptive_verifys_probe_steps():
     verify = {n: sum(ev.step_times(dep, a, policy=("len", n))["verify"].values()) for n in (length, probe)}
     mixed = sum(ev.step_times(dep, a)["verify"].values())
     assert mixed == pytest.approx((1 - share) * verify[length] + share * verify[probe], rel=1e-9)
+
+
+def test_evaluator_runs_the_closed_loop_of_a_workload(qwen):
+    """With a workload the evaluator's batched estimate is the closed-loop model's (chunk steps carry
+    batch.prefill_chunk prompt rows), AR and spec alike; without one, or at one request, it stays at the
+    decode steps. The chunk's size is not searched: the ceilings rank it against the engine's measurement."""
+    target, drafter, feats = qwen
+    ev = CostModelEvaluator(context=512, tau=3.0, workload=(330, 256))
+    assert not ev.models(by_name()["batch.prefill_chunk"])
+    for chunk in (128, 2048):
+        a = {"run.weights": "bf16", "batch.adaptive_verify": False, "batch.prefill_chunk": chunk}
+        loop = closed_loop(target, drafter, feats, 16, TAU3, H100, 256, 330, prefill_chunk=chunk, weights="bf16",
+                           context=512)
+        spec = ev(Deployment("qwen3-8b", "dflash-b16", "H100", 16, "bf16"), a).tokens_per_s
+        ar = ev(Deployment("qwen3-8b", "none", "H100", 16, "bf16"), a).tokens_per_s
+        assert spec == pytest.approx(16 * 256 / loop["spec_s"], rel=1e-9)
+        assert ar == pytest.approx(16 * 256 / loop["ar_s"], rel=1e-9)
+    steady = CostModelEvaluator(context=512, tau=3.0)
+    for c in (1, 16):
+        dep = Deployment("qwen3-8b", "dflash-b16", "H100", c, "bf16")
+        same = ev(dep, {}).tokens_per_s == pytest.approx(steady(dep, {}).tokens_per_s, rel=1e-12)
+        assert same == (c == 1)                      # one request: its decode steps; 16: slower with chunks
+    with pytest.raises(ValueError, match="workload"):
+        CostModelEvaluator(workload=(330, 0))

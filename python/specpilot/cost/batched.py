@@ -194,16 +194,11 @@ def closed_loop(target, drafter, feats: int, concurrency: int, acceptance: Accep
         kw = dict(kw, verify_len=mixed_verify_len)
     mixed = batched_step(target, drafter, feats, concurrency, acceptance, ceil, prefill_rows=prefill_chunk, **kw)
     chunk_steps = concurrency * prompt_tokens / prefill_chunk
-
-    def seconds(decode_steps, plain_s, mixed_s):
-        return chunk_steps * mixed_s + max(0.0, decode_steps - chunk_steps) * plain_s
-
-    ar_s = seconds(new_tokens, plain["decode_s"], mixed["decode_s"])
-    # the steps the tokens need: the chunk steps' own, then decode steps (a prefill-bound run needs fewer)
-    left = new_tokens * concurrency - chunk_steps * mixed["tokens_per_step"]
-    spec_steps = (chunk_steps + left / plain["tokens_per_step"] if left > 0
-                  else new_tokens * concurrency / mixed["tokens_per_step"])
-    spec_s = seconds(spec_steps, plain["spec_s"], mixed["spec_s"])
+    ar_s, _ = closed_loop_seconds(concurrency * new_tokens, chunk_steps, (plain["decode_s"], concurrency),
+                                  (mixed["decode_s"], concurrency))
+    spec_s, spec_steps = closed_loop_seconds(concurrency * new_tokens, chunk_steps,
+                                             (plain["spec_s"], plain["tokens_per_step"]),
+                                             (mixed["spec_s"], mixed["tokens_per_step"]))
     return {"concurrency": concurrency, "new_tokens": new_tokens, "prompt_tokens": prompt_tokens,
             "prefill_chunk": prefill_chunk, "chunk_steps": chunk_steps, "ar_steps": new_tokens,
             "spec_steps": spec_steps, "ar_s": ar_s, "spec_s": spec_s, "speedup_over_ar": ar_s / spec_s,
@@ -211,6 +206,17 @@ def closed_loop(target, drafter, feats: int, concurrency: int, acceptance: Accep
             "mixed_ms": {"ar": mixed["decode_s"] * 1e3, "spec": mixed["spec_s"] * 1e3},
             "plain_ms": {"ar": plain["decode_s"] * 1e3, "spec": plain["spec_s"] * 1e3},
             "spec_prefill_share": chunk_steps * mixed["spec_s"] / spec_s, "policy": plain["policy"]}
+
+
+def closed_loop_seconds(tokens: float, chunk_steps: float, plain: tuple, mixed: tuple) -> tuple:
+    """(seconds, steps) to make `tokens` new tokens when `chunk_steps` of the steps also carry a prompt
+    chunk; plain / mixed: (seconds, tokens) of a step without / with a chunk. The chunk steps make
+    their own tokens, decode steps the rest; a prefill-bound run (the chunk steps alone make every
+    token) still runs all its chunk steps."""
+    (plain_s, plain_tokens), (mixed_s, mixed_tokens) = plain, mixed
+    left = tokens - chunk_steps * mixed_tokens
+    steps = chunk_steps + left / plain_tokens if left > 0 else tokens / mixed_tokens
+    return chunk_steps * mixed_s + max(0.0, steps - chunk_steps) * plain_s, steps
 
 
 def format_closed_loop(loop: dict) -> str:
