@@ -2,7 +2,7 @@
 # The GPU check: from a clean tree on a bare machine (no network), build the extension with CUDA
 # (sm_90a), run the GPU tests, run the kernel / engine / agent benchmarks, print a short table last.
 # Logs and JSON go to $OUT (the device tool's folder) or out/gpu_check.
-# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|trees|split12|gemv|skinny|engine|ab|defaults_ab|cost_8b|agents|agents_demo|bench_zoo|bench_hybrid_zoo|bench_8b|scale_8b|five_8b|batch|batch_hybrid|batch_profile|drafters|hybrid|hybrid_27b|hybrid_hf|gdn_trees|trees_real|prefix_first|draft_vocab|gdn_fla|embedded_pair|paged|serve|results ...]
+# Usage: bash bench/gpu_check.sh [build|prebuilt|tests|trees|split12|gemv|skinny|linear_rows|engine|ab|defaults_ab|cost_8b|agents|agents_demo|bench_zoo|bench_hybrid_zoo|bench_8b|scale_8b|five_8b|batch|batch_hybrid|batch_profile|drafters|hybrid|hybrid_27b|hybrid_hf|gdn_trees|trees_real|prefix_first|draft_vocab|gdn_fla|embedded_pair|paged|serve|results ...]
 # (GPU_TESTS: the test files the tests step runs, default all; BATCH_TESTS=0: the batch step without its tests; DEADLINE: see the loop below;
 #  PACK_TO=FILE.tgz: $OUT re-packed into FILE after every step, e.g. OUT=/tmp/x PACK_TO=$DEVICE_OUT/x.tgz, so that a call
 #  cut off by the device's time limit still returns every log so far, in one file past its 8-file limit)
@@ -84,6 +84,7 @@ for step in $steps; do
     split12) run_step split12 python3 -m specpilot.bench.split12_kernels --out "$OUT/split12.jsonl" ;;
     gemv)    run_step gemv python3 -m specpilot.bench.gemv_kernels --out "$OUT/gemv.jsonl" ;;
     skinny)  run_step skinny timeout 400 python3 -m specpilot.bench.skinny_kernels --sweep --split12 --out "$OUT/skinny.jsonl" ;;
+    linear_rows) run_step linear_rows timeout 200 python3 -m specpilot.bench.linear_rows --out "$OUT/linear_rows.jsonl" ;;
     # The engine on the zoo pair (bf16 token forcing against stock), then the scale pair's step times
     # in both weight formats, interleaved (bench/engine_ab.py).
     engine)  if [ -n "${SPECPILOT_ZOO:-}" ] && [ -d "$SPECPILOT_ZOO/code-tiny" ]; then
