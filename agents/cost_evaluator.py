@@ -121,11 +121,7 @@ class CostModelEvaluator:
                 continue
             keep = lambda comp: per_request.get(comp.step, False) == one_per_request and \
                 (comp.step != "verify" or policy[0] == "full")  # noqa: E731
-            if one_per_request:     # the chunk rides in the first request's forwards
-                add(1, block, 1, keep, prefill=prefill_rows)
-                add(1, block, c - 1, keep)
-            else:
-                add(c, block, 1, keep, prefill=prefill_rows)
+            _forwards(add, one_per_request, c, c, block, keep, False, prefill_rows)
         if policy[0] != "full":
             self._policy_verify(add, policy, c, block, per_request["verify"], a, dep, prefill_rows)
         if spec and not a.get("engine.fused_steps", True):
@@ -193,20 +189,13 @@ class CostModelEvaluator:
                 probe = self._probe_len(dep, a, block, rows, prefill_rows)
                 self._policy_verify(_scaled(add, share), ("len", probe), c, block, per_request, a, dep, prefill_rows)
             return
-
-        def first_pass(rows, eager=False):
-            if per_request:
-                add(1, rows, 1, verify, eager, prefill_rows)
-                add(1, rows, c - 1, verify, eager)
-            else:
-                add(padded_requests(c, graphed), rows, 1, verify, eager, prefill_rows)
-
+        padded = padded_requests(c, graphed)
         if kind == "len":     # a verify length: the graphed forward of R x L rows (engine/batch/graphed.py)
-            first_pass(rows, eager=not graphed)
+            _forwards(add, per_request, c, padded, rows, verify, not graphed, prefill_rows)
             return
         rest = block - rows
         q = self.acceptance(block).survival(rows + 1)
-        first_pass(rows)
+        _forwards(add, per_request, c, padded, rows, verify, False, prefill_rows)
         if per_request:
             add(1, rest, c * q, verify)
             return
@@ -300,6 +289,16 @@ class CostModelEvaluator:
         policies.append({"batch.verify_prefix": 0, "batch.adaptive_verify": True})
         now = self.seconds_per_token(dep, a)
         return max(0.0, now - min(self.seconds_per_token(dep, {**a, **p}) for p in policies))
+
+
+def _forwards(add, per_request: bool, c: int, batch: int, rows: int, keep, eager: bool, prefill_rows: int) -> None:
+    """One step's forwards of `rows` rows a request: one over `batch` requests, or one per request (x c);
+    a chunk of prefill_rows rides in the first of them."""
+    if per_request:
+        add(1, rows, 1, keep, eager, prefill_rows)
+        add(1, rows, c - 1, keep, eager)
+    else:
+        add(batch, rows, 1, keep, eager, prefill_rows)
 
 
 def _scaled(add, factor: float):
