@@ -13,7 +13,9 @@ tree_step, as the tree loop runs it: one graph that builds the tree from the dra
 runs the target over it and takes the greedy accepted path) and
 tree_graphed_over_chain_graphed (issue 34's target, graphed against graphed: at most 1.1; the tree's
 figure also holds its build and accept) and
-commit_graphed_ms (the commit with its K/V move graphed, as the tree loop runs it). On hybrids
+commit_graphed_ms (the commit with its K/V move graphed, as the tree loop runs it), and the build and
+packing alone, graphed (build_graphed_ms: {torch: build.grow_tree + layout.pack_tensors, kernel: their
+one kernel, kernels/tree_build.py}; the step uses the kernel while fused_kernels is on). On hybrids
 with EngineConfig.fused_kernels on, both run the GDN CUDA kernels: the chain the recurrence kernel
 (kernels/gdn_chain.py), the tree its parent-indexed form and the tree conv (kernels/gdn_tree.py);
 gdn_tree_kernels says whether the tree forward ran them (false: the torch node-by-node reference).
@@ -22,6 +24,7 @@ CUDA events on the GPU; on the CPU (tiny presets, a smoke run) wall-clock.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -83,6 +86,7 @@ def tree_step_times(engine, context: int, nodes: int, iters: int, seed: int = 0)
         out["chain_graphed_ms"] = timed_ms(lambda: runner.target_step(block, context, with_features=False), iters)
         out["tree_graphed_ms"] = timed_ms(graphed_step, iters)
         out["tree_graphed_over_chain_graphed"] = out["tree_graphed_ms"] / out["chain_graphed_ms"]
+        out["build_graphed_ms"] = build_times(runner, draft_logits, anchor, context, nodes, iters)
     path = tree.path_to(max(range(len(tree)), key=lambda i: (tree.depth[i] == max(tree.depth) // 2, -i)))
 
     def then_commit(forward, move=move_kv):
@@ -97,6 +101,24 @@ def tree_step_times(engine, context: int, nodes: int, iters: int, seed: int = 0)
         out["commit_graphed_ms"] = (timed_ms(then_commit(graphed_step, kv_mover(runner, nodes)), iters)
                                     - timed_ms(graphed_step, iters))
     out["tree_over_chain"] = out["tree_ms"] / out["chain_ms"]
+    return out
+
+
+def build_times(runner, draft_logits, anchor: int, context: int, nodes: int, iters: int) -> dict:
+    """The tree's build and packing alone as one graph each way (the runner's step factory):
+    {"torch": ms, "kernel": ms} (the kernel's where it takes the call)."""
+    from specpilot.config import current, use
+    from specpilot.engine.tree.layout import grown_and_packed
+    from specpilot.kernels import tree_build
+
+    meta = torch.tensor([anchor, context, draft_logits.shape[0]], device=draft_logits.device)
+    out = {}
+    for name, fused in (("torch", False), ("kernel", True)):
+        with use(dataclasses.replace(current(), fused_kernels=fused)):
+            if fused and not tree_build.takes(draft_logits, nodes, nodes):
+                continue
+            step = runner.step_factory(lambda x, m: grown_and_packed(x, m, nodes)[1], (draft_logits, meta), None)
+        out[name] = timed_ms(lambda: step(draft_logits, meta), iters)
     return out
 
 

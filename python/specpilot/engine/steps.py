@@ -45,6 +45,7 @@ class StepForwards:
     write_context: Callable   # (features [1, C, F], positions [C]) -> None: into the draft cache
     draft: Callable           # (block_ids [1, T], positions [T], kv_len, last_visible) -> logits [1, T-1, V]
     tree_target: Callable     # (tree: tree.layout.TreeInputs, kv_len, with_features) -> (logits, features)
+    tree_build: Callable      # (draft_logits [D, V], meta int64 [3], budget) -> (TreeTensors, packed)
 
 
 class StepRunner:
@@ -73,7 +74,7 @@ class StepRunner:
         forwards = StepForwards(target=functools.partial(self.forward_target, compiled=True),
                                 write_context=functools.partial(self.write_draft_context, compiled=True),
                                 draft=functools.partial(self.forward_draft, compiled=True),
-                                tree_target=self.forward_tree)
+                                tree_target=self.forward_tree, tree_build=self.grow_tree)
         self.fused = FusedSteps(forwards, cache, draft_cache, drafter, target.dtype,   # whole greedy steps
                                 len(self.feature_layers) * target.config.hidden_size, use_graphs,
                                 self.step_factory, self.pool, config.step_kernels, self.kv_buckets)
@@ -96,6 +97,14 @@ class StepRunner:
             yield
 
     # -- target ---------------------------------------------------------------------------------
+    def grow_tree(self, draft_logits, meta, budget: int):
+        """A step's tree grown from its draft logits and packed on the device (tree.layout.
+        grown_and_packed), by the engine's config (fused_kernels: the one-kernel build)."""
+        from .tree.layout import grown_and_packed
+
+        with config_module.use(self.config):
+            return grown_and_packed(draft_logits, meta, budget)
+
     def forward_tree(self, tree, kv_len: int, with_features: bool):
         """The target over a draft tree's nodes (tree.layout.TreeInputs: slots, rope positions and the
         ancestor mask from its packed tensor), attending to cache slots [0, kv_len)."""

@@ -57,7 +57,8 @@ def tree_step_fn(fused, b: int, n: int, span: int):
         forwards.write_context(feats, ctx_pos)
         draft_logits = forwards.draft(mask_block, blk_pos, span, start + vs - 1)          # [1, B-1, V]
         meta = torch.cat([anchor, start, vs - 1])
-        grown, accepted, logits, new_feats = verify_tree(forwards.tree_target, draft_logits[0], meta, n, span, True)
+        grown, accepted, logits, new_feats = verify_tree(forwards.tree_build, forwards.tree_target, draft_logits[0],
+                                                         meta, n, span, True)
         a, bonus, path = accepted[0:1], accepted[1:2], accepted[2:]                        # path [B], padded with N
         produced = produced_count(a, max_length - start - 1)
         on_path = path.clamp(max=n - 1)

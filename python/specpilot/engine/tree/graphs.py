@@ -1,10 +1,11 @@
-"""The tree step's device part, eager or as one CUDA graph: build the tree from the draft logits
-(build.grow_tree), pack it (layout.pack_tensors), run the target over it, take the target's argmax
-and the greedy accepted path (accept.accepted_on_device). Its outputs are one int64 tensor the host
-reads once a step (the path, the bonus and the tree), the logits (sampling reads them) and the
-features. One graph per (nodes N, depths, features, kv span), in the runner's graph dict and memory
-pool beside the chain steps (engine/steps.py), captured by the same step factory (engine/graphs.py:
-GraphedStep on CUDA, StaticShapeStep in the CPU tests) and by Engine.warmup for the drafter's block.
+"""The tree step's device part, eager or as one CUDA graph: build the tree from the draft logits and
+pack it (layout.grown_and_packed: build.grow_tree and layout.pack_tensors, or their one kernel), run
+the target over it, take the target's argmax and the greedy accepted path (accept.accepted_on_device).
+Its outputs are one int64 tensor the host reads once a step (the path, the bonus and the tree), the
+logits (sampling reads them) and the features. One graph per (nodes N, depths, features, kv span),
+in the runner's graph dict and memory pool beside the chain steps (engine/steps.py), captured by the
+same step factory (engine/graphs.py: GraphedStep on CUDA, StaticShapeStep in the CPU tests) and by
+Engine.warmup for the drafter's block.
 
 A graph's inputs are the draft logits [block - 1, V] and int64 [3] (anchor token, anchor position,
 depths drafted): a tail block drafts fewer depths, whose rows past them are padding that
@@ -27,9 +28,9 @@ import torch
 
 from ..recurrent_state import MAX_SNAPSHOT_T
 from .accept import accepted_on_device
-from .build import grow_tree, tree_size
+from .build import tree_size
 from .commit import move_kv
-from .layout import PendingTree, TreeInputs, TreeLayout, pack_tensors
+from .layout import PendingTree, TreeInputs, TreeLayout
 
 
 def tree_step(runner, start: int, draft_logits: torch.Tensor, anchor: int, budget: int, block: int,
@@ -60,13 +61,13 @@ def tree_step(runner, start: int, draft_logits: torch.Tensor, anchor: int, budge
     return record, out[0], out[1], out[2]
 
 
-def verify_tree(forward, draft_logits, meta, budget: int, span: int, with_features: bool) -> tuple:
-    """A step's tree on the device: grown from the draft logits (meta: int64 [3] anchor token, anchor
-    position, depths drafted), packed, `forward(tree, span, with_features)` over it, the greedy path
+def verify_tree(build, forward, draft_logits, meta, budget: int, span: int, with_features: bool) -> tuple:
+    """A step's tree on the device: grown from the draft logits and packed by `build` (the runner's
+    grow_tree: layout.grown_and_packed; meta: int64 [3] anchor token, anchor position, depths drafted), `forward(tree, span, with_features)` over it, the greedy path
     -> (grown TreeTensors, accepted_on_device's tensor, logits, features). Shared by the stepwise
     step (below) and the fused step (tree/fused.py)."""
-    grown = grow_tree(draft_logits, meta[:1], budget, depths=meta[2:])
-    logits, features = forward(TreeInputs(pack_tensors(grown, meta[1:2]), len(grown)), span, with_features)
+    grown, packed = build(draft_logits, meta, budget)
+    logits, features = forward(TreeInputs(packed, len(grown)), span, with_features)
     return grown, accepted_on_device(grown, torch.argmax(logits[0], dim=-1)), logits, features
 
 
@@ -87,8 +88,9 @@ def _step_fn(runner, budget: int, span: int, with_features: bool):
     hybrid = getattr(target, "is_hybrid", False)
 
     def fn(draft_logits, meta):
-        grown, accepted, logits, features = verify_tree(hybrid_forward if hybrid else runner.forward_tree,
-                                                        draft_logits, meta, budget, span, with_features)
+        forward = hybrid_forward if hybrid else runner.forward_tree
+        grown, accepted, logits, features = verify_tree(runner.grow_tree, forward, draft_logits, meta, budget, span,
+                                                        with_features)
         records = (*cache.windows, *cache.snapshots) if hybrid else ()
         return (torch.cat([accepted, grown.tokens, grown.parents, grown.depth]), logits, features, *records)
     return fn

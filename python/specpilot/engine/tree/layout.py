@@ -19,7 +19,9 @@ import torch
 
 from specpilot.ops.attention import AttentionMask
 
-from .build import DraftTree, TreeTensors
+from specpilot.kernels import tree_build
+
+from .build import DraftTree, TreeTensors, grow_tree, tree_size
 
 
 def packed_size(n: int) -> int:
@@ -83,6 +85,21 @@ def pack_tensors(tree: TreeTensors, start) -> torch.Tensor:
     ancestors.scatter_(1, tree.path, 1)
     return torch.cat([tree.tokens, tree.parents, at + torch.arange(n, device=device), at + tree.depth,
                       ancestors[:, :n].reshape(-1)])
+
+
+def grown_and_packed(draft_logits: torch.Tensor, meta: torch.Tensor, budget: int) -> tuple:
+    """A step's tree from its draft logits [D, V] (meta: int64 [3] anchor token, anchor position, depths
+    drafted; grow_tree's depths) -> (grow_tree's TreeTensors, pack_tensors' packed at the anchor
+    position): one kernel where kernels/tree_build.py takes the call, else the two torch functions."""
+    rows, vocab = draft_logits.shape
+    n = tree_size(rows, vocab, budget)
+    if tree_build.takes(draft_logits, budget, n):
+        out = tree_build.grow_packed(draft_logits, meta, budget, n)
+        size = packed_size(n)
+        packed = out[:size]
+        return TreeTensors(packed[:n], packed[n:2 * n], out[size:size + n], out[size + n:].view(n, rows + 1)), packed
+    grown = grow_tree(draft_logits, meta[:1], budget, depths=meta[2:])
+    return grown, pack_tensors(grown, meta[1:2])
 
 
 def host_tensors(tree: DraftTree) -> TreeTensors:
