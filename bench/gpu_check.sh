@@ -84,7 +84,8 @@ for step in $steps; do
     split12) run_step split12 python3 -m specpilot.bench.split12_kernels --out "$OUT/split12.jsonl" ;;
     gemv)    run_step gemv python3 -m specpilot.bench.gemv_kernels --out "$OUT/gemv.jsonl" ;;
     skinny)  run_step skinny timeout 400 python3 -m specpilot.bench.skinny_kernels --sweep --split12 --out "$OUT/skinny.jsonl" ;;
-    linear_rows) run_step linear_rows timeout 200 python3 -m specpilot.bench.linear_rows --out "$OUT/linear_rows.jsonl" ;;
+    linear_rows) run_step linear_rows timeout ${LINEAR_ROWS_S:-200} python3 -m specpilot.bench.linear_rows --blas ${LINEAR_BLAS:-cublas} \
+                   --out "$OUT/linear_rows.jsonl" ;;
     # The engine on the zoo pair (bf16 token forcing against stock), then the scale pair's step times
     # in both weight formats, interleaved (bench/engine_ab.py).
     engine)  if [ -n "${SPECPILOT_ZOO:-}" ] && [ -d "$SPECPILOT_ZOO/code-tiny" ]; then

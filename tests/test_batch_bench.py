@@ -2,6 +2,7 @@
 import json
 
 import pytest
+import torch
 
 from batch_helpers import random_prompts, tiny_pair
 from test_engine_helpers import one_cpu_thread  # noqa: F401  (autouse: one CPU thread)
@@ -167,3 +168,16 @@ def test_spec_rows_carry_the_closed_loop_at_the_ceilings():
     cpu = SimpleNamespace(device=torch.device("cpu"), config=SimpleNamespace())
     assert concurrency.ceiling_model_card(SimpleNamespace(dtype="bf16"), cpu, None, None) == \
         (None, "not computed: no stated ceilings for this device")
+
+
+def test_batch_host_bench_replays_for_free():
+    """bench/batch_host.py: a FreeReplay runs its function once, later calls take new inputs and return
+    the first outputs; the bench reports a positive host time per decode step."""
+    from specpilot.bench.batch_host import FreeReplay, host_ms_per_step
+
+    calls = []
+    step = FreeReplay(lambda x: calls.append(1) or x * 2, (torch.ones(2),))
+    first = step(torch.ones(2))
+    again = step(torch.full((2,), 5.0))
+    assert len(calls) == 1 and again is first and torch.equal(step.inputs[0], torch.full((2,), 5.0))
+    assert host_ms_per_step(2, steps=3) > 0
