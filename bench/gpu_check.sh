@@ -224,7 +224,7 @@ for packed in glob.glob('_C.*.so.xz'): open('/tmp/sp_tree/specpilot/' + packed[:
     # The GDN recurrence kernels alone (chain and tree, snapshot write rate) and tree vs chain verify steps
     # on both scale shapes, after their GPU tests.
     gdn_trees) run_step gdn_tests timeout 200 python3 -m pytest -q -m gpu tests/test_gdn_gpu.py tests/test_gdn_tree_gpu.py \
-                 tests/test_tree_gpu.py tests/test_tree_graphs_gpu.py tests/test_hybrid_graphs_gpu.py
+                 tests/test_tree_build_gpu.py tests/test_tree_gpu.py tests/test_tree_graphs_gpu.py tests/test_hybrid_graphs_gpu.py
                tail -1 "$OUT/gdn_tests.log" | tee -a "$summary"
                run_step gdn_kernels timeout 100 python3 -m specpilot.bench.gdn_kernels --out "$OUT/gdn_kernels.json"
                for preset in qwen3.5-9b qwen3-8b; do
