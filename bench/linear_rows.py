@@ -2,7 +2,7 @@
 batched verify of R requests x T rows runs past 16 rows) at the Qwen3-8B shapes, inside one CUDA graph
 over weight copies totalling > 256 MB (weights from HBM, as in a step), replayed.
 
-    python -m specpilot.bench.linear_rows [--rows 16,64,128,192,256,384,512] [--blas cublas,cublaslt,tunable]
+    python -m specpilot.bench.linear_rows [--rows 16,64,128,192,256,384,512] [--blas cublas,cublaslt]
         [--out FILE.jsonl]
 
 The roofline of a call is max(weight + activation bytes / copy bandwidth, 2 M N K / matmul rate), both
@@ -10,16 +10,13 @@ rates measured on this card (bench/device_rates.py); `over` = time / roofline. A
 jumps above its neighbours' is a tile-shape cliff of the library's kernel choice, which a batched
 engine can avoid by padding or splitting its rows.
 
---blas names the GEMM choices measured, each over every shape and row count: `cublas` (torch's
-default), `cublaslt` (torch.backends.cuda.preferred_blas_library), `tunable` (PyTorch TunableOp: each
-(shape, rows) GEMM timed over the libraries' candidate algorithms in an eager call before the capture,
-the fastest kept; what an engine's warmup could do per row bucket).
+--blas names the libraries measured (torch.backends.cuda.preferred_blas_library), each over every
+shape and row count: `cublas` (torch's default) and `cublaslt`. PyTorch's TunableOp lost to both
+(docs/measured/h100_session36/) and was dropped.
 """
 import argparse
 import contextlib
 import math
-import os
-import tempfile
 
 import torch
 import torch.nn.functional as F
@@ -30,29 +27,18 @@ from .jsonl import write_rows
 from .timing import time_graph
 
 ROWS = "16,64,128,192,256,320,384,512"
-BLAS = ("cublas", "cublaslt", "tunable")
+BLAS = ("cublas", "cublaslt")
 
 
 @contextlib.contextmanager
 def blas_choice(name: str):
-    """torch's GEMM library / TunableOp as --blas names it, restored after."""
-    if name == "tunable":
-        tunable = torch.cuda.tunable
-        tunable.set_filename(os.path.join(tempfile.mkdtemp(), "tunableop_results.csv"))
-        tunable.enable(True)
-        tunable.tuning_enable(True)
-        try:
-            yield
-        finally:
-            tunable.tuning_enable(False)
-            tunable.enable(False)
-    else:
-        before = torch.backends.cuda.preferred_blas_library()
-        torch.backends.cuda.preferred_blas_library(name)
-        try:
-            yield
-        finally:
-            torch.backends.cuda.preferred_blas_library(before)
+    """torch's GEMM library as --blas names it, restored after."""
+    before = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library(name)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)
 
 
 def main(argv=None) -> int:
@@ -80,7 +66,6 @@ def main(argv=None) -> int:
         for choice, m in ((b, m) for b in blas for m in ms):
             x = torch.randn(m, k, generator=g, device="cuda").to(torch.bfloat16)
             with blas_choice(choice):
-                F.linear(x, ws[0])                      # TunableOp tunes here, eagerly, not in the capture
                 us = 1e6 * time_graph([lambda w=w: F.linear(x, w) for w in ws], REPS)
             floor_us = 1e6 * max(2 * (n * k + m * k + m * n) / bandwidth, 2 * m * n * k / rate)
             rows.append({"shape": name, "blas": choice, "n": n, "k": k, "m": m, "us": us, "floor_us": floor_us,
